@@ -1,0 +1,77 @@
+"""Roles and what they may do: the one table the README documents and ``authorize`` enforces.
+
+Global roles act on every tenant. Scoped roles act only on the tenants the identity is bound
+to; another tenant's objects do not exist for them (404, never 403, so tenants cannot probe
+each other).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Permission(StrEnum):
+    NODES_READ = "nodes:read"
+    NODES_WRITE = "nodes:write"  # register, update, state changes (cordon, quarantine, fail)
+    CERTIFY = "nodes:certify"  # grant and revoke certifications
+    AGENT_CREDENTIALS = "nodes:agent-credentials"  # issue node-agent credentials
+    TENANTS_READ = "tenants:read"
+    TENANTS_WRITE = "tenants:write"  # create tenants, change compliance profiles
+    WORKLOADS_READ = "workloads:read"
+    WORKLOADS_WRITE = "workloads:write"  # submit, cancel
+    EVENTS_READ = "events:read"
+    USERS_READ = "users:read"
+    USERS_WRITE = "users:write"  # create users, change roles/tenants, unlock, disable
+    TOKENS_READ_ALL = "tokens:read-all"  # list every identity's tokens
+    TOKENS_REVOKE_ALL = "tokens:revoke-all"  # revoke any identity's tokens
+
+
+class Role(StrEnum):
+    ADMIN = "admin"
+    OPERATOR = "operator"
+    DEVELOPER = "developer"
+    TENANT_ADMIN = "tenant-admin"
+    AUDITOR = "auditor"
+
+
+P = Permission
+ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
+    Role.ADMIN: frozenset(Permission),
+    Role.OPERATOR: frozenset(
+        {
+            P.NODES_READ,
+            P.NODES_WRITE,
+            P.AGENT_CREDENTIALS,
+            P.TENANTS_READ,
+            P.WORKLOADS_READ,
+            P.EVENTS_READ,
+        }
+    ),
+    Role.DEVELOPER: frozenset({P.NODES_READ, P.TENANTS_READ, P.WORKLOADS_READ, P.WORKLOADS_WRITE}),
+    Role.TENANT_ADMIN: frozenset(
+        {
+            P.NODES_READ,
+            P.TENANTS_READ,
+            P.WORKLOADS_READ,
+            P.WORKLOADS_WRITE,
+            P.USERS_READ,
+            P.USERS_WRITE,
+        }
+    ),
+    Role.AUDITOR: frozenset(
+        {
+            P.NODES_READ,
+            P.TENANTS_READ,
+            P.WORKLOADS_READ,
+            P.EVENTS_READ,
+            P.USERS_READ,
+            P.TOKENS_READ_ALL,
+        }
+    ),
+}
+GLOBAL_ROLES = frozenset({Role.ADMIN, Role.OPERATOR, Role.AUDITOR})
+SCOPED_ROLES = frozenset({Role.DEVELOPER, Role.TENANT_ADMIN})
+# Roles whose holders must log in with a second factor (TOTP).
+MFA_REQUIRED = frozenset({Role.ADMIN, Role.OPERATOR, Role.TENANT_ADMIN, Role.AUDITOR})
+# What a tenant-admin may hand out, and only within their own tenants.
+DELEGABLE_BY_TENANT_ADMIN = frozenset({Role.DEVELOPER, Role.TENANT_ADMIN})

@@ -1,0 +1,107 @@
+"""Dependencies every route shares: the store, the settings, and access control.
+
+Every route declares exactly one access rule, through one of ``requires(permission)``,
+``signed_in`` (any identity, for self-service), ``enrolling`` (also an MFA-enrollment session)
+or ``public``. The route-matrix test walks the application's routes and fails on a route that
+declares none.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import Depends, Request
+
+from proofplane.access import Actor, Forbidden, Permission, Unauthenticated, authorize
+from proofplane.access.credentials import csrf_token
+from proofplane.config import Settings
+from proofplane.service.access import authenticate
+from proofplane.service.context import Store
+
+SESSION_COOKIE = "proofplane_session"
+CSRF_COOKIE = "proofplane_csrf"
+CSRF_HEADER = "x-csrf-token"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def get_store(request: Request) -> Store:
+    return request.app.state.store  # type: ignore[no-any-return]
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings  # type: ignore[no-any-return]
+
+
+def current_actor(request: Request) -> Actor:
+    """Who is calling: a bearer token, or a browser session cookie (with its CSRF token on
+    every state-changing request)."""
+    store = get_store(request)
+    now = datetime.now(UTC)
+    header = request.headers.get("authorization")
+    if header is not None:
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthenticated("use Authorization: Bearer <token>", code="invalid_token")
+        return authenticate(store, token.strip(), now)
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if cookie:
+        actor = authenticate(store, cookie, now)
+        if request.method not in SAFE_METHODS:
+            sent = request.headers.get(CSRF_HEADER, "")
+            if not hmac.compare_digest(sent.encode(), csrf_token(cookie).encode()):
+                raise Forbidden(f"missing or wrong {CSRF_HEADER} header", code="csrf_failed")
+        return actor
+    raise Unauthenticated("authentication required: send Authorization: Bearer <token>")
+
+
+def _marked(rule: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn.proofplane_access = rule  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+def requires(permission: Permission) -> Callable[..., Actor]:
+    """The caller must hold ``permission`` in some scope (tenant scope is the service's)."""
+
+    @_marked(permission)
+    def dependency(actor: Actor = Depends(current_actor)) -> Actor:
+        _not_enrolling(actor)
+        authorize(actor, permission)
+        return actor
+
+    return dependency
+
+
+def _not_enrolling(actor: Actor) -> None:
+    if actor.enrollment_only:
+        raise Forbidden(
+            "enroll a TOTP authenticator first (POST /api/v1/auth/mfa/enroll), then log in again",
+            code="mfa_enrollment_required",
+        )
+
+
+@_marked("signed-in")
+def signed_in(actor: Actor = Depends(current_actor)) -> Actor:
+    """Any authenticated identity, acting on its own things (its tokens, itself)."""
+    _not_enrolling(actor)
+    return actor
+
+
+@_marked("enrolling")
+def enrolling(actor: Actor = Depends(current_actor)) -> Actor:
+    """Also an MFA-enrollment session: the routes that let a user finish enrolling."""
+    return actor
+
+
+@_marked("public")
+def public() -> None:
+    """No authentication: health probes, the API description, logging in."""
+
+
+def access_rule(dependency: Callable[..., Any]) -> Any:
+    return getattr(dependency, "proofplane_access", None)

@@ -1,0 +1,331 @@
+"""The HTTP API under /api/v1. Each handler parses, calls one service function, renders."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Path, Query, Response, status
+
+from proofplane.access import Actor
+from proofplane.access import Permission as P
+from proofplane.api.deps import get_store, requires
+from proofplane.api.schemas import (
+    CancelIn,
+    CertificationIn,
+    ErrorResponse,
+    EventOut,
+    NodeIn,
+    NodeOut,
+    NodePatch,
+    NodeStateIn,
+    Page,
+    ProfileIn,
+    TenantIn,
+    TenantOut,
+    TenantPatch,
+    WorkloadIn,
+    WorkloadOut,
+)
+from proofplane.model import (
+    ComplianceProfile,
+    Gpu,
+    GpuRequest,
+    MigInstance,
+    Node,
+    NodeState,
+    Outcome,
+    Tenant,
+    WorkloadStatus,
+    parse_tag_pairs,
+)
+from proofplane.service import events as events_svc
+from proofplane.service import nodes as nodes_svc
+from proofplane.service import tenants as tenants_svc
+from proofplane.service import workloads as workloads_svc
+from proofplane.service.context import Store
+
+_ERRORS = {
+    404: {"model": ErrorResponse, "description": "not found"},
+    409: {"model": ErrorResponse, "description": "conflict or invalid state"},
+    422: {"model": ErrorResponse, "description": "invalid input"},
+}
+
+router = APIRouter(prefix="/api/v1", responses=_ERRORS)  # type: ignore[arg-type]
+StoreDep = Annotated[Store, Depends(get_store)]
+Limit = Annotated[int, Query(ge=1, le=500, description="page size")]
+Cursor = Annotated[str | None, Query(description="the `next` value of the previous page")]
+TenantQuery = Annotated[
+    str | None, Query(description="the workload's tenant, when several tenants use the name")
+]
+
+
+def _profile(p: ProfileIn) -> ComplianceProfile:
+    return ComplianceProfile(dict(p.required_tags), p.min_isolation, dict(p.isolation_rules))
+
+
+# --- tenants -----------------------------------------------------------------------------------
+
+
+@router.get("/tenants", tags=["tenants"])
+def list_tenants(
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.TENANTS_READ))],
+    limit: Limit = 100,
+    cursor: Cursor = None,
+) -> Page[TenantOut]:
+    page = tenants_svc.list_tenants(store, actor, limit=limit, cursor=cursor)
+    return Page(items=[TenantOut.of(t) for t in page.items], next=page.next)
+
+
+@router.post("/tenants", status_code=status.HTTP_201_CREATED, tags=["tenants"])
+def create_tenant(
+    body: TenantIn,
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.TENANTS_WRITE))],
+    response: Response,
+) -> TenantOut:
+    t = tenants_svc.create_tenant(
+        store, actor, Tenant(body.name, body.description, _profile(body.profile))
+    )
+    response.headers["Location"] = f"/api/v1/tenants/{t.name}"
+    return TenantOut.of(t)
+
+
+@router.get("/tenants/{name}", tags=["tenants"])
+def get_tenant(
+    name: str, store: StoreDep, actor: Annotated[Actor, Depends(requires(P.TENANTS_READ))]
+) -> TenantOut:
+    return TenantOut.of(tenants_svc.get_tenant(store, actor, name))
+
+
+@router.patch("/tenants/{name}", tags=["tenants"])
+def update_tenant(
+    name: str,
+    body: TenantPatch,
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.TENANTS_WRITE))],
+) -> TenantOut:
+    profile = _profile(body.profile) if body.profile is not None else None
+    return TenantOut.of(
+        tenants_svc.update_tenant(store, actor, name, description=body.description, profile=profile)
+    )
+
+
+# --- nodes -------------------------------------------------------------------------------------
+
+
+@router.get("/nodes", tags=["nodes"])
+def list_nodes(
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.NODES_READ))],
+    state: NodeState | None = None,
+    region: str | None = None,
+    zone: str | None = None,
+    certification: Annotated[
+        list[str] | None, Query(description="key=value; repeat to require several")
+    ] = None,
+    limit: Limit = 100,
+    cursor: Cursor = None,
+) -> Page[NodeOut]:
+    certs = parse_tag_pairs(certification, field="certification") if certification else None
+    page = nodes_svc.list_nodes(
+        store,
+        actor,
+        state=state,
+        region=region,
+        zone=zone,
+        certification=certs,
+        limit=limit,
+        cursor=cursor,
+    )
+    return Page(items=[NodeOut.of(n) for n in page.items], next=page.next)
+
+
+@router.post("/nodes", status_code=status.HTTP_201_CREATED, tags=["nodes"])
+def register_node(
+    body: NodeIn,
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.NODES_WRITE))],
+    response: Response,
+) -> NodeOut:
+    node = Node(
+        name=body.name,
+        region=body.region,
+        zone=body.zone,
+        rack=body.rack,
+        labels=dict(body.labels),
+        gpus=tuple(
+            Gpu(
+                index=g.index,
+                uuid=g.uuid,
+                model=g.model,
+                memory_mb=g.memory_mb,
+                mig_enabled=g.mig_enabled,
+                mig_instances=tuple(MigInstance(i.profile, i.start) for i in g.mig_instances),
+                vbios_version=g.vbios_version,
+                driver_version=g.driver_version,
+            )
+            for g in body.gpus
+        ),
+    )
+    n = nodes_svc.register_node(store, actor, node)
+    response.headers["Location"] = f"/api/v1/nodes/{n.name}"
+    return NodeOut.of(n)
+
+
+@router.get("/nodes/{name}", tags=["nodes"])
+def get_node(
+    name: str, store: StoreDep, actor: Annotated[Actor, Depends(requires(P.NODES_READ))]
+) -> NodeOut:
+    return NodeOut.of(nodes_svc.get_node(store, actor, name))
+
+
+@router.patch("/nodes/{name}", tags=["nodes"])
+def update_node(
+    name: str,
+    body: NodePatch,
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.NODES_WRITE))],
+) -> NodeOut:
+    return NodeOut.of(nodes_svc.update_node(store, actor, name, labels=body.labels, rack=body.rack))
+
+
+@router.post("/nodes/{name}/state", tags=["nodes"])
+def set_node_state(
+    name: str,
+    body: NodeStateIn,
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.NODES_WRITE))],
+) -> NodeOut:
+    return NodeOut.of(nodes_svc.set_node_state(store, actor, name, body.state, body.reason))
+
+
+@router.post("/nodes/{name}/certifications", tags=["nodes"])
+def grant_certification(
+    name: str,
+    body: CertificationIn,
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.CERTIFY))],
+) -> NodeOut:
+    return NodeOut.of(nodes_svc.grant_certification(store, actor, name, body.key, body.value))
+
+
+@router.delete("/nodes/{name}/certifications/{key}", tags=["nodes"])
+def revoke_certification(
+    name: str, key: str, store: StoreDep, actor: Annotated[Actor, Depends(requires(P.CERTIFY))]
+) -> NodeOut:
+    return NodeOut.of(nodes_svc.revoke_certification(store, actor, name, key))
+
+
+# --- workloads ---------------------------------------------------------------------------------
+
+
+@router.get("/workloads", tags=["workloads"])
+def list_workloads(
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.WORKLOADS_READ))],
+    tenant: str | None = None,
+    status: WorkloadStatus | None = None,
+    node: str | None = None,
+    limit: Limit = 100,
+    cursor: Cursor = None,
+) -> Page[WorkloadOut]:
+    page = workloads_svc.list_workloads(
+        store, actor, tenant=tenant, status=status, node=node, limit=limit, cursor=cursor
+    )
+    return Page(items=[WorkloadOut.of(w) for w in page.items], next=page.next)
+
+
+@router.post("/workloads", status_code=status.HTTP_201_CREATED, tags=["workloads"])
+def submit_workload(
+    body: WorkloadIn,
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.WORKLOADS_WRITE))],
+    response: Response,
+) -> WorkloadOut:
+    spec = workloads_svc.WorkloadSpec(
+        name=body.name,
+        tenant=body.tenant,
+        tags=dict(body.tags),
+        isolation=body.isolation,
+        gpus=GpuRequest(
+            body.gpus.count, body.gpus.model, body.gpus.mig_profile, body.gpus.share_milli
+        ),
+        priority=body.priority,
+        command=tuple(body.command),
+    )
+    w = workloads_svc.submit_workload(store, actor, spec)
+    response.headers["Location"] = f"/api/v1/workloads/{w.name}"
+    return WorkloadOut.of(w)
+
+
+@router.get("/workloads/{name}", tags=["workloads"])
+def get_workload(
+    name: str,
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.WORKLOADS_READ))],
+    tenant: TenantQuery = None,
+) -> WorkloadOut:
+    return WorkloadOut.of(workloads_svc.get_workload(store, actor, name, tenant=tenant))
+
+
+@router.post("/workloads/{name}/cancel", tags=["workloads"])
+def cancel_workload(
+    name: str,
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.WORKLOADS_WRITE))],
+    body: CancelIn | None = None,
+    tenant: TenantQuery = None,
+) -> WorkloadOut:
+    reason = body.reason if body else None
+    return WorkloadOut.of(workloads_svc.cancel_workload(store, actor, name, reason, tenant=tenant))
+
+
+# --- events ------------------------------------------------------------------------------------
+
+
+@router.get("/events", tags=["events"])
+def list_events(
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.EVENTS_READ))],
+    action: Annotated[str | None, Query(description="exact, or a prefix ending in *")] = None,
+    target_type: str | None = None,
+    target_id: str | None = None,
+    actor_name: Annotated[str | None, Query(alias="actor")] = None,
+    outcome: Outcome | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    order: Annotated[Literal["asc", "desc"], Query(description="desc: newest first")] = "asc",
+    limit: Limit = 100,
+    cursor: Cursor = None,
+) -> Page[EventOut]:
+    page = events_svc.list_events(
+        store,
+        actor,
+        action=action,
+        target_type=target_type,
+        target_id=target_id,
+        actor_name=actor_name,
+        outcome=outcome,
+        since=_aware(since),
+        until=_aware(until),
+        newest_first=order == "desc",
+        limit=limit,
+        cursor=cursor,
+    )
+    return Page(items=[EventOut.of(e) for e in page.items], next=page.next)
+
+
+@router.get("/events/{seq}", tags=["events"])
+def get_event(
+    seq: Annotated[int, Path(ge=1, le=2**63 - 1)],
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.EVENTS_READ))],
+) -> EventOut:
+    return EventOut.of(events_svc.get_event(store, actor, seq))
+
+
+def _aware(ts: datetime | None) -> datetime | None:
+    """Timestamps without a zone are read as UTC (every stored time is UTC)."""
+    return ts.replace(tzinfo=UTC) if ts is not None and ts.tzinfo is None else ts

@@ -1,0 +1,320 @@
+"""Request and response bodies of the HTTP API (and so of its OpenAPI document)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from proofplane.model import (
+    Event,
+    IsolationLevel,
+    Node,
+    NodeState,
+    Outcome,
+    Tenant,
+    Workload,
+    WorkloadStatus,
+)
+from proofplane.store.repo import devices_to_json, profile_to_json
+
+T = TypeVar("T")
+NAME_PATTERN = r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$"
+Name = Annotated[str, Field(pattern=NAME_PATTERN, description="DNS-label-like, at most 63")]
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+class _In(BaseModel):
+    """Request bodies: unknown fields are refused, and so is the NUL character, which no store
+    keeps faithfully (PostgreSQL refuses it, SQLite truncates on it in places)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        if _has_nul(data):
+            raise ValueError("text must not contain the NUL character")
+        return data
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    next: str | None = Field(description="cursor for the next page, null on the last one")
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    details: Any = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+# --- tenants -----------------------------------------------------------------------------------
+
+
+class ProfileIn(_In):
+    required_tags: dict[str, str] = {}
+    min_isolation: IsolationLevel = IsolationLevel.SHARED
+    isolation_rules: dict[str, IsolationLevel] = Field(
+        {}, description='tag → minimum isolation, e.g. {"pci-dss=isolated": "dedicated-node"}'
+    )
+
+
+class TenantIn(_In):
+    name: Name
+    description: str = Field("", max_length=1000)
+    profile: ProfileIn = ProfileIn()
+
+
+class TenantPatch(_In):
+    description: str | None = Field(None, max_length=1000)
+    profile: ProfileIn | None = None
+
+
+class TenantOut(BaseModel):
+    name: str
+    description: str
+    profile: dict[str, Any]
+    created_at: datetime | None
+    updated_at: datetime | None
+
+    @classmethod
+    def of(cls, t: Tenant) -> TenantOut:
+        return cls(
+            name=t.name,
+            description=t.description,
+            profile=profile_to_json(t.profile),
+            created_at=t.created_at,
+            updated_at=t.updated_at,
+        )
+
+
+# --- nodes -------------------------------------------------------------------------------------
+
+
+class MigInstanceIO(_In):
+    profile: str
+    start: int = Field(ge=0, le=7)
+
+
+class GpuIn(_In):
+    index: int = Field(ge=0, le=255)
+    uuid: str = Field(min_length=1, max_length=64)
+    model: str
+    memory_mb: int = Field(0, ge=0, le=16 * 1024 * 1024, description="0: the SKU's nominal memory")
+    mig_enabled: bool = False
+    mig_instances: list[MigInstanceIO] = []
+    vbios_version: str | None = Field(None, max_length=63)
+    driver_version: str | None = Field(None, max_length=63)
+
+
+class NodeIn(_In):
+    name: Name
+    region: Name
+    zone: Name
+    rack: Name | None = None
+    labels: dict[str, str] = {}
+    gpus: list[GpuIn] = Field([], max_length=64)
+
+
+class NodePatch(_In):
+    labels: dict[str, str] | None = None
+    rack: Name | None = None
+
+
+class NodeStateIn(_In):
+    state: NodeState
+    reason: str | None = Field(None, max_length=1000)
+
+
+class CertificationIn(_In):
+    key: str
+    value: str
+
+
+class GpuOut(BaseModel):
+    index: int
+    uuid: str
+    model: str
+    memory_mb: int
+    mig_enabled: bool
+    mig_instances: list[MigInstanceIO]
+    vbios_version: str | None
+    driver_version: str | None
+
+
+class NodeOut(BaseModel):
+    name: str
+    region: str
+    zone: str
+    rack: str | None
+    labels: dict[str, str]
+    certifications: dict[str, str]
+    state: NodeState
+    state_reason: str | None
+    gpus: list[GpuOut]
+    created_at: datetime | None
+    updated_at: datetime | None
+
+    @classmethod
+    def of(cls, n: Node) -> NodeOut:
+        return cls(
+            name=n.name,
+            region=n.region,
+            zone=n.zone,
+            rack=n.rack,
+            labels=n.labels,
+            certifications=n.certifications,
+            state=n.state,
+            state_reason=n.state_reason,
+            gpus=[
+                GpuOut(
+                    index=g.index,
+                    uuid=g.uuid,
+                    model=g.model,
+                    memory_mb=g.memory_mb,
+                    mig_enabled=g.mig_enabled,
+                    mig_instances=[
+                        MigInstanceIO(profile=i.profile, start=i.start) for i in g.mig_instances
+                    ],
+                    vbios_version=g.vbios_version,
+                    driver_version=g.driver_version,
+                )
+                for g in n.gpus
+            ],
+            created_at=n.created_at,
+            updated_at=n.updated_at,
+        )
+
+
+# --- workloads ---------------------------------------------------------------------------------
+
+
+class GpuRequestIO(_In):
+    count: int = Field(
+        1,
+        ge=-(2**31),
+        le=2**31 - 1,
+        description="whole GPUs, or MIG instances when mig_profile is set",
+    )
+    model: str | None = None
+    mig_profile: str | None = Field(None, examples=["3g.40gb"])
+    share_milli: int | None = Field(
+        None, ge=-(2**31), le=2**31 - 1, description="a fraction of one GPU, in thousandths"
+    )
+
+
+class WorkloadIn(_In):
+    name: Name
+    tenant: Name
+    tags: dict[str, str] = Field({}, examples=[{"hipaa": "true"}])
+    isolation: IsolationLevel | None = Field(
+        None, description="default: what the GPU request implies; raised to the tenant's floor"
+    )
+    gpus: GpuRequestIO = GpuRequestIO()
+    priority: int = Field(0, ge=-1000, le=1000)
+    command: list[str] = []
+
+
+class CancelIn(_In):
+    reason: str | None = Field(None, max_length=1000)
+
+
+class DeviceOut(BaseModel):
+    gpu_index: int
+    gpu_uuid: str
+    mig_profile: str | None
+    mig_start: int | None
+    share_milli: int | None
+
+
+class PlacementOut(BaseModel):
+    node: str
+    devices: list[DeviceOut]
+
+
+class WorkloadOut(BaseModel):
+    name: str
+    tenant: str
+    tags: dict[str, str]
+    isolation: IsolationLevel
+    gpus: GpuRequestIO
+    priority: int
+    command: list[str]
+    status: WorkloadStatus
+    reason: str | None
+    reason_details: dict[str, Any] | None
+    placement: PlacementOut | None
+    created_at: datetime | None
+    updated_at: datetime | None
+
+    @classmethod
+    def of(cls, w: Workload) -> WorkloadOut:
+        return cls(
+            name=w.name,
+            tenant=w.tenant,
+            tags=w.tags,
+            isolation=w.isolation,
+            gpus=GpuRequestIO(
+                count=w.gpus.count,
+                model=w.gpus.model,
+                mig_profile=w.gpus.mig_profile,
+                share_milli=w.gpus.share_milli,
+            ),
+            priority=w.priority,
+            command=list(w.command),
+            status=w.status,
+            reason=w.reason,
+            reason_details=w.reason_details,
+            placement=(
+                PlacementOut(
+                    node=w.placement.node,
+                    devices=[DeviceOut(**d) for d in devices_to_json(w.placement.devices)],
+                )
+                if w.placement
+                else None
+            ),
+            created_at=w.created_at,
+            updated_at=w.updated_at,
+        )
+
+
+# --- events ------------------------------------------------------------------------------------
+
+
+class EventOut(BaseModel):
+    seq: int
+    ts: datetime
+    actor: str
+    action: str
+    target_type: str
+    target_id: str
+    outcome: Outcome
+    details: dict[str, Any]
+
+    @classmethod
+    def of(cls, e: Event) -> EventOut:
+        return cls(
+            seq=e.seq,
+            ts=e.ts,
+            actor=e.actor,
+            action=e.action,
+            target_type=e.target_type,
+            target_id=e.target_id,
+            outcome=e.outcome,
+            details=e.details,
+        )

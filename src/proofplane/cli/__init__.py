@@ -1,0 +1,1 @@
+"""The ``proofplane`` command line: server commands (serve, up, db) and API client commands."""

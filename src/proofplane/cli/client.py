@@ -1,0 +1,241 @@
+"""A small synchronous client for the proofplane HTTP API, used by the CLI's client commands.
+
+Every method returns the parsed JSON body or raises a ``CliError`` whose ``exit_code`` the CLI
+exits with: 3 when the server cannot be reached, 1 when the API answered with an error, 2 when
+the request could not even be built (a malformed ``--server`` URL or ``--token``).
+
+A client built with a ``token`` sends it as ``Authorization: Bearer``; a 401 answer carries a
+hint to log in (unless the client is the login command's own).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+DEFAULT_SERVER = "http://127.0.0.1:8470"
+TIMEOUT_S = 10.0
+
+EXIT_API_ERROR = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+LOGIN_HINT = "run 'proofplane login' (or pass --token / set PROOFPLANE_TOKEN)"
+ENROLL_HINT = "run 'proofplane mfa enroll' to set up your authenticator, then log in again"
+
+
+class CliError(Exception):
+    """An error the CLI reports as a message (plus optional detail lines) and an exit code."""
+
+    def __init__(self, message: str, *, lines: list[str] | None = None, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.message = message
+        self.lines = lines or []
+        self.exit_code = exit_code
+
+
+class ServerUnreachable(CliError):
+    def __init__(self, server: str, why: str) -> None:
+        super().__init__(
+            f"proofplane: cannot reach the proofplane server at {server} ({why}); "
+            "start it with 'proofplane up' or set --server / PROOFPLANE_SERVER",
+            exit_code=EXIT_UNREACHABLE,
+        )
+        self.server = server
+        self.why = why
+
+
+class ApiError(CliError):
+    """The API answered with an error status; ``code`` is its machine-readable error code."""
+
+    def __init__(self, status: int, code: str, message: str, details: Any = None) -> None:
+        # A detail that only repeats the message (a single validation problem) is left out.
+        lines = [line for line in format_details(details) if line.lstrip(" -") != message]
+        super().__init__(f"error ({code}): {message}", lines=lines, exit_code=EXIT_API_ERROR)
+        self.status = status
+        self.code = code
+        self.api_message = message
+        self.details = details
+
+
+def segment(value: str | int) -> str:
+    """One URL path segment, percent-encoded (a name can never reach another route)."""
+    return quote(str(value), safe="")
+
+
+def format_details(details: Any) -> list[str]:
+    """Error details as short indented lines: one per validation problem or per key."""
+    if details is None or details == {} or details == []:
+        return []
+    if isinstance(details, str):
+        return [f"  {line}" for line in details.splitlines() if line.strip()]
+    if isinstance(details, list):
+        return [f"  - {_detail_item(item)}" for item in details]
+    if isinstance(details, dict):
+        out = []
+        for key, value in details.items():
+            if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+                out.append(f"  {key}: " + "; ".join(value))
+            else:
+                out.append(f"  {key}: {_compact(value)}")
+        return out
+    return [f"  {_compact(details)}"]
+
+
+def _detail_item(item: Any) -> str:
+    if isinstance(item, dict) and "msg" in item:
+        loc = ".".join(str(p) for p in item.get("loc", []) if p != "body")
+        return f"{loc}: {item['msg']}" if loc else str(item["msg"])
+    return item if isinstance(item, str) else _compact(item)
+
+
+def _compact(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(", ", ": "), default=str)
+
+
+def _why(exc: httpx.TransportError) -> str:
+    """A short reason for a transport failure: 'connection refused', 'timed out after 10s'…"""
+    if isinstance(exc, httpx.TimeoutException):
+        return f"timed out after {TIMEOUT_S:g}s"
+    text = str(exc) or type(exc).__name__
+    if "refused" in text.lower():
+        return "connection refused"
+    text = re.sub(r"^\[Errno -?\d+\]\s*", "", text.splitlines()[0]).strip()
+    return text[:1].lower() + text[1:] if text else type(exc).__name__
+
+
+class ApiClient:
+    """get/post/patch/delete against ``server``; each returns parsed JSON or raises CliError."""
+
+    def __init__(
+        self,
+        server: str,
+        *,
+        token: str | None = None,
+        timeout: float = TIMEOUT_S,
+        transport: httpx.BaseTransport | None = None,
+        auth_hints: bool = True,
+    ) -> None:
+        self.server = server.rstrip("/") or server
+        self.auth_hints = auth_hints
+        headers = {"Accept": "application/json", "User-Agent": "proofplane-cli"}
+        if token is not None:
+            token = token.strip()
+            if not token or not token.isprintable() or any(c.isspace() for c in token):
+                raise CliError(
+                    "proofplane: the token is empty or contains spaces or control characters",
+                    exit_code=EXIT_USAGE,
+                )
+            headers["Authorization"] = f"Bearer {token}"
+        try:
+            self._http = httpx.Client(
+                base_url=self.server,
+                timeout=timeout,
+                transport=transport,
+                headers=headers,
+            )
+        except (httpx.InvalidURL, ValueError, TypeError) as exc:
+            raise CliError(
+                f"proofplane: invalid --server URL {server!r}: {exc}", exit_code=EXIT_USAGE
+            ) from exc
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        return self.request("GET", path, params=params)
+
+    def post(self, path: str, body: Any = None) -> Any:
+        return self.request("POST", path, body=body)
+
+    def patch(self, path: str, body: Any = None) -> Any:
+        return self.request("PATCH", path, body=body)
+
+    def delete(self, path: str) -> Any:
+        return self.request("DELETE", path)
+
+    def request(
+        self, method: str, path: str, *, params: dict[str, Any] | None = None, body: Any = None
+    ) -> Any:
+        clean = {k: v for k, v in (params or {}).items() if v is not None and v != []}
+        try:
+            resp = self._http.request(method, path, params=clean, json=body)
+        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+            raise CliError(
+                f"proofplane: invalid --server URL {self.server!r}: {exc}", exit_code=EXIT_USAGE
+            ) from exc
+        except httpx.TransportError as exc:
+            raise ServerUnreachable(self.server, _why(exc)) from exc
+        return self._parse(resp)
+
+    def pages(self, path: str, params: dict[str, Any], *, follow: bool) -> Iterator[dict[str, Any]]:
+        """The pages of a list endpoint, starting at ``params['cursor']``; with ``follow``, keep
+        requesting the ``next`` cursor until the last page."""
+        params = dict(params)
+        while True:
+            page = self.get(path, params)
+            if not isinstance(page, dict) or not isinstance(page.get("items"), list):
+                raise CliError(
+                    f"proofplane: the server at {self.server} answered {path} with an unexpected "
+                    "body (is it a proofplane server?)"
+                )
+            yield page
+            if not follow or not page.get("next"):
+                return
+            params["cursor"] = page["next"]
+
+    def _parse(self, resp: httpx.Response) -> Any:
+        if resp.is_success:
+            if resp.status_code == 204 or not resp.content:
+                return None
+            try:
+                return resp.json()
+            except ValueError as exc:
+                raise CliError(
+                    f"proofplane: the server at {self.server} did not answer with JSON "
+                    f"(HTTP {resp.status_code}, {resp.headers.get('content-type', 'no type')}); "
+                    "is it a proofplane server?"
+                ) from exc
+        try:
+            data = resp.json()
+        except ValueError:
+            data = None
+        err = data.get("error") if isinstance(data, dict) else None
+        if isinstance(err, dict) and isinstance(err.get("code"), str):
+            error = ApiError(
+                resp.status_code, err["code"], str(err.get("message", "")), err.get("details")
+            )
+        else:
+            error = ApiError(resp.status_code, f"HTTP {resp.status_code}", _summary(resp, data))
+        if self.auth_hints and resp.status_code == 401:
+            error.lines.append(f"hint: {LOGIN_HINT}")
+        elif self.auth_hints and error.code == "mfa_enrollment_required":
+            error.lines.append(f"hint: {ENROLL_HINT}")
+        raise error
+
+
+def _summary(resp: httpx.Response, data: Any) -> str:
+    """A one-line description of an error body that is not the API's error shape (a proxy's
+    HTML page, a plain-text message, someone else's JSON)."""
+    reason = resp.reason_phrase or "error"
+    if data is not None:
+        text = _compact(data)
+    else:
+        text = re.sub(r"<[^>]+>", " ", resp.text)  # an HTML error page: keep its words
+        text = " ".join(text.split())
+    if len(text) > 200:
+        text = text[:197] + "..."
+    return f"{reason}: {text}" if text and text != reason else reason

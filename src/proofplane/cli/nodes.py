@@ -1,0 +1,192 @@
+"""``proofplane nodes …``: list, inspect, change state, certify and register nodes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from proofplane.cli import render
+from proofplane.cli.client import segment
+from proofplane.cli.common import (
+    AllOpt,
+    CursorOpt,
+    JsonOpt,
+    LimitOpt,
+    fetch,
+    parse_pairs,
+    run_list,
+    send,
+)
+from proofplane.model import NodeState
+
+app = typer.Typer(help="GPU nodes: inventory, state, certifications.", no_args_is_help=True)
+
+
+def _done(node: dict[str, Any], as_json: bool, message: str) -> None:
+    if as_json:
+        render.print_json(node)
+    else:
+        render.print_line(message)
+
+
+@app.command("list")
+def list_nodes(
+    ctx: typer.Context,
+    state: NodeState | None = typer.Option(None, "--state", help="Only nodes in this state."),
+    region: str | None = typer.Option(None, "--region"),
+    zone: str | None = typer.Option(None, "--zone"),
+    certification: list[str] | None = typer.Option(
+        None, "--certification", "-c", help="key=value the node must hold; repeatable."
+    ),
+    limit: int | None = LimitOpt,
+    cursor: str | None = CursorOpt,
+    all_pages: bool = AllOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """List nodes with their state, GPUs and certifications."""
+    parse_pairs(certification, "--certification")
+    params = {
+        "state": state.value if state else None,
+        "region": region,
+        "zone": zone,
+        "certification": certification or None,
+    }
+    run_list(
+        ctx,
+        "/api/v1/nodes",
+        params,
+        limit=limit,
+        cursor=cursor,
+        follow=all_pages,
+        as_json=as_json,
+        table=render.nodes_table,
+        noun="node",
+    )
+
+
+@app.command("show")
+def show_node(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Node name."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Show one node: placement-relevant facts and every GPU."""
+    node = fetch(ctx, f"/api/v1/nodes/{segment(name)}")
+    if as_json:
+        render.print_json(node)
+    else:
+        render.show_node(node)
+
+
+@app.command("state")
+def set_state(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Node name."),
+    state: NodeState = typer.Argument(..., help="The state to move the node to."),
+    reason: str | None = typer.Option(None, "--reason", "-r", help="Why (kept in the events)."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Move a node to another state (cordon, fail, quarantine, re-admit, decommission).
+    Work on a node that can no longer keep it is evicted and rescheduled."""
+    node = send(
+        ctx,
+        "POST",
+        f"/api/v1/nodes/{segment(name)}/state",
+        {"state": state.value, "reason": reason},
+    )
+    why = f" ({node['state_reason']})" if node.get("state_reason") else ""
+    _done(node, as_json, f"node {node['name']} is now {node['state']}{why}")
+
+
+@app.command("certify")
+def certify(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Node name."),
+    certification: str = typer.Argument(..., metavar="KEY=VALUE", help="e.g. hipaa=true"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Grant a node a certification (only admitted nodes can be certified)."""
+    ((key, value),) = parse_pairs([certification], "KEY=VALUE").items()
+    node = send(
+        ctx,
+        "POST",
+        f"/api/v1/nodes/{segment(name)}/certifications",
+        {"key": key, "value": value},
+    )
+    _done(
+        node,
+        as_json,
+        f"node {node['name']} certified {key}={value}; "
+        f"certifications: {render.pairs(node.get('certifications')) or '-'}",
+    )
+
+
+@app.command("uncertify")
+def uncertify(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Node name."),
+    key: str = typer.Argument(..., help="The certification key to revoke, e.g. hipaa."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Revoke a certification; work that needed it is moved off the node."""
+    node = send(ctx, "DELETE", f"/api/v1/nodes/{segment(name)}/certifications/{segment(key)}")
+    _done(
+        node,
+        as_json,
+        f"node {node['name']} no longer certified {key}; "
+        f"certifications: {render.pairs(node.get('certifications')) or '-'}",
+    )
+
+
+@app.command("register")
+def register(
+    ctx: typer.Context,
+    file: Path = typer.Option(
+        ...,
+        "--file",
+        "-f",
+        exists=True,
+        dir_okay=False,
+        readable=True,
+        help="A JSON node description (the body of POST /api/v1/nodes).",
+    ),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Register a node from a JSON file; it starts in state `registered`."""
+    try:
+        body = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise typer.BadParameter(f"cannot read {file}: {exc}", param_hint="--file") from exc
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(
+            f"{file} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
+            param_hint="--file",
+        ) from exc
+    node = send(ctx, "POST", "/api/v1/nodes", body)
+    _done(
+        node,
+        as_json,
+        f"node {node['name']} registered ({render.gpu_summary(node.get('gpus', []))}), "
+        f"state {node['state']}",
+    )
+
+
+@app.command("agent-credential")
+def agent_credential(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Node name."),
+    ttl_days: int = typer.Option(90, "--ttl-days", min=1, max=90, help="Lifetime in days."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Issue a credential for the node's agent (it grants no user or tenant access). It is
+    printed once."""
+    issued = send(
+        ctx, "POST", f"/api/v1/nodes/{segment(name)}/agent-credentials", {"ttl_days": ttl_days}
+    )
+    if as_json:
+        render.print_json(issued)
+    else:
+        render.issued_token(issued, f"agent credential for {name}")

@@ -1,0 +1,378 @@
+"""Server-side commands: ``serve``, ``up`` (with the demo cluster) and ``db upgrade|current``.
+
+These work on the database directly (through the store and service layer), not through the API.
+Store errors become one message on stderr and exit status 1.
+
+``serve`` and ``up`` read their settings from ``PROOFPLANE_*`` (``proofplane.config``). With
+``PROOFPLANE_ADMIN_TOKEN`` set, a control plane without users gets an ``admin`` user holding
+that token; ``up`` always has one (a fresh random token unless the variable is set), shows it,
+and stores it in the CLI's credentials file so that the demo's commands work as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from importlib import resources
+from pathlib import Path
+
+import platformdirs
+import typer
+import uvicorn
+from alembic.util import CommandError
+from rich.console import Group
+from rich.panel import Panel
+from rich.text import Text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
+
+from proofplane import config
+from proofplane.access import SYSTEM
+from proofplane.access.credentials import new_token
+from proofplane.api.app import create_app
+from proofplane.cli import credentials, render
+from proofplane.cli.client import DEFAULT_SERVER, CliError, format_details
+from proofplane.errors import Conflict, ProofplaneError, ValidationFailed
+from proofplane.hardware.cluster_file import ClusterSpec, parse_cluster
+from proofplane.service.access import MAX_TOKEN_TTL, bootstrap_admin
+from proofplane.service.cluster import load_cluster
+from proofplane.service.context import Store
+from proofplane.store import migrate
+from proofplane.store.db import default_database_url
+
+DB_ENV = "PROOFPLANE_DATABASE_URL"
+DEFAULT_PORT = 8470
+
+db_app = typer.Typer(help="Database schema migrations.", no_args_is_help=True)
+
+HostOpt = typer.Option("127.0.0.1", "--host", help="Interface to listen on.")
+PortOpt = typer.Option(DEFAULT_PORT, "--port", "-p", min=1, max=65535, help="TCP port.")
+DbOpt = typer.Option(
+    None,
+    "--db",
+    envvar=DB_ENV,
+    help="Database URL: sqlite:///PATH or postgresql://… (default: a SQLite file in the user "
+    "data directory).",
+    show_default=False,
+)
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def demo_database_path() -> Path:
+    """Where ``up`` keeps its throwaway demo database."""
+    return Path(platformdirs.user_data_dir("proofplane")) / "demo.db"
+
+
+def shown_url(url: str) -> str:
+    """A database URL fit to print: the password hidden, a SQLite URL as its file path."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return url
+    if parsed.get_backend_name() == "sqlite" and parsed.database:
+        return parsed.database
+    return parsed.render_as_string(hide_password=True)
+
+
+@contextmanager
+def store_errors(what: str = "") -> Iterator[None]:
+    """Turn store and database failures into a one-message CliError (exit 1)."""
+    prefix = f"proofplane: {what}: " if what else "proofplane: "
+    try:
+        yield
+    except ProofplaneError as exc:
+        raise CliError(prefix + exc.message, lines=format_details(exc.details)) from exc
+    except DBAPIError as exc:
+        lines = [line.strip() for line in str(exc.orig).splitlines() if line.strip()]
+        first = lines[0] if lines else type(exc.orig).__name__
+        raise CliError(
+            f"{prefix}database error: {first}", lines=[f"  {line}" for line in lines[1:4]]
+        ) from exc
+    except CommandError as exc:  # alembic: e.g. the database is at a revision this code lacks
+        raise CliError(f"{prefix}migration failed: {exc}") from exc
+
+
+def open_store(url: str) -> Store:
+    """A store on ``url`` with its schema migrated to the head revision."""
+    with store_errors():
+        store = Store(url)
+        try:
+            migrate.upgrade(store.engine)
+        except BaseException:
+            store.dispose()
+            raise
+    return store
+
+
+def check_port(host: str, port: int) -> None:
+    """Fail early (before a demo database is wiped) when the port is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise CliError(
+                    f"proofplane: port {port} on {host} is already in use "
+                    "(is proofplane already running?); pick another with --port"
+                ) from exc
+            raise CliError(f"proofplane: cannot listen on {host}:{port}: {exc.strerror}") from exc
+
+
+def base_url(host: str, port: int) -> str:
+    """The URL clients on this machine use to reach a server listening on host:port."""
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def read_cluster(path: Path | None) -> tuple[ClusterSpec, str]:
+    """Parse the given cluster file, or the shipped demo cluster; (spec, where it came from)."""
+    if path is None:
+        source = "the demo cluster"
+        text = (resources.files("proofplane") / "data" / "demo-cluster.yaml").read_text("utf-8")
+    else:
+        source = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError as exc:
+            raise CliError(f"proofplane: cluster file {source} does not exist") from exc
+        except IsADirectoryError as exc:
+            raise CliError(f"proofplane: cluster file {source} is a directory") from exc
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise CliError(f"proofplane: cannot read cluster file {source}: {why}") from exc
+    try:
+        return parse_cluster(text), source
+    except ValidationFailed as exc:
+        why = "" if exc.message == "invalid cluster file" else f" {exc.message}"
+        raise CliError(
+            f"proofplane: invalid cluster file {source}:{why}", lines=format_details(exc.details)
+        ) from exc
+
+
+def _fresh_demo_database() -> str:
+    path = demo_database_path()
+    try:
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+    except OSError as exc:
+        raise CliError(f"proofplane: cannot remove the old demo database {path}: {exc}") from exc
+    return f"sqlite:///{path}"
+
+
+def load_settings() -> config.Settings:
+    """The server settings from ``PROOFPLANE_*``; a malformed one is one error line (exit 1)."""
+    try:
+        return config.from_env()
+    except ValidationFailed as exc:
+        raise CliError(f"proofplane: invalid configuration: {exc.message}") from exc
+
+
+def bootstrap(store: Store, token: str) -> bool:
+    """Install the admin token on a control plane without users; whether it did."""
+    try:
+        with store_errors("cannot install PROOFPLANE_ADMIN_TOKEN"):
+            return bootstrap_admin(store, token)
+    except CliError:
+        store.dispose()
+        raise
+
+
+def _save_demo_token(url: str, token: str) -> str | None:
+    """Store the demo admin token for ``url`` in the CLI's credentials file; the file's path,
+    or None (with a warning) when it cannot be written."""
+    expires = (datetime.now(UTC) + MAX_TOKEN_TTL).isoformat()
+    try:
+        path = credentials.store(url, token=token, username="admin", expires_at=expires, kind="api")
+    except CliError as exc:
+        render.print_line(f"{exc.message} (use PROOFPLANE_TOKEN instead)", style="yellow")
+        return None
+    return str(path)
+
+
+def _welcome(
+    url: str,
+    db: str,
+    counts: dict[str, int],
+    cluster: str,
+    token: str | None,
+    saved_in: str | None,
+) -> Panel:
+    env = [] if url == DEFAULT_SERVER else [f"export PROOFPLANE_SERVER={url}"]
+    commands = [
+        *env,
+        "proofplane whoami",
+        "proofplane nodes list",
+        "proofplane workloads list",
+        "proofplane workloads show radiology-triage",
+        f'curl -s -H "Authorization: Bearer $PROOFPLANE_TOKEN" {url}/api/v1/nodes',
+        'proofplane nodes state fra-h100-01 failed --reason "PSU fault"',
+        "proofplane events list --newest --action 'workload.*'",
+    ]
+    facts = Text()
+    for key, value in (
+        ("API", f"{url}/api/v1"),
+        ("docs", f"{url}/docs"),
+        ("database", db),
+        (
+            "loaded",
+            f"{counts['tenants']} tenants, {counts['nodes']} nodes, "
+            f"{counts['workloads']} workloads from {cluster}",
+        ),
+    ):
+        facts.append(f"{key:<10}", style="bold cyan")
+        facts.append(f"{value}\n")
+    access = Text()
+    if token is None:
+        access.append(
+            "The database already had users, so no demo admin token was installed: log in "
+            "with 'proofplane login'.\n",
+            style="yellow",
+        )
+    else:
+        access.append("demo admin token  ", style="bold cyan")
+        access.append(f"{token}\n")
+        if saved_in is not None:
+            access.append(
+                f"Saved in {saved_in} for {url}, so the proofplane commands below use it as "
+                "they are. For curl or another machine:\n"
+            )
+        else:
+            access.append("Set it for the commands below (and curl):\n")
+        access.append(f"  export PROOFPLANE_TOKEN={token}\n", style="green")
+    tries = Text("Try:\n", style="bold")
+    for cmd in commands:
+        tries.append(f"  {cmd}\n", style="green")
+    tries.append("\nCtrl-C stops the server.", style="dim")
+    return Panel(
+        Group(facts, access, tries),
+        title="proofplane is up",
+        title_align="left",
+        border_style="cyan",
+        expand=False,
+    )
+
+
+def _serve(store: Store, host: str, port: int, settings: config.Settings) -> None:
+    try:
+        uvicorn.run(create_app(store, settings), host=host, port=port)
+    finally:
+        store.dispose()
+
+
+# --- commands ----------------------------------------------------------------------------------
+
+
+def serve(
+    host: str = HostOpt,
+    port: int = PortOpt,
+    db: str | None = DbOpt,
+) -> None:
+    """Run the control plane API on an existing database (migrated on start).
+
+    Settings come from PROOFPLANE_* variables; with PROOFPLANE_ADMIN_TOKEN set, a database
+    without users gets an `admin` user holding that token (90 days)."""
+    settings = load_settings()
+    url = db or default_database_url()
+    check_port(host, port)
+    store = open_store(url)
+    installed = settings.admin_token is not None and bootstrap(store, settings.admin_token)
+    render.print_line(
+        f"proofplane serving on {base_url(host, port)} (docs {base_url(host, port)}/docs, "
+        f"database {shown_url(url)})"
+    )
+    if installed:
+        render.print_line("created user admin with the PROOFPLANE_ADMIN_TOKEN token (90 days)")
+    _serve(store, host, port, settings)
+
+
+def up(
+    host: str = HostOpt,
+    port: int = PortOpt,
+    db: str | None = typer.Option(
+        None,
+        "--db",
+        help="Load into this (empty) database instead of a fresh demo SQLite file.",
+        show_default=False,
+    ),
+    cluster: Path | None = typer.Option(
+        None,
+        "--cluster",
+        help="A cluster file to load instead of the shipped demo cluster.",
+        show_default=False,
+    ),
+) -> None:
+    """Start the control plane with a demo cluster, on a fresh database, with a demo admin
+    token (PROOFPLANE_ADMIN_TOKEN, or a fresh random one) stored for the CLI.
+
+    A demo on loopback: plain HTTP, so browser session cookies are not marked Secure."""
+    env_settings = load_settings()
+    token = env_settings.admin_token or new_token()
+    settings = dataclasses.replace(env_settings, admin_token=token, cookie_secure=False)
+    spec, source = read_cluster(cluster)
+    check_port(host, port)
+    url = db if db is not None else _fresh_demo_database()
+    store = open_store(url)
+    try:
+        with store_errors(f"cannot load {source}"):
+            counts = load_cluster(store, SYSTEM, spec)
+    except CliError as exc:
+        store.dispose()
+        if db is not None and isinstance(exc.__cause__, Conflict):
+            exc.lines.append(
+                f"  `up` loads a cluster into an empty database and {shown_url(url)} is not; use "
+                "a fresh --db, or `proofplane serve --db URL` to serve it as it is"
+            )
+        raise
+    url_base = base_url(host, port)
+    installed = bootstrap(store, token)
+    saved_in = _save_demo_token(url_base, token) if installed else None
+    render.console().print(
+        _welcome(url_base, shown_url(url), counts, source, token if installed else None, saved_in)
+    )
+    _serve(store, host, port, settings)
+
+
+@db_app.command("upgrade")
+def db_upgrade(db: str | None = DbOpt) -> None:
+    """Migrate the database schema to the latest revision."""
+    url = db or default_database_url()
+    store = open_store(url)
+    try:
+        with store_errors():
+            revision = migrate.current_revision(store.engine)
+    finally:
+        store.dispose()
+    render.print_line(f"database {shown_url(url)} is at revision {revision} (head)")
+
+
+@db_app.command("current")
+def db_current(db: str | None = DbOpt) -> None:
+    """Show the database's schema revision and the code's head revision."""
+    url = db or default_database_url()
+    with store_errors():
+        store = Store(url)
+        try:
+            current = migrate.current_revision(store.engine)
+        finally:
+            store.dispose()
+    head = migrate.head_revision()
+    render.print_line(f"database: {shown_url(url)}")
+    render.print_line(f"current:  {current or '(none: not migrated)'}")
+    render.print_line(f"head:     {head}")
+    if current != head:
+        render.print_line("run `proofplane db upgrade` to migrate", style="yellow")
+    else:
+        render.print_line("up to date", style="green")

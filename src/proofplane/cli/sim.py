@@ -1,0 +1,236 @@
+"""``proofplane sim …``: trace-driven placement simulations.
+
+``proofplane sim openb`` replays the Alibaba "openb" GPU trace with the FGD (USENIX ATC'23)
+paper's protocol and reports the GPU allocation ratio per policy: ``mean_at_130`` (mean over the
+seeds of the allocation % when 130 % of the cluster's GPU capacity has arrived), the value per
+seed, and the discretised series 0..130 % like the paper's ``analysis_allo_discrete.csv``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from multiprocessing import get_all_start_methods, get_context
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from proofplane.sim import loader
+from proofplane.sim.runner import (
+    DEFAULT_POLICIES,
+    POLICIES,
+    RNG_KINDS,
+    SeedResult,
+    parse_seeds,
+    run_seed,
+    summarise,
+)
+from proofplane.sim.trace import Node, Pod, TraceError
+
+app = typer.Typer(help="Trace-driven placement simulations.", no_args_is_help=True)
+
+EXIT_USAGE = 2
+
+
+@app.callback()
+def sim() -> None:
+    """Trace-driven placement simulations (e.g. `proofplane sim openb`)."""
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"proofplane sim: {message}", err=True)
+    return typer.Exit(EXIT_USAGE)
+
+
+def machine() -> dict[str, Any]:
+    """What the timings were taken on."""
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or None,
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def _published_for(pods_path: Path, policies: list[str]) -> dict[str, float]:
+    """The paper's mean at 130 % for FGD / BestFit when ``pods_path`` is one of the openb
+    traces and the cached results CSV sits next to it; empty otherwise."""
+    name = pods_path.name
+    if not (name.startswith("openb_pod_list_") and name.endswith(".csv")):
+        return {}
+    trace = name.removeprefix("openb_pod_list_").removesuffix(".csv")
+    csv_path = pods_path.parent / loader.EXPECTED_FILE
+    if not csv_path.is_file():
+        return {}
+    try:
+        rows = loader.load_published(csv_path)
+    except (KeyError, ValueError, OSError):
+        return {}
+    out = {}
+    for policy in policies:
+        label = loader.PUBLISHED_POLICY.get(policy)
+        mean = loader.published_mean_at_130(trace, label, rows) if label else None
+        if mean is not None:
+            out[policy] = round(mean, 4)
+    return out
+
+
+_WORK: tuple[list[Pod], list[Node]] | None = None
+
+
+def _init_worker(pods: list[Pod], nodes: list[Node]) -> None:
+    global _WORK
+    _WORK = (pods, nodes)
+
+
+def _work(job: tuple[str, int, str]) -> SeedResult:
+    assert _WORK is not None
+    policy, seed, rng = job
+    return run_seed(_WORK[0], _WORK[1], policy, seed, rng)
+
+
+def run_jobs(
+    pods: list[Pod], nodes: list[Node], jobs: list[tuple[str, int, str]], workers: int
+) -> list[SeedResult]:
+    """Run (policy, seed, rng) replays, in ``workers`` processes when more than one."""
+    if workers <= 1 or len(jobs) <= 1:
+        return [run_seed(pods, nodes, p, s, r) for p, s, r in jobs]
+    ctx = get_context("fork") if "fork" in get_all_start_methods() else get_context()
+    with ctx.Pool(min(workers, len(jobs)), _init_worker, (pods, nodes)) as pool:
+        return pool.map(_work, jobs, chunksize=1)
+
+
+def report(
+    results: list[SeedResult],
+    *,
+    pods_path: Path,
+    nodes_path: Path,
+    rng: str,
+    seeds: list[int],
+    wall: float,
+) -> dict[str, Any]:
+    """The JSON document ``sim openb --json`` prints."""
+    summary = summarise(results)
+    published = _published_for(pods_path, list(summary))
+    policies: dict[str, Any] = {}
+    for name, s in summary.items():
+        secs = sorted(s.seconds.values())
+        policies[name] = {
+            "mean_at_130": s.mean_at_130,
+            "per_seed": {str(k): v for k, v in s.per_seed.items()},
+            "seconds_per_seed": {str(k): v for k, v in s.seconds.items()},
+            "median_seconds_per_seed": secs[len(secs) // 2] if secs else None,
+            "published_mean_at_130": published.get(name),
+            "series": {str(k): v for k, v in s.series.items()},
+        }
+    return {
+        "pods": str(pods_path),
+        "nodes": str(nodes_path),
+        "rng": rng,
+        "seeds": seeds,
+        "machine": machine(),
+        "wall_seconds": round(wall, 3),
+        "policies": policies,
+    }
+
+
+def _table(doc: dict[str, Any]) -> Table:
+    table = Table(title=f"openb replay, rng={doc['rng']}, GPU allocation % at 130 % arrival")
+    table.add_column("policy")
+    table.add_column("mean@130", justify="right")
+    table.add_column("paper (42-51)", justify="right")
+    table.add_column("min..max", justify="right")
+    table.add_column("s/seed (median)", justify="right")
+    for name, p in doc["policies"].items():
+        vals = [v for v in p["per_seed"].values() if v is not None]
+        mean = p["mean_at_130"]
+        pub = p["published_mean_at_130"]
+        table.add_row(
+            name,
+            f"{mean:.2f}" if mean is not None else "-",
+            f"{pub:.2f}" if pub is not None else "",
+            f"{min(vals):.2f}..{max(vals):.2f}" if vals else "-",
+            f"{p['median_seconds_per_seed']:.2f}",
+        )
+    return table
+
+
+@app.command("openb")
+def openb(
+    pods: Path | None = typer.Option(
+        None,
+        "--pods",
+        help="Pod list CSV (default: ../shared/data/openb/openb_pod_list_default.csv).",
+        show_default=False,
+    ),
+    nodes: Path | None = typer.Option(
+        None,
+        "--nodes",
+        help="Node list CSV (default: ../shared/data/openb/openb_node_list_gpu_node.csv).",
+        show_default=False,
+    ),
+    policy: list[str] | None = typer.Option(
+        None,
+        "--policy",
+        "-p",
+        help=f"Policy to replay, repeatable: {', '.join(POLICIES)} (default: all).",
+        show_default=False,
+    ),
+    seeds: str = typer.Option("42-51", "--seeds", help="Seeds, e.g. 42-51 or 42,45."),
+    rng: str = typer.Option(
+        "go", "--rng", help="go: bit-exact Go math/rand (matches the paper); python: Python's."
+    ),
+    jobs: int = typer.Option(
+        1, "--jobs", "-j", min=1, help="Worker processes (one replay per seed and policy)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Replay the openb trace with the FGD paper's protocol; GPU allocation per policy."""
+    pods_path = pods or loader.pod_file("default")
+    nodes_path = nodes or loader.node_file()
+    chosen = list(policy) if policy else list(DEFAULT_POLICIES)
+    for name in chosen:
+        if name not in POLICIES:
+            raise _fail(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")
+    chosen = list(dict.fromkeys(chosen))
+    if rng not in RNG_KINDS:
+        raise _fail(f"unknown rng {rng!r} (use go or python)")
+    try:
+        seed_list = parse_seeds(seeds)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    try:
+        pod_list = loader.load_pods(pods_path)
+        node_list = loader.load_nodes(nodes_path)
+    except (FileNotFoundError, TraceError, UnicodeDecodeError, KeyError) as exc:
+        raise _fail(str(exc)) from None
+    except OSError as exc:
+        raise _fail(f"cannot read input: {exc}") from None
+    start = time.perf_counter()
+    work = [(p, s, rng) for p in chosen for s in seed_list]
+    results = run_jobs(pod_list, node_list, work, jobs)
+    doc = report(
+        results,
+        pods_path=pods_path,
+        nodes_path=nodes_path,
+        rng=rng,
+        seeds=seed_list,
+        wall=time.perf_counter() - start,
+    )
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+    else:
+        console = Console()
+        console.print(_table(doc))
+        m = doc["machine"]
+        console.print(
+            f"{len(seed_list)} seed(s), {doc['wall_seconds']:.1f} s wall; "
+            f"{m['platform']}, Python {m['python']}, {m['cpu_count']} CPU(s)"
+        )

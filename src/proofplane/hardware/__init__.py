@@ -1,0 +1,1 @@
+"""Hardware facts: SKU tables, MIG geometry, simulated clusters (and, later, the NVML collector)."""

@@ -1,0 +1,45 @@
+"""The domain model: plain values, no I/O. Everything else speaks in these types."""
+
+from proofplane.model.event import Event, Outcome
+from proofplane.model.node import (
+    KEEPS_WORK,
+    NODE_TRANSITIONS,
+    Gpu,
+    MigInstance,
+    Node,
+    NodeState,
+    can_transition,
+)
+from proofplane.model.tags import missing_tags, parse_tag_pairs, validate_name, validate_tags
+from proofplane.model.tenant import ComplianceProfile, IsolationLevel, Tenant
+from proofplane.model.workload import (
+    GpuRequest,
+    PlacedDevice,
+    Placement,
+    Workload,
+    WorkloadStatus,
+)
+
+__all__ = [
+    "KEEPS_WORK",
+    "NODE_TRANSITIONS",
+    "ComplianceProfile",
+    "Event",
+    "Gpu",
+    "GpuRequest",
+    "IsolationLevel",
+    "MigInstance",
+    "Node",
+    "NodeState",
+    "Outcome",
+    "PlacedDevice",
+    "Placement",
+    "Tenant",
+    "Workload",
+    "WorkloadStatus",
+    "can_transition",
+    "missing_tags",
+    "parse_tag_pairs",
+    "validate_name",
+    "validate_tags",
+]

@@ -1,0 +1,80 @@
+"""Nodes and their GPUs. Certifications are issued by the control plane, never self-declared."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+
+class NodeState(StrEnum):
+    REGISTERED = "registered"
+    ADMITTED = "admitted"
+    CORDONED = "cordoned"
+    QUARANTINED = "quarantined"
+    FAILED = "failed"
+    DECOMMISSIONED = "decommissioned"
+
+
+# Which state changes an operator may ask for. Admission of a registered node will require a
+# passing attestation (attestation issue); quarantine release will require a fresh one.
+NODE_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
+    NodeState.REGISTERED: frozenset(
+        {NodeState.ADMITTED, NodeState.QUARANTINED, NodeState.FAILED, NodeState.DECOMMISSIONED}
+    ),
+    NodeState.ADMITTED: frozenset(
+        {NodeState.CORDONED, NodeState.QUARANTINED, NodeState.FAILED, NodeState.DECOMMISSIONED}
+    ),
+    NodeState.CORDONED: frozenset(
+        {NodeState.ADMITTED, NodeState.QUARANTINED, NodeState.FAILED, NodeState.DECOMMISSIONED}
+    ),
+    NodeState.QUARANTINED: frozenset(
+        {NodeState.ADMITTED, NodeState.FAILED, NodeState.DECOMMISSIONED}
+    ),
+    NodeState.FAILED: frozenset(
+        {NodeState.ADMITTED, NodeState.QUARANTINED, NodeState.DECOMMISSIONED}
+    ),
+    NodeState.DECOMMISSIONED: frozenset(),
+}
+
+# States in which a node keeps the work already placed on it (cordon stops only new work).
+KEEPS_WORK: frozenset[NodeState] = frozenset({NodeState.ADMITTED, NodeState.CORDONED})
+
+
+def can_transition(current: NodeState, target: NodeState) -> bool:
+    return target in NODE_TRANSITIONS[current]
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    """A GPU instance carved out of a MIG-enabled GPU: its profile and its first memory slot."""
+
+    profile: str
+    start: int
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    index: int
+    uuid: str
+    model: str
+    memory_mb: int
+    mig_enabled: bool = False
+    mig_instances: tuple[MigInstance, ...] = ()
+    vbios_version: str | None = None
+    driver_version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    region: str
+    zone: str
+    rack: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    certifications: dict[str, str] = field(default_factory=dict)
+    state: NodeState = NodeState.REGISTERED
+    state_reason: str | None = None
+    gpus: tuple[Gpu, ...] = ()
+    created_at: datetime | None = None
+    updated_at: datetime | None = None

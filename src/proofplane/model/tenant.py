@@ -1,0 +1,64 @@
+"""Tenants and the compliance profile that sets the minimum for every workload they submit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+
+class IsolationLevel(StrEnum):
+    """How far a workload is kept from other tenants, weakest first."""
+
+    SHARED = "shared"  # a time-sliced fraction of a GPU
+    MIG = "mig"  # a hardware-partitioned MIG slice
+    EXCLUSIVE_GPU = "exclusive-gpu"  # whole GPUs, never shared
+    DEDICATED_NODE = "dedicated-node"  # no other tenant on the node
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+    def at_least(self, other: IsolationLevel) -> IsolationLevel:
+        """The stricter of the two levels."""
+        return self if self.rank >= other.rank else other
+
+
+_RANK = {
+    IsolationLevel.SHARED: 0,
+    IsolationLevel.MIG: 1,
+    IsolationLevel.EXCLUSIVE_GPU: 2,
+    IsolationLevel.DEDICATED_NODE: 3,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ComplianceProfile:
+    """What a tenant's workloads must always carry and the isolation they must at least get.
+
+    ``required_tags`` are added to every workload of the tenant (a HIPAA tenant cannot submit a
+    workload that forgets ``hipaa=true``). ``min_isolation`` is the floor for every workload;
+    ``isolation_rules`` raise the floor per tag (``{"pci-dss=isolated": "dedicated-node"}``).
+    """
+
+    required_tags: dict[str, str] = field(default_factory=dict)
+    min_isolation: IsolationLevel = IsolationLevel.SHARED
+    isolation_rules: dict[str, IsolationLevel] = field(default_factory=dict)
+
+    def minimum_for(self, tags: dict[str, str]) -> IsolationLevel:
+        """The isolation floor for a workload carrying ``tags``."""
+        floor = self.min_isolation
+        for pair, level in self.isolation_rules.items():
+            key, _, value = pair.partition("=")
+            if tags.get(key) == value:
+                floor = floor.at_least(level)
+        return floor
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    name: str
+    description: str = ""
+    profile: ComplianceProfile = field(default_factory=ComplianceProfile)
+    created_at: datetime | None = None
+    updated_at: datetime | None = None

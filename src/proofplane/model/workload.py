@@ -1,0 +1,83 @@
+"""Workloads, what they ask for, and where they were placed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from proofplane.model.tenant import IsolationLevel
+
+
+class WorkloadStatus(StrEnum):
+    PENDING = "pending"  # waiting for compliant capacity; ``reason`` says why
+    PLACED = "placed"  # capacity reserved on a node; handed to the execution backend
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL
+
+    @property
+    def holds_capacity(self) -> bool:
+        return self in (WorkloadStatus.PLACED, WorkloadStatus.RUNNING)
+
+
+_TERMINAL = frozenset({WorkloadStatus.SUCCEEDED, WorkloadStatus.FAILED, WorkloadStatus.CANCELLED})
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRequest:
+    """Exactly one shape: ``count`` whole GPUs, ``count`` MIG slices of ``mig_profile``, or a
+    ``share_milli`` fraction (1..999 thousandths) of one GPU. ``model`` pins a GPU SKU."""
+
+    count: int = 1
+    model: str | None = None
+    mig_profile: str | None = None
+    share_milli: int | None = None
+
+    @property
+    def natural_isolation(self) -> IsolationLevel:
+        if self.mig_profile is not None:
+            return IsolationLevel.MIG
+        if self.share_milli is not None:
+            return IsolationLevel.SHARED
+        return IsolationLevel.EXCLUSIVE_GPU
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedDevice:
+    """One device a placement holds: a whole GPU, a MIG instance, or a share of a GPU."""
+
+    gpu_index: int
+    gpu_uuid: str
+    mig_profile: str | None = None
+    mig_start: int | None = None
+    share_milli: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    node: str
+    devices: tuple[PlacedDevice, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    name: str
+    tenant: str
+    tags: dict[str, str] = field(default_factory=dict)
+    isolation: IsolationLevel = IsolationLevel.EXCLUSIVE_GPU
+    gpus: GpuRequest = field(default_factory=GpuRequest)
+    priority: int = 0
+    command: tuple[str, ...] = ()
+    status: WorkloadStatus = WorkloadStatus.PENDING
+    reason: str | None = None
+    placement: Placement | None = None
+    reason_details: dict[str, Any] | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None

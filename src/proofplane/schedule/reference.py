@@ -1,0 +1,174 @@
+"""The first placement engine, kept verbatim as the reference the snapshot is checked against.
+
+It rebuilds usage from every allocation and scans every node on each call: O(nodes +
+allocations) per decision, far too slow at scale, but short enough to read in one sitting and
+trust. ``tests/test_snapshot.py`` replays random operations on a ``ClusterSnapshot`` and asks
+this function the same question after each one; the answers must be identical (placement,
+reason, message, rejection counts). ``bench/placement.py`` uses it for the before/after ratio.
+Not part of the public API.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from proofplane.model import (
+    Gpu,
+    IsolationLevel,
+    Node,
+    NodeState,
+    PlacedDevice,
+    Placement,
+    missing_tags,
+)
+from proofplane.schedule.values import (
+    COMPLIANCE_FILTERS,
+    FULL_GPU_MILLI,
+    Allocation,
+    Decision,
+    Request,
+)
+
+
+@dataclass(slots=True)
+class _Usage:
+    whole: set[int] = field(default_factory=set)
+    mig: set[tuple[int, int]] = field(default_factory=set)
+    shares: Counter[int] = field(default_factory=Counter)
+    tenants: set[str] = field(default_factory=set)
+    dedicated_to: str | None = None
+
+    def idle(self, gpu: Gpu) -> bool:
+        if gpu.index in self.whole or self.shares[gpu.index]:
+            return False
+        return not any(idx == gpu.index for idx, _ in self.mig)
+
+
+def _usage(allocations: Iterable[Allocation]) -> dict[str, _Usage]:
+    usage: dict[str, _Usage] = {}
+    for alloc in allocations:
+        u = usage.setdefault(alloc.placement.node, _Usage())
+        u.tenants.add(alloc.tenant)
+        if alloc.isolation is IsolationLevel.DEDICATED_NODE:
+            u.dedicated_to = alloc.tenant
+        for dev in alloc.placement.devices:
+            if dev.mig_start is not None:
+                u.mig.add((dev.gpu_index, dev.mig_start))
+            elif dev.share_milli is not None:
+                u.shares[dev.gpu_index] += dev.share_milli
+            else:
+                u.whole.add(dev.gpu_index)
+    return usage
+
+
+def _model_ok(gpu: Gpu, req: Request) -> bool:
+    return req.gpus.model is None or gpu.model == req.gpus.model
+
+
+def _fit(node: Node, u: _Usage, req: Request) -> tuple[PlacedDevice, ...] | None:
+    g = req.gpus
+    if g.mig_profile is not None:
+        free = [
+            (gpu, inst)
+            for gpu in node.gpus
+            if gpu.mig_enabled and _model_ok(gpu, req)
+            for inst in gpu.mig_instances
+            if inst.profile == g.mig_profile and (gpu.index, inst.start) not in u.mig
+        ]
+        if len(free) < g.count:
+            return None
+        busy = Counter(idx for idx, _ in u.mig)
+        free.sort(key=lambda gi: (-busy[gi[0].index], gi[0].index, gi[1].start))
+        return tuple(
+            PlacedDevice(gpu.index, gpu.uuid, mig_profile=inst.profile, mig_start=inst.start)
+            for gpu, inst in free[: g.count]
+        )
+    plain = [
+        gpu
+        for gpu in node.gpus
+        if not gpu.mig_enabled and _model_ok(gpu, req) and gpu.index not in u.whole
+    ]
+    if g.share_milli is not None:
+        fits = [gpu for gpu in plain if u.shares[gpu.index] + g.share_milli <= FULL_GPU_MILLI]
+        if not fits:
+            return None
+        best = min(fits, key=lambda gpu: (FULL_GPU_MILLI - u.shares[gpu.index], gpu.index))
+        return (PlacedDevice(best.index, best.uuid, share_milli=g.share_milli),)
+    idle = [gpu for gpu in plain if not u.shares[gpu.index]]
+    if len(idle) < g.count:
+        return None
+    return tuple(PlacedDevice(gpu.index, gpu.uuid) for gpu in idle[: g.count])
+
+
+_Filter = Callable[[Node, _Usage, Request], str | None]
+
+
+def _state(node: Node, _u: _Usage, _r: Request) -> str | None:
+    return None if node.state is NodeState.ADMITTED else "node_not_admitted"
+
+
+def _certifications(node: Node, _u: _Usage, req: Request) -> str | None:
+    return "missing_certification" if missing_tags(req.tags, node.certifications) else None
+
+
+def _tenancy(_node: Node, u: _Usage, req: Request) -> str | None:
+    if u.dedicated_to is not None and u.dedicated_to != req.tenant:
+        return "node_dedicated_to_other_tenant"
+    if req.isolation is IsolationLevel.DEDICATED_NODE and u.tenants - {req.tenant}:
+        return "node_shared_with_other_tenant"
+    return None
+
+
+def _gpu_model(node: Node, _u: _Usage, req: Request) -> str | None:
+    if req.gpus.model is None or any(g.model == req.gpus.model for g in node.gpus):
+        return None
+    return "gpu_model_unavailable"
+
+
+_FILTERS: tuple[_Filter, ...] = (_state, _certifications, _tenancy, _gpu_model)
+
+
+def reference_place(
+    req: Request, nodes: Iterable[Node], allocations: Iterable[Allocation]
+) -> Decision:
+    """Choose a node and devices for ``req`` by scanning everything, or explain why none fits."""
+    usage = _usage(allocations)
+    rejections: Counter[str] = Counter()
+    best: tuple[int, str, tuple[PlacedDevice, ...]] | None = None
+    for node in nodes:
+        u = usage.get(node.name) or _Usage()
+        code = next((c for f in _FILTERS if (c := f(node, u, req)) is not None), None)
+        devices = None if code else _fit(node, u, req)
+        if code is None and devices is None:
+            code = "insufficient_gpu_capacity"
+        if code is not None:
+            rejections[code] += 1
+            continue
+        assert devices is not None
+        taken = {d.gpu_index for d in devices}
+        idle_after = sum(1 for g in node.gpus if u.idle(g) and g.index not in taken)
+        candidate = (idle_after, node.name, devices)
+        if best is None or candidate[:2] < best[:2]:
+            best = candidate
+    if best is not None:
+        return Decision(Placement(best[1], best[2]), None, f"placed on {best[1]}")
+    total = sum(rejections.values())
+    compliant = total - sum(n for c, n in rejections.items() if c in COMPLIANCE_FILTERS)
+    if compliant == 0:
+        return Decision(
+            None,
+            "no_compliant_capacity",
+            f"none of {total} nodes is admitted and certified for {dict(req.tags) or 'this'}",
+            dict(rejections),
+        )
+    blocking = ", ".join(
+        f"{code} on {n}" for code, n in sorted(rejections.items()) if code not in COMPLIANCE_FILTERS
+    )
+    return Decision(
+        None,
+        "insufficient_capacity",
+        f"{compliant} node(s) are admitted and certified, none can take it now ({blocking})",
+        dict(rejections),
+    )

@@ -1,0 +1,320 @@
+"""Nodes: registration, inventory, state changes and the certifications the control plane issues."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from sqlalchemy import select
+
+from proofplane.access import Actor, Permission, authorize
+from proofplane.errors import Conflict, InvalidState, NotFound, ValidationFailed
+from proofplane.hardware.inventory import normalize_gpus
+from proofplane.model import (
+    KEEPS_WORK,
+    Node,
+    NodeState,
+    can_transition,
+    missing_tags,
+    validate_name,
+    validate_tags,
+)
+from proofplane.service.context import Store, Tx
+from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
+from proofplane.service.scheduling import ClusterView, evict, reschedule_pending
+from proofplane.store.repo import NODE_LOAD, WORKLOAD_LOAD, node_from_row, node_row
+from proofplane.store.tables import CertificationRow, GpuRow, NodeRow, PlacementRow, WorkloadRow
+
+CERTIFIABLE_STATES = frozenset({NodeState.ADMITTED, NodeState.CORDONED})
+
+
+def check_node(node: Node) -> Node:
+    """Validate a node description (names, labels, GPU inventory); return it normalized."""
+    validate_name(node.name, "node")
+    for what, value in (("region", node.region), ("zone", node.zone)):
+        validate_name(value, what)
+    if node.rack is not None:
+        validate_name(node.rack, "rack")
+    if node.certifications:
+        raise ValidationFailed(
+            "certifications are issued by the control plane, not declared by a node",
+            code="certifications_not_allowed",
+        )
+    return replace(
+        node, labels=validate_tags(node.labels, field="labels"), gpus=normalize_gpus(node.gpus)
+    )
+
+
+def register_node(store: Store, actor: Actor, node: Node) -> Node:
+    """Add a node in state ``registered``: known, but not allowed to run anything yet."""
+    authorize(actor, Permission.NODES_WRITE)
+    node = check_node(node)
+    with store.write(actor) as tx:
+        row = insert_node(tx, node)
+        return node_from_row(row)
+
+
+def insert_node(tx: Tx, node: Node) -> NodeRow:
+    if tx.session.scalar(select(NodeRow.id).where(NodeRow.name == node.name)):
+        raise Conflict(f"node {node.name!r} already exists", details={"node": node.name})
+    uuids = [g.uuid for g in node.gpus]
+    taken = list(tx.session.scalars(select(GpuRow.uuid).where(GpuRow.uuid.in_(uuids))))
+    if taken:
+        raise Conflict("GPU UUIDs already belong to another node", details={"uuids": taken})
+    row = NodeRow(
+        name=node.name,
+        region=node.region,
+        zone=node.zone,
+        rack=node.rack,
+        labels=dict(node.labels),
+        state=NodeState.REGISTERED.value,
+        state_reason=None,
+        created_at=tx.now,
+        updated_at=tx.now,
+        certifications=[],
+        gpus=[
+            GpuRow(
+                index=g.index,
+                uuid=g.uuid,
+                model=g.model,
+                memory_mb=g.memory_mb,
+                mig_enabled=g.mig_enabled,
+                mig_instances=[{"profile": i.profile, "start": i.start} for i in g.mig_instances],
+                vbios_version=g.vbios_version,
+                driver_version=g.driver_version,
+            )
+            for g in node.gpus
+        ],
+    )
+    tx.session.add(row)
+    tx.session.flush()
+    tx.record(
+        "node.register",
+        "node",
+        node.name,
+        details={
+            "region": node.region,
+            "zone": node.zone,
+            "rack": node.rack,
+            "labels": dict(node.labels),
+            "gpus": [
+                {"index": g.index, "uuid": g.uuid, "model": g.model, "mig_enabled": g.mig_enabled}
+                for g in node.gpus
+            ],
+        },
+    )
+    return row
+
+
+def update_node(
+    store: Store,
+    actor: Actor,
+    name: str,
+    *,
+    labels: dict[str, str] | None = None,
+    rack: str | None = None,
+) -> Node:
+    """Change a node's descriptive fields (labels, rack). Trust-bearing fields have own calls."""
+    authorize(actor, Permission.NODES_WRITE)
+    if labels is not None:
+        labels = validate_tags(labels, field="labels")
+    if rack is not None:
+        validate_name(rack, "rack")
+    with store.write(actor) as tx:
+        row = node_row(tx.session, name)
+        changes: dict[str, Any] = {}
+        if labels is not None and labels != row.labels:
+            changes["labels"] = {"before": row.labels, "after": labels}
+            row.labels = labels
+        if rack is not None and rack != row.rack:
+            changes["rack"] = {"before": row.rack, "after": rack}
+            row.rack = rack
+        if changes:
+            row.updated_at = tx.now
+            tx.record("node.update", "node", name, details=changes)
+        return node_from_row(row)
+
+
+def set_node_state(
+    store: Store, actor: Actor, name: str, state: NodeState, reason: str | None = None
+) -> Node:
+    """Move a node through its lifecycle. Leaving service evicts its work, which is re-placed
+    only on nodes that still satisfy each workload's tags (or waits, with a reason)."""
+    authorize(actor, Permission.NODES_WRITE)
+    with store.write(actor) as tx:
+        row = node_row(tx.session, name)
+        change_node_state(tx, row, state, reason)
+        return node_from_row(row)
+
+
+def change_node_state(tx: Tx, row: NodeRow, state: NodeState, reason: str | None) -> None:
+    current = NodeState(row.state)
+    if current == state:
+        raise InvalidState(
+            f"node {row.name!r} is already {state.value}",
+            code="no_change",
+            details={"node": row.name, "state": state.value},
+        )
+    if not can_transition(current, state):
+        raise InvalidState(
+            f"node {row.name!r} cannot go from {current.value} to {state.value}",
+            code="invalid_transition",
+            details={"node": row.name, "from": current.value, "to": state.value},
+        )
+    row.state = state.value
+    row.state_reason = reason
+    row.updated_at = tx.now
+    tx.session.flush()
+    tx.record(
+        "node.state",
+        "node",
+        row.name,
+        details={"from": current.value, "to": state.value, "reason": reason},
+    )
+    view = ClusterView(tx.session)
+    if state not in KEEPS_WORK:
+        for wl in _workloads_on(tx, row):
+            evict(
+                tx,
+                wl,
+                view,
+                f"node_{state.value}",
+                f"node {row.name} is {state.value}" + (f": {reason}" if reason else ""),
+            )
+    reschedule_pending(tx, view)
+
+
+def _workloads_on(tx: Tx, row: NodeRow) -> list[WorkloadRow]:
+    return list(
+        tx.session.scalars(
+            select(WorkloadRow)
+            .join(WorkloadRow.placement)
+            .where(PlacementRow.node_id == row.id)
+            .options(*WORKLOAD_LOAD)
+            .order_by(WorkloadRow.name)
+        )
+    )
+
+
+def grant_certification(store: Store, actor: Actor, name: str, key: str, value: str) -> Node:
+    """Issue ``key=value`` to an admitted (or cordoned) node. Re-granting the same value is a
+    no-op; a new value replaces the old one and evicts work that relied on the old one."""
+    authorize(actor, Permission.CERTIFY)
+    validate_tags({key: value}, field="certification")
+    with store.write(actor) as tx:
+        row = node_row(tx.session, name)
+        issue_certification(tx, row, key, value)
+        return node_from_row(row)
+
+
+def issue_certification(tx: Tx, row: NodeRow, key: str, value: str) -> None:
+    if NodeState(row.state) not in CERTIFIABLE_STATES:
+        raise InvalidState(
+            f"node {row.name!r} is {row.state}: only admitted nodes can be certified",
+            code="node_not_admitted",
+            details={"node": row.name, "state": row.state},
+        )
+    existing = next((c for c in row.certifications if c.key == key), None)
+    if existing is not None and existing.value == value:
+        return
+    before = existing.value if existing is not None else None
+    if existing is not None:
+        existing.value = value
+        existing.issued_by = tx.actor.name
+        existing.issued_at = tx.now
+    else:
+        row.certifications.append(
+            CertificationRow(key=key, value=value, issued_by=tx.actor.name, issued_at=tx.now)
+        )
+    row.updated_at = tx.now
+    tx.session.flush()
+    tx.record(
+        "node.certification.grant",
+        "node",
+        row.name,
+        details={"key": key, "value": value, "previous": before},
+    )
+    _recheck_workloads(tx, row)
+
+
+def revoke_certification(store: Store, actor: Actor, name: str, key: str) -> Node:
+    """Withdraw a certification; work that needed it leaves the node at once."""
+    authorize(actor, Permission.CERTIFY)
+    with store.write(actor) as tx:
+        row = node_row(tx.session, name)
+        existing = next((c for c in row.certifications if c.key == key), None)
+        if existing is None:
+            raise NotFound(
+                f"node {name!r} holds no certification {key!r}",
+                details={"node": name, "key": key},
+            )
+        row.certifications.remove(existing)
+        row.updated_at = tx.now
+        tx.session.flush()
+        tx.record(
+            "node.certification.revoke",
+            "node",
+            name,
+            details={"key": key, "value": existing.value},
+        )
+        _recheck_workloads(tx, row)
+        return node_from_row(row)
+
+
+def _recheck_workloads(tx: Tx, row: NodeRow) -> None:
+    """Evict every workload on the node whose tags the node no longer satisfies."""
+    held = {c.key: c.value for c in row.certifications}
+    view = ClusterView(tx.session)
+    for wl in _workloads_on(tx, row):
+        lost = missing_tags(wl.tags, held)
+        if lost:
+            evict(
+                tx,
+                wl,
+                view,
+                "certification_revoked",
+                f"node {row.name} no longer certified for {lost}",
+            )
+    reschedule_pending(tx, view)
+
+
+def get_node(store: Store, actor: Actor, name: str) -> Node:
+    authorize(actor, Permission.NODES_READ)
+    with store.read() as session:
+        return node_from_row(node_row(session, name))
+
+
+def list_nodes(
+    store: Store,
+    actor: Actor,
+    *,
+    state: NodeState | None = None,
+    region: str | None = None,
+    zone: str | None = None,
+    certification: dict[str, str] | None = None,
+    limit: int = 100,
+    cursor: str | None = None,
+) -> Page[Node]:
+    """Nodes by name, filtered; ``certification`` keeps nodes holding all the given pairs."""
+    authorize(actor, Permission.NODES_READ)
+    check_limit(limit)
+    after = decode_cursor("nodes", cursor, str)
+    query = select(NodeRow).options(*NODE_LOAD).order_by(NodeRow.name)
+    if after is not None:
+        query = query.where(NodeRow.name > after)
+    if state is not None:
+        query = query.where(NodeRow.state == state.value)
+    if region is not None:
+        query = query.where(NodeRow.region == region)
+    if zone is not None:
+        query = query.where(NodeRow.zone == zone)
+    for key, value in (certification or {}).items():
+        query = query.where(
+            NodeRow.certifications.any(
+                (CertificationRow.key == key) & (CertificationRow.value == value)
+            )
+        )
+    with store.read() as session:
+        rows = list(session.scalars(query.limit(limit + 1)))
+        items = [node_from_row(r) for r in rows]
+    return paginate("nodes", items, limit, rows[limit - 1].name if len(rows) > limit else None)

@@ -1,0 +1,263 @@
+"""Workloads: submit (validate against the tenant's profile, then place), inspect, cancel."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+
+from proofplane.access import Actor, Permission, authorize
+from proofplane.errors import Conflict, InvalidState, ValidationFailed
+from proofplane.hardware.skus import SKUS, get_sku
+from proofplane.model import (
+    GpuRequest,
+    IsolationLevel,
+    Tenant,
+    Workload,
+    WorkloadStatus,
+    validate_name,
+    validate_tags,
+)
+from proofplane.service.context import Store, Tx
+from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
+from proofplane.service.scheduling import (
+    ClusterView,
+    decision_details,
+    reschedule_pending,
+    schedule,
+)
+from proofplane.store.repo import (
+    WORKLOAD_LOAD,
+    tenant_from_row,
+    tenant_row,
+    workload_from_row,
+    workload_row,
+)
+from proofplane.store.tables import NodeRow, PlacementRow, TenantRow, WorkloadRow
+
+MAX_GPUS = 64
+MAX_COMMAND_ARGS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    """What a user submits. ``isolation`` None means "what the GPU request implies"."""
+
+    name: str
+    tenant: str
+    tags: dict[str, str] = field(default_factory=dict)
+    isolation: IsolationLevel | None = None
+    gpus: GpuRequest = field(default_factory=GpuRequest)
+    priority: int = 0
+    command: tuple[str, ...] = ()
+
+
+_SHAPE_FOR = {
+    IsolationLevel.SHARED: "a share_milli fraction",
+    IsolationLevel.MIG: "a mig_profile",
+    IsolationLevel.EXCLUSIVE_GPU: "whole GPUs (count, no mig_profile or share_milli)",
+    IsolationLevel.DEDICATED_NODE: "whole GPUs (count, no mig_profile or share_milli)",
+}
+
+
+def check_gpu_request(g: GpuRequest) -> GpuRequest:
+    """Validate one GPU request shape; returns it with the model name made canonical."""
+    if g.mig_profile is not None and g.share_milli is not None:
+        raise ValidationFailed(
+            "ask for either a mig_profile or a share_milli, not both", code="invalid_gpu_request"
+        )
+    if not 1 <= g.count <= MAX_GPUS:
+        raise ValidationFailed(
+            f"gpus.count must be between 1 and {MAX_GPUS}",
+            code="invalid_gpu_request",
+            details={"count": g.count},
+        )
+    model = get_sku(g.model).name if g.model is not None else None
+    if g.share_milli is not None:
+        if not 1 <= g.share_milli <= 999:
+            raise ValidationFailed(
+                "gpus.share_milli is a fraction of one GPU in thousandths: 1 to 999 "
+                "(ask for count=1 without share_milli for a whole GPU)",
+                code="invalid_gpu_request",
+                details={"share_milli": g.share_milli},
+            )
+        if g.count != 1:
+            raise ValidationFailed(
+                "a shared GPU request takes exactly one GPU (count=1)",
+                code="invalid_gpu_request",
+                details={"count": g.count},
+            )
+    if g.mig_profile is not None:
+        skus = [get_sku(model)] if model else list(SKUS.values())
+        if not any(s.profile(g.mig_profile) for s in skus):
+            known = sorted({p.name for s in skus for p in s.mig_profiles})
+            raise ValidationFailed(
+                f"unknown MIG profile {g.mig_profile!r}" + (f" for {model}" if model else ""),
+                code="unknown_mig_profile",
+                details={"mig_profile": g.mig_profile, "known": known},
+            )
+    return GpuRequest(g.count, model, g.mig_profile, g.share_milli)
+
+
+def resolve(spec: WorkloadSpec, tenant: Tenant) -> tuple[dict[str, str], IsolationLevel, str]:
+    """Apply the tenant's compliance profile: required tags are added, isolation is raised to
+    its floor. Returns (tags, isolation, note) or refuses what the profile cannot allow."""
+    tags = validate_tags(spec.tags)
+    clash = {k: v for k, v in tenant.profile.required_tags.items() if tags.get(k, v) != v}
+    if clash:
+        raise ValidationFailed(
+            f"tenant {tenant.name!r} requires {clash}; the workload asks otherwise",
+            code="tag_conflict",
+            details={"required": clash, "given": {k: tags[k] for k in clash}},
+        )
+    tags = dict(sorted({**tags, **tenant.profile.required_tags}.items()))
+    natural = spec.gpus.natural_isolation
+    asked = spec.isolation or natural
+    floor = tenant.profile.minimum_for(tags)
+    isolation = asked.at_least(floor)
+    compatible = {natural} | (
+        {IsolationLevel.DEDICATED_NODE} if natural is IsolationLevel.EXCLUSIVE_GPU else set()
+    )
+    if isolation not in compatible:
+        why = (
+            f"tenant {tenant.name!r} requires at least {floor.value} isolation"
+            if isolation != asked
+            else f"isolation {asked.value} was asked"
+        )
+        raise ValidationFailed(
+            f"{why}, which needs {_SHAPE_FOR[isolation]}; the GPU request does not fit it",
+            code="isolation_conflict",
+            details={
+                "isolation": isolation.value,
+                "requested": asked.value,
+                "tenant_minimum": floor.value,
+            },
+        )
+    note = f"raised from {asked.value} by tenant profile" if isolation != asked else ""
+    return tags, isolation, note
+
+
+def submit_workload(store: Store, actor: Actor, spec: WorkloadSpec) -> Workload:
+    """Accept a workload and try to place it at once; if it cannot be placed it stays pending
+    with a reason. Every check runs before anything is written."""
+    authorize(actor, Permission.WORKLOADS_WRITE)
+    authorize(actor, Permission.WORKLOADS_WRITE, tenant=spec.tenant)
+    validate_name(spec.name, "workload")
+    gpus = check_gpu_request(spec.gpus)
+    if len(spec.command) > MAX_COMMAND_ARGS:
+        raise ValidationFailed(
+            f"command has more than {MAX_COMMAND_ARGS} arguments", code="validation_failed"
+        )
+    with store.write(actor) as tx:
+        return workload_from_row(insert_workload(tx, spec, gpus))
+
+
+def insert_workload(tx: Tx, spec: WorkloadSpec, gpus: GpuRequest) -> WorkloadRow:
+    trow = tenant_row(tx.session, spec.tenant)
+    tags, isolation, note = resolve(spec, tenant_from_row(trow))
+    if tx.session.scalar(
+        select(WorkloadRow.id).where(WorkloadRow.name == spec.name, WorkloadRow.tenant == trow)
+    ):
+        raise Conflict(
+            f"workload {spec.name!r} already exists in tenant {spec.tenant!r}",
+            details={"workload": spec.name, "tenant": spec.tenant},
+        )
+    row = WorkloadRow(
+        name=spec.name,
+        tenant=trow,
+        tags=tags,
+        isolation=isolation.value,
+        gpu_count=gpus.count,
+        gpu_model=gpus.model,
+        mig_profile=gpus.mig_profile,
+        share_milli=gpus.share_milli,
+        priority=spec.priority,
+        command=list(spec.command),
+        status=WorkloadStatus.PENDING.value,
+        reason=None,
+        reason_details=None,
+        created_at=tx.now,
+        updated_at=tx.now,
+        placement=None,
+    )
+    tx.session.add(row)
+    tx.session.flush()
+    details = {**decision_details(row), "priority": spec.priority, "command": list(spec.command)}
+    if note:
+        details["isolation_note"] = note
+    tx.record("workload.submit", "workload", spec.name, details=details)
+    schedule(tx, row, ClusterView(tx.session))
+    return row
+
+
+def cancel_workload(
+    store: Store, actor: Actor, name: str, reason: str | None = None, *, tenant: str | None = None
+) -> Workload:
+    """Stop a workload and release its capacity, which pending work may then take."""
+    authorize(actor, Permission.WORKLOADS_WRITE)
+    visible = actor.visible_tenants(Permission.WORKLOADS_WRITE)
+    with store.write(actor) as tx:
+        row = workload_row(tx.session, name, tenant=tenant, visible=visible)
+        status = WorkloadStatus(row.status)
+        if status.is_terminal:
+            raise InvalidState(
+                f"workload {name!r} is already {status.value}",
+                details={"workload": name, "status": status.value},
+            )
+        node = row.placement.node.name if row.placement else None
+        row.placement = None
+        row.status = WorkloadStatus.CANCELLED.value
+        row.reason = "cancelled"
+        row.reason_details = {"message": reason or f"cancelled by {actor.name}"}
+        row.updated_at = tx.now
+        tx.session.flush()
+        tx.record(
+            "workload.cancel",
+            "workload",
+            name,
+            details={"from_status": status.value, "node": node, "reason": reason},
+        )
+        if node is not None:
+            reschedule_pending(tx)
+        return workload_from_row(row)
+
+
+def get_workload(store: Store, actor: Actor, name: str, *, tenant: str | None = None) -> Workload:
+    authorize(actor, Permission.WORKLOADS_READ)
+    visible = actor.visible_tenants(Permission.WORKLOADS_READ)
+    with store.read() as session:
+        row = workload_row(session, name, tenant=tenant, visible=visible)
+        return workload_from_row(row)
+
+
+def list_workloads(
+    store: Store,
+    actor: Actor,
+    *,
+    tenant: str | None = None,
+    status: WorkloadStatus | None = None,
+    node: str | None = None,
+    limit: int = 100,
+    cursor: str | None = None,
+) -> Page[Workload]:
+    authorize(actor, Permission.WORKLOADS_READ)
+    if tenant is not None:
+        authorize(actor, Permission.WORKLOADS_READ, tenant=tenant)
+    check_limit(limit)
+    after = decode_cursor("workloads", cursor, str)
+    query = select(WorkloadRow).options(*WORKLOAD_LOAD).order_by(WorkloadRow.name)
+    visible = actor.visible_tenants(Permission.WORKLOADS_READ)
+    if visible is not None:
+        query = query.where(WorkloadRow.tenant.has(TenantRow.name.in_(visible)))
+    if after is not None:
+        query = query.where(WorkloadRow.name > after)
+    if tenant is not None:
+        query = query.where(WorkloadRow.tenant.has(TenantRow.name == tenant))
+    if status is not None:
+        query = query.where(WorkloadRow.status == status.value)
+    if node is not None:
+        query = query.where(WorkloadRow.placement.has(PlacementRow.node.has(NodeRow.name == node)))
+    with store.read() as session:
+        rows = list(session.scalars(query.limit(limit + 1)))
+        items = [workload_from_row(r) for r in rows]
+    return paginate("workloads", items, limit, rows[limit - 1].name if len(rows) > limit else None)

@@ -1,0 +1,1 @@
+"""Persistence: SQLAlchemy tables, engines for SQLite and PostgreSQL, Alembic migrations."""

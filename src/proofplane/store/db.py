@@ -1,0 +1,98 @@
+"""Engines for the two supported stores: SQLite (WAL, one file, the default) and PostgreSQL.
+
+Writes are serialized: on SQLite every transaction starts with ``BEGIN IMMEDIATE`` (the writer
+lock is taken up front, so read-then-write never dead-ends in SQLITE_BUSY), and on PostgreSQL a
+write transaction takes one transaction-scoped advisory lock. The control plane makes decisions
+from what it just read (placement, event sequence numbers), so one writer at a time is the rule;
+reads stay concurrent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import platformdirs
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.orm import Session
+
+from proofplane.errors import ValidationFailed
+
+WRITE_LOCK_KEY = 84700001  # advisory-lock key for PostgreSQL write transactions
+
+
+def default_database_url() -> str:
+    data_dir = Path(platformdirs.user_data_dir("proofplane"))
+    return f"sqlite:///{data_dir / 'proofplane.db'}"
+
+
+def normalize_url(url: str) -> str:
+    """Accept the spellings people paste (``postgresql://``, ``postgres://``) and pick psycopg 3."""
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def make_engine(url: str) -> Engine:
+    url = normalize_url(url)
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        msg = f"invalid database URL: {url!r}"
+        raise ValidationFailed(msg, code="invalid_database_url") from exc
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return _sqlite_engine(url, parsed.database)
+    if backend == "postgresql":
+        return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+    raise ValidationFailed(
+        f"unsupported database {backend!r}: use sqlite:///PATH or postgresql+psycopg://…",
+        code="invalid_database_url",
+    )
+
+
+def _sqlite_engine(url: str, database: str | None) -> Engine:
+    if not database or database == ":memory:":
+        raise ValidationFailed(
+            "SQLite needs a file path (sqlite:///PATH): an in-memory database would vanish",
+            code="invalid_database_url",
+        )
+    Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record) -> None:  # noqa: ANN001
+        # Let SQLAlchemy, not the driver, decide when transactions begin (see "begin" below).
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn) -> None:  # noqa: ANN001
+        immediate = conn.get_execution_options().get("proofplane_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine
+
+
+def write_session(engine: Engine) -> Session:
+    """A session whose transaction holds the single-writer lock from its first statement."""
+    if engine.dialect.name == "sqlite":
+        return Session(engine.execution_options(proofplane_write=True), expire_on_commit=False)
+    session = Session(engine, expire_on_commit=False)
+
+    @event.listens_for(session, "after_begin")
+    def _lock(_session, _tx, connection) -> None:  # noqa: ANN001
+        connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": WRITE_LOCK_KEY})
+
+    return session
+
+
+def read_session(engine: Engine) -> Session:
+    return Session(engine, expire_on_commit=False)
