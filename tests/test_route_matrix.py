@@ -235,6 +235,11 @@ MATRIX: dict[tuple[str, str], Entry] = {
         200,
     ),
     ("POST", f"{API}/auth/logout"): Entry("enrolling", fixed(f"{API}/auth/logout"), 204),
+    # SSO is not configured in these tests: the SSO routes are public and answer 404 (no IdP).
+    ("GET", f"{API}/auth/oidc/login"): Entry("public", fixed(f"{API}/auth/oidc/login"), 404),
+    ("GET", f"{API}/auth/oidc/callback"): Entry(
+        "public", fixed(f"{API}/auth/oidc/callback", params={"code": "c", "state": "s"}), 404
+    ),
     ("GET", f"{API}/auth/me"): Entry("enrolling", fixed(f"{API}/auth/me"), 200),
     ("POST", f"{API}/auth/mfa/enroll"): Entry("enrolling", fixed(f"{API}/auth/mfa/enroll"), 200),
     ("POST", f"{API}/auth/mfa/confirm"): Entry(

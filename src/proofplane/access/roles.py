@@ -24,6 +24,11 @@ class Permission(StrEnum):
     USERS_WRITE = "users:write"  # create users, change roles/tenants, unlock, disable
     TOKENS_READ_ALL = "tokens:read-all"  # list every identity's tokens
     TOKENS_REVOKE_ALL = "tokens:revoke-all"  # revoke any identity's tokens
+    QUOTAS_WRITE = "tenants:quotas"  # set a tenant's GPU / MIG-slice quotas
+    AUDIT_READ = "audit:read"  # audit entries, checkpoints, proofs, bundles
+    AUDIT_CHECKPOINT = "audit:checkpoint"  # sign a checkpoint now
+    SINKS_READ = "sinks:read"  # SIEM export sinks and their cursors
+    SINKS_WRITE = "sinks:write"  # configure SIEM export sinks
 
 
 class Role(StrEnum):
@@ -45,6 +50,10 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
             P.TENANTS_READ,
             P.WORKLOADS_READ,
             P.EVENTS_READ,
+            P.AUDIT_READ,
+            P.AUDIT_CHECKPOINT,
+            P.SINKS_READ,
+            P.SINKS_WRITE,
         }
     ),
     Role.DEVELOPER: frozenset({P.NODES_READ, P.TENANTS_READ, P.WORKLOADS_READ, P.WORKLOADS_WRITE}),
@@ -56,6 +65,7 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
             P.WORKLOADS_WRITE,
             P.USERS_READ,
             P.USERS_WRITE,
+            P.QUOTAS_WRITE,
         }
     ),
     Role.AUDITOR: frozenset(
@@ -66,6 +76,8 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
             P.EVENTS_READ,
             P.USERS_READ,
             P.TOKENS_READ_ALL,
+            P.AUDIT_READ,
+            P.SINKS_READ,
         }
     ),
 }

@@ -13,7 +13,17 @@ import typer
 from typer.core import TyperGroup
 
 from proofplane import __version__
-from proofplane.cli import auth, events, nodes, server, tenants, tokens, users, workloads
+from proofplane.cli import (
+    auth,
+    events,
+    nodes,
+    server,
+    sim,
+    tenants,
+    tokens,
+    users,
+    workloads,
+)
 from proofplane.cli.client import DEFAULT_SERVER, CliError
 from proofplane.cli.common import CliState
 
@@ -91,6 +101,7 @@ app.add_typer(nodes.app, name="nodes", rich_help_panel="Client")
 app.add_typer(tenants.app, name="tenants", rich_help_panel="Client")
 app.add_typer(workloads.app, name="workloads", rich_help_panel="Client")
 app.add_typer(events.app, name="events", rich_help_panel="Client")
+app.add_typer(sim.app, name="sim", rich_help_panel="Simulation")
 
 
 def main() -> None:
