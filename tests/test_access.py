@@ -461,3 +461,20 @@ def test_no_secret_in_events_or_listings(
     for s in (PASSWORD, secret, session, api, admin_token):
         assert s not in dumped
     assert "<invalid>" in json.dumps([e.target_id for e in events(store, "auth.login")])
+
+
+@pytest.mark.parametrize("value", ["short", "x" * 15, "x" * 257])
+def test_admin_token_setting_is_checked_at_start(value: str) -> None:
+    from proofplane import config
+
+    with pytest.raises(ProofplaneError) as info:
+        config.from_env({"PROOFPLANE_ADMIN_TOKEN": value})
+    assert info.value.code == "invalid_setting"
+    assert value not in info.value.message  # the secret is never echoed back
+
+
+def test_admin_token_setting_accepts_a_long_enough_token() -> None:
+    from proofplane import config
+
+    assert config.from_env({"PROOFPLANE_ADMIN_TOKEN": "y" * 16}).admin_token == "y" * 16
+    assert config.from_env({}).admin_token is None

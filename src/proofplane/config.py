@@ -71,9 +71,14 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         raise ValidationFailed(
             "PROOFPLANE_SESSION_TTL_SECONDS must be 60..86400", code="invalid_setting"
         )
+    admin_token = env.get("PROOFPLANE_ADMIN_TOKEN") or None
+    if admin_token is not None and not 16 <= len(admin_token) <= 256:
+        raise ValidationFailed(
+            "PROOFPLANE_ADMIN_TOKEN must be 16..256 characters", code="invalid_setting"
+        )
     return Settings(
         session_ttl=timedelta(seconds=int(ttl)),
         cookie_secure=env.get("PROOFPLANE_COOKIE_SECURE", "true").lower() != "false",
-        admin_token=env.get("PROOFPLANE_ADMIN_TOKEN") or None,
+        admin_token=admin_token,
         oidc=oidc,
     )
