@@ -222,7 +222,8 @@ class SnapshotMachine(RuleBasedStateMachine):
             if got.placement is not None:
                 key = self.next_key
                 self.next_key += 1
-                self._reserve(key, Allocation(req.workload, req.tenant, req.isolation, got.placement))
+                alloc = Allocation(req.workload, req.tenant, req.isolation, got.placement)
+                self._reserve(key, alloc)
         self._check(data)
 
     @rule(data=st.data(), alloc=arbitrary_allocation_st())

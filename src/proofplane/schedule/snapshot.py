@@ -190,7 +190,7 @@ class _Usage:
 _NO_USAGE = _Usage()  # stands in for a node nothing is reserved on; never mutated
 
 
-def _decrement(counts: dict, key: Hashable, by: int) -> int:  # noqa: ANN001 - any int dict
+def _decrement(counts: dict, key: Hashable, by: int) -> int:
     left = counts.get(key, 0) - by  # shares: a 0-milli holder may find its GPU at 0 already
     if left:
         counts[key] = left
@@ -580,7 +580,8 @@ class ClusterSnapshot:
         t = self.tuning
         budget = None
         if tagged:
-            budget = t.walk_budget + int(t.walk_budget_factor * len(self._admitted) / len(compliant))
+            spread = len(self._admitted) / len(compliant)
+            budget = t.walk_budget + int(t.walk_budget_factor * spread)
         best, done = self._walk(
             req, self._vacant_buckets, key, need, most, compliant if tagged else None, best, budget
         )
@@ -727,7 +728,7 @@ class ClusterSnapshot:
         )
 
 
-def _discard(index: dict, key: Hashable, name: str) -> None:  # noqa: ANN001 - any set index
+def _discard(index: dict, key: Hashable, name: str) -> None:
     names = index.get(key)
     if names is not None:
         names.discard(name)
