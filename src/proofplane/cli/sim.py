@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from proofplane.sim import loader
+from proofplane.sim import mig as mig_sim
 from proofplane.sim.runner import (
     DEFAULT_POLICIES,
     POLICIES,
@@ -107,6 +108,91 @@ def run_jobs(
         return pool.map(_work, jobs, chunksize=1)
 
 
+_MIG_WORK: tuple[list[Pod], list[Node], tuple[str, ...], str] | None = None
+
+
+def _init_mig_worker(
+    pods: list[Pod], nodes: list[Node], policies: tuple[str, ...], rng: str
+) -> None:
+    global _MIG_WORK
+    _MIG_WORK = (pods, nodes, policies, rng)
+
+
+def _mig_work(job: tuple[str, int]) -> list[mig_sim.MigSeedResult]:
+    assert _MIG_WORK is not None
+    pods, nodes, policies, rng = _MIG_WORK
+    return mig_sim.run_mig_seed(pods, nodes, job[0], policies, job[1], rng, time.perf_counter)
+
+
+def run_mig_jobs(
+    pods: list[Pod],
+    nodes: list[Node],
+    mixes: list[str],
+    policies: list[str],
+    seeds: list[int],
+    rng: str,
+    workers: int,
+) -> list[mig_sim.MigSeedResult]:
+    """MIG-mode replays, one job per (mix, seed) running every policy on the same stream."""
+    jobs = [(m, s) for m in mixes for s in seeds]
+    pols = tuple(policies)
+    if workers <= 1 or len(jobs) <= 1:
+        return [
+            r
+            for m, s in jobs
+            for r in mig_sim.run_mig_seed(pods, nodes, m, pols, s, rng, time.perf_counter)
+        ]
+    ctx = get_context("fork") if "fork" in get_all_start_methods() else get_context()
+    with ctx.Pool(min(workers, len(jobs)), _init_mig_worker, (pods, nodes, pols, rng)) as pool:
+        return [r for rs in pool.map(_mig_work, jobs, chunksize=1) for r in rs]
+
+
+def mig_report(
+    results: list[mig_sim.MigSeedResult],
+    *,
+    pods_path: Path,
+    nodes_path: Path,
+    rng: str,
+    seeds: list[int],
+    wall: float,
+) -> dict[str, Any]:
+    """The JSON document ``sim openb --mig --json`` prints."""
+    return {
+        "mode": "mig",
+        "sku": mig_sim.SKU_NAME,
+        "baseline": mig_sim.BASELINE,
+        "pods": str(pods_path),
+        "nodes": str(nodes_path),
+        "rng": rng,
+        "seeds": seeds,
+        "machine": machine(),
+        "wall_seconds": round(wall, 3),
+        "mixes": mig_sim.summarise_mig(results),
+    }
+
+
+def _mig_table(doc: dict[str, Any]) -> Table:
+    table = Table(title=f"MIG mode ({doc['sku']}), rng={doc['rng']}, accepted GPU requests")
+    table.add_column("mix")
+    table.add_column("policy", no_wrap=True)
+    table.add_column("accepted (mean)", justify="right")
+    table.add_column("of arrived %", justify="right")
+    table.add_column("compute used %", justify="right")
+    table.add_column("vs first-slot best-fit", justify="right")
+    for mix, m in doc["mixes"].items():
+        ratio = m.get("ratio_proofplane_vs_first_slot_best_fit")
+        for name, p in m["policies"].items():
+            table.add_row(
+                mix,
+                name,
+                f"{p['accepted_mean']:.1f}",
+                f"{p['accepted_pct_mean']:.2f}",
+                f"{p['slice_utilisation_pct_mean']:.2f}",
+                f"x{ratio:.4f}" if name == "proofplane" and ratio is not None else "",
+            )
+    return table
+
+
 def report(
     results: list[SeedResult],
     *,
@@ -191,15 +277,36 @@ def openb(
         1, "--jobs", "-j", min=1, help="Worker processes (one replay per seed and policy)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    mig: bool = typer.Option(
+        False,
+        "--mig",
+        help="MIG mode: every GPU an H100-80GB with MIG; accepted requests for "
+        f"{', '.join(mig_sim.MIG_POLICIES)}.",
+    ),
+    mix: list[str] | None = typer.Option(
+        None,
+        "--mix",
+        help=f"With --mig, request mix, repeatable: {', '.join(mig_sim.MIXES)} (default: both).",
+        show_default=False,
+    ),
 ) -> None:
-    """Replay the openb trace with the FGD paper's protocol; GPU allocation per policy."""
+    """Replay the openb trace with the FGD paper's protocol; GPU allocation per policy (with
+    --mig: accepted MIG requests per policy)."""
     pods_path = pods or loader.pod_file("default")
     nodes_path = nodes or loader.node_file()
-    chosen = list(policy) if policy else list(DEFAULT_POLICIES)
+    known = mig_sim.MIG_POLICIES if mig else tuple(POLICIES)
+    chosen = list(policy) if policy else list(mig_sim.MIG_POLICIES if mig else DEFAULT_POLICIES)
     for name in chosen:
-        if name not in POLICIES:
-            raise _fail(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")
+        if name not in known:
+            mode = " with --mig" if mig else ""
+            raise _fail(f"unknown policy {name!r}{mode} (known: {', '.join(known)})")
     chosen = list(dict.fromkeys(chosen))
+    if mix and not mig:
+        raise _fail("--mix needs --mig")
+    mixes = list(dict.fromkeys(mix)) if mix else list(mig_sim.MIXES)
+    for name in mixes:
+        if name not in mig_sim.MIXES:
+            raise _fail(f"unknown mix {name!r} (known: {', '.join(mig_sim.MIXES)})")
     if rng not in RNG_KINDS:
         raise _fail(f"unknown rng {rng!r} (use go or python)")
     try:
@@ -214,6 +321,27 @@ def openb(
     except OSError as exc:
         raise _fail(f"cannot read input: {exc}") from None
     start = time.perf_counter()
+    if mig:
+        mig_results = run_mig_jobs(pod_list, node_list, mixes, chosen, seed_list, rng, jobs)
+        mig_doc = mig_report(
+            mig_results,
+            pods_path=pods_path,
+            nodes_path=nodes_path,
+            rng=rng,
+            seeds=seed_list,
+            wall=time.perf_counter() - start,
+        )
+        if as_json:
+            typer.echo(json.dumps(mig_doc, indent=2))
+        else:
+            console = Console()
+            console.print(_mig_table(mig_doc))
+            m = mig_doc["machine"]
+            console.print(
+                f"{len(seed_list)} seed(s), {mig_doc['wall_seconds']:.1f} s wall; "
+                f"{m['platform']}, Python {m['python']}, {m['cpu_count']} CPU(s)"
+            )
+        return
     work = [(p, s, rng) for p in chosen for s in seed_list]
     results = run_jobs(pod_list, node_list, work, jobs)
     doc = report(
