@@ -867,7 +867,7 @@ def test_weak_admin_token_is_refused(tmp_path: Path, no_serving: list[dict[str, 
         env={"PROOFPLANE_ADMIN_TOKEN": "short"},
     )
     assert result.exit_code == 1
-    assert "at least 16 characters" in result.stderr
+    assert "must be 16..256 characters" in result.stderr
     assert "short" not in result.output
     assert no_serving == []
 
