@@ -44,6 +44,19 @@ def _admin() -> psycopg.Connection:
     return psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=5)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _audit_key_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The audit signing key goes to a temporary file, never the user's data directory."""
+    previous = os.environ.get("PROOFPLANE_AUDIT_KEY_FILE")
+    path = tmp_path_factory.mktemp("audit-key") / "audit-signing.key"
+    os.environ["PROOFPLANE_AUDIT_KEY_FILE"] = str(path)
+    yield
+    if previous is None:
+        os.environ.pop("PROOFPLANE_AUDIT_KEY_FILE", None)
+    else:
+        os.environ["PROOFPLANE_AUDIT_KEY_FILE"] = previous
+
+
 @pytest.fixture(scope="session")
 def pg_template() -> Iterator[str]:
     """Name of a migrated template database for this test run."""

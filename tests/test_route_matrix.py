@@ -172,6 +172,10 @@ class World:
             return self.spare["dev-other"]
         return self.spare.get(ident.username or "", self.spare[role_user(Role.ADMIN)])
 
+    def sink_path(self) -> str:
+        """Where the world's OCSF file sinks write (absolute, next to the template)."""
+        return str(self.template.parent / "sink.jsonl")
+
     def totp_now(self, ident: Identity) -> str:
         secret = self.totp.get(ident.username or "")
         return totp.code_at_step(secret, totp.step_at(time.time())) if secret else "000000"
@@ -223,6 +227,22 @@ def fixed(path: str, **kw: Any) -> Callable[[World, str, Identity], Req]:
     return lambda _w, _v, _i: Req(path, **kw)
 
 
+# A kube-apiserver's AdmissionReview for a pod that needs tier=gold on n1 (which has it).
+ADMISSION_REVIEW = {
+    "apiVersion": "admission.k8s.io/v1",
+    "kind": "AdmissionReview",
+    "request": {
+        "uid": "matrix-0001",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "operation": "CREATE",
+        "object": {
+            "metadata": {"name": "p", "labels": {"compliance.proofplane.io/tier": "gold"}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]},
+        },
+    },
+}
+
+
 P = Permission
 MATRIX: dict[tuple[str, str], Entry] = {
     # health
@@ -258,6 +278,12 @@ MATRIX: dict[tuple[str, str], Entry] = {
     ("PATCH", f"{API}/tenants/{{name}}"): Entry(
         P.TENANTS_WRITE,
         lambda _w, v, _i: Req(f"{API}/tenants/{v}", json={"description": "changed"}),
+        200,
+        tenant_target=True,
+    ),
+    ("PUT", f"{API}/tenants/{{name}}/quota"): Entry(
+        P.QUOTAS_WRITE,
+        lambda _w, v, _i: Req(f"{API}/tenants/{v}/quota", json={"gpus": 4, "mig_slices": None}),
         200,
         tenant_target=True,
     ),
@@ -304,6 +330,12 @@ MATRIX: dict[tuple[str, str], Entry] = {
     ("GET", f"{API}/workloads/{{name}}"): Entry(
         P.WORKLOADS_READ, lambda _w, v, _i: Req(f"{API}/workloads/w-{v}"), 200, tenant_target=True
     ),
+    ("GET", f"{API}/workloads/{{name}}/explain"): Entry(
+        P.WORKLOADS_READ,
+        lambda _w, v, _i: Req(f"{API}/workloads/w-{v}/explain"),
+        200,
+        tenant_target=True,
+    ),
     ("POST", f"{API}/workloads/{{name}}/cancel"): Entry(
         P.WORKLOADS_WRITE,
         lambda _w, v, _i: Req(f"{API}/workloads/w-{v}/cancel", json={"reason": "matrix"}),
@@ -313,6 +345,25 @@ MATRIX: dict[tuple[str, str], Entry] = {
     # events: not tenant objects
     ("GET", f"{API}/events"): Entry(P.EVENTS_READ, fixed(f"{API}/events"), 200),
     ("GET", f"{API}/events/{{seq}}"): Entry(P.EVENTS_READ, fixed(f"{API}/events/1"), 200),
+    # the audit log: not tenant objects (auditors see the whole log)
+    ("GET", f"{API}/audit/checkpoint"): Entry(P.AUDIT_READ, fixed(f"{API}/audit/checkpoint"), 200),
+    ("POST", f"{API}/audit/checkpoint"): Entry(
+        P.AUDIT_CHECKPOINT, fixed(f"{API}/audit/checkpoint"), 200
+    ),
+    ("GET", f"{API}/audit/key"): Entry(P.AUDIT_READ, fixed(f"{API}/audit/key"), 200),
+    ("GET", f"{API}/audit/entries"): Entry(
+        P.AUDIT_READ, fixed(f"{API}/audit/entries", params={"start": 0, "end": 2}), 200
+    ),
+    ("GET", f"{API}/audit/proof/inclusion"): Entry(
+        P.AUDIT_READ,
+        fixed(f"{API}/audit/proof/inclusion", params={"index": 0, "tree_size": 2}),
+        200,
+    ),
+    ("GET", f"{API}/audit/proof/consistency"): Entry(
+        P.AUDIT_READ,
+        fixed(f"{API}/audit/proof/consistency", params={"old_size": 1, "new_size": 2}),
+        200,
+    ),
     # users: a user belongs to the tenants it is bound to
     ("POST", f"{API}/users"): Entry(
         P.USERS_WRITE,
@@ -359,6 +410,39 @@ MATRIX: dict[tuple[str, str], Entry] = {
         lambda w, v, i: Req(f"{API}/tokens/{w.spare_of(i, v)}/rotate", json={"expires_in": 600}),
         201,
         others_need=P.TOKENS_REVOKE_ALL,
+    ),
+    # SIEM sinks: not tenant objects; "s1" is an OCSF file sink next to the template database
+    ("GET", f"{API}/sinks"): Entry(P.SINKS_READ, fixed(f"{API}/sinks"), 200),
+    ("POST", f"{API}/sinks"): Entry(
+        P.SINKS_WRITE,
+        lambda w, _v, _i: Req(
+            f"{API}/sinks",
+            json={"name": "s-new", "type": "ocsf-file", "config": {"path": w.sink_path()}},
+        ),
+        201,
+    ),
+    ("GET", f"{API}/sinks/{{name}}"): Entry(P.SINKS_READ, fixed(f"{API}/sinks/s1"), 200),
+    ("DELETE", f"{API}/sinks/{{name}}"): Entry(P.SINKS_WRITE, fixed(f"{API}/sinks/s1"), 200),
+    ("POST", f"{API}/sinks/{{name}}/test"): Entry(
+        P.SINKS_WRITE, fixed(f"{API}/sinks/s1/test"), 200
+    ),
+    ("POST", f"{API}/sinks/flush"): Entry(P.SINKS_WRITE, fixed(f"{API}/sinks/flush"), 200),
+    # execution backends (issue 7): the engine, a workload's engine jobs and logs, the webhook
+    ("GET", f"{API}/backends"): Entry(P.NODES_READ, fixed(f"{API}/backends"), 200),
+    ("GET", f"{API}/workloads/{{name}}/jobs"): Entry(
+        P.WORKLOADS_READ,
+        lambda _w, v, _i: Req(f"{API}/workloads/w-{v}/jobs"),
+        200,
+        tenant_target=True,
+    ),
+    ("GET", f"{API}/workloads/{{name}}/logs"): Entry(
+        P.WORKLOADS_READ,
+        lambda _w, v, _i: Req(f"{API}/workloads/w-{v}/logs"),
+        200,
+        tenant_target=True,
+    ),
+    ("POST", f"{API}/k8s/admission"): Entry(
+        P.NODES_READ, fixed(f"{API}/k8s/admission", json=ADMISSION_REVIEW), 200
     ),
 }
 
@@ -454,9 +538,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
         _ok(admin.post(f"{API}/nodes/n1/state", json={"state": "admitted"}), 200)
         cert = {"key": "tier", "value": "gold"}
         _ok(admin.post(f"{API}/nodes/n1/certifications", json=cert), 200)
+        sink = {"name": "s1", "type": "ocsf-file", "config": {"path": world.sink_path()}}
+        _ok(admin.post(f"{API}/sinks", json=sink), 201)
         for name in VARIANTS:
             body = {"name": f"w-{name}", "tenant": name, "gpus": {"count": 1}}
             assert _ok(admin.post(f"{API}/workloads", json=body), 201)["status"] == "placed"
+        admin.post(f"{API}/audit/checkpoint").raise_for_status()  # a signed checkpoint exists
 
         grants: dict[str, tuple[frozenset[Role], frozenset[str]]] = {
             role_user(r): ({r}, frozenset({OWN}) if r in SCOPED_ROLES else frozenset())

@@ -100,9 +100,7 @@ def request_st(draw, nodes: list[Node]) -> Request:
     if shape == "whole":
         g = GpuRequest(draw(st.integers(1, 4)), model)
         iso = draw(
-            st.sampled_from(
-                [IsolationLevel.EXCLUSIVE_GPU] * 2 + [IsolationLevel.DEDICATED_NODE]
-            )
+            st.sampled_from([IsolationLevel.EXCLUSIVE_GPU] * 2 + [IsolationLevel.DEDICATED_NODE])
         )
     elif shape == "mig":
         carved = sorted({i.profile for n in nodes for g in n.gpus for i in g.mig_instances})
@@ -222,8 +220,9 @@ class SnapshotMachine(RuleBasedStateMachine):
             if got.placement is not None:
                 key = self.next_key
                 self.next_key += 1
-                alloc = Allocation(req.workload, req.tenant, req.isolation, got.placement)
-                self._reserve(key, alloc)
+                self._reserve(
+                    key, Allocation(req.workload, req.tenant, req.isolation, got.placement)
+                )
         self._check(data)
 
     @rule(data=st.data(), alloc=arbitrary_allocation_st())
@@ -344,7 +343,11 @@ def test_large_cluster_stream_matches_reference(tuning: str, seed: int) -> None:
             name = rng.choice(sorted(nodes))
             node = nodes[name]
             nodes[name] = Node(
-                name, "r", "z", certifications=node.certifications, state=NodeState.FAILED,
+                name,
+                "r",
+                "z",
+                certifications=node.certifications,
+                state=NodeState.FAILED,
                 gpus=node.gpus,
             )
             snap.upsert_node(nodes[name])
@@ -367,7 +370,98 @@ def test_release_is_the_inverse_of_reserve() -> None:
     assert keys
     for key in keys:
         snap.release(key)
-    for attr in ("_sig", "_vacant", "_occupied", "_owner", "_sole", "_usage", "_allocs"):
+    for attr in ("_sig", "_vacant", "_occupied", "_owner", "_owned", "_sole", "_usage", "_allocs"):
         assert getattr(snap, attr) == getattr(fresh, attr), attr
     assert snap._buckets.classes == fresh._buckets.classes
     assert snap._vacant_buckets.classes == fresh._vacant_buckets.classes
+
+
+def test_churn_with_dedicated_tenants_models_and_certification_changes() -> None:
+    """The indexes that only matter at scale, under churn: many dedicated-node owners (their
+    nodes leave the shared buckets), pinned GPU models that some nodes lack, shares and MIG
+    slices packed onto warm GPUs, and certifications granted and revoked, nodes cordoned,
+    removed and re-added while cached compliant sets are live."""
+    rng = random.Random(11)
+    models = ["H100-80GB", "A100-80GB", "H200-141GB"]
+
+    def node(name: str) -> Node:
+        gpus = []
+        mig_node = rng.random() < 0.5
+        model = rng.choice(models)
+        for i in range(rng.choice([1, 2, 4, 8])):
+            layout = rng.randrange(len(LAYOUTS)) if mig_node else None
+            gpus.append(
+                Gpu(
+                    i,
+                    f"GPU-{name}-{i}",
+                    model,
+                    SKUS[model].memory_mb,
+                    mig_enabled=layout is not None,
+                    mig_instances=() if layout is None else _layout(model, layout),
+                )
+            )
+        certs = {k: rng.choice(v) for k, v in CERTS.items() if rng.random() < 0.5}
+        state = NodeState.ADMITTED if rng.random() < 0.9 else NodeState.CORDONED
+        return Node(name, "r", "z", certifications=certs, state=state, gpus=tuple(gpus))
+
+    def request(i: int) -> Request:
+        tags = {k: rng.choice(v) for k, v in CERTS.items() if rng.random() < 0.2}
+        model = rng.choice([None, None, *models, "B200-180GB"])
+        r = rng.random()
+        if r < 0.35:
+            g = GpuRequest(rng.choice([1, 1, 2, 4]), model)
+            iso = (
+                IsolationLevel.DEDICATED_NODE
+                if rng.random() < 0.4
+                else IsolationLevel.EXCLUSIVE_GPU
+            )
+        elif r < 0.7:
+            profile = rng.choice(["1g.10gb", "1g.18gb", "3g.40gb", "2g.20gb", "3g.71gb"])
+            g = GpuRequest(rng.choice([1, 1, 2, 3]), model, mig_profile=profile)
+            iso = IsolationLevel.DEDICATED_NODE if rng.random() < 0.15 else IsolationLevel.MIG
+        else:
+            g = GpuRequest(1, model, share_milli=rng.choice([100, 300, 500, 900]))
+            iso = IsolationLevel.DEDICATED_NODE if rng.random() < 0.15 else IsolationLevel.SHARED
+        return Request(f"w{i}", rng.choice([*TENANTS, "t4", "t5", "t6"]), tags, iso, g)
+
+    for tuning in sorted(TUNINGS):
+        nodes = {f"node-{i:03d}": node(f"node-{i:03d}") for i in range(90)}
+        snap = ClusterSnapshot(nodes.values(), tuning=TUNINGS[tuning])
+        allocs: dict[Hashable, Allocation] = {}
+        placed = pending = 0
+        for i in range(450):
+            req = request(i)
+            got = snap.place(req)
+            assert got == reference_place(req, nodes.values(), allocs.values()), (tuning, i)
+            if got.placement is not None:
+                placed += 1
+                alloc = Allocation(req.workload, req.tenant, req.isolation, got.placement)
+                snap.reserve(i, alloc)
+                allocs[i] = alloc
+            else:
+                pending += 1
+            if allocs and rng.random() < 0.2:
+                key = rng.choice(list(allocs))
+                assert snap.release(key) == allocs.pop(key)
+            r = rng.random()
+            name = rng.choice(sorted(nodes))
+            if r < 0.04:  # a certification granted or revoked, or the state flips
+                old = nodes[name]
+                certs = dict(old.certifications)
+                key_, values = rng.choice(sorted(CERTS.items()))
+                if key_ in certs and rng.random() < 0.5:
+                    del certs[key_]
+                else:
+                    certs[key_] = rng.choice(values)
+                state = rng.choice([NodeState.ADMITTED, NodeState.ADMITTED, NodeState.CORDONED])
+                nodes[name] = Node(name, "r", "z", certifications=certs, state=state, gpus=old.gpus)
+                snap.upsert_node(nodes[name])
+            elif r < 0.05:  # removed (its work stays reserved) and, later, a new node
+                snap.remove_node(name)
+                del nodes[name]
+            elif r < 0.06:
+                fresh = f"node-{100 + i:03d}"
+                nodes[fresh] = node(fresh)
+                snap.upsert_node(nodes[fresh])
+        assert placed > 150 and pending > 30, (tuning, placed, pending)
+        assert list(snap.allocations.items()) == list(allocs.items())

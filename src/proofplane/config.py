@@ -32,6 +32,13 @@ class Settings:
     cookie_secure: bool = True
     admin_token: str | None = None
     oidc: OidcSettings | None = None
+    # The SIEM exporter's pass interval in the API server; None or 0: no exporter thread.
+    siem_export_interval_s: float | None = None
+    # The audit log: origin proofplane/<cluster_id>; checkpoint signing interval (None or 0: no
+    # background signing); signing key file (None: $PROOFPLANE_AUDIT_KEY_FILE or the data dir).
+    cluster_id: str = "default"
+    audit_checkpoint_interval_s: float | None = None
+    audit_key_file: str | None = None
 
 
 def _json(name: str, raw: str) -> Any:
@@ -76,9 +83,123 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         raise ValidationFailed(
             "PROOFPLANE_ADMIN_TOKEN must be 16..256 characters", code="invalid_setting"
         )
+    export = env.get("PROOFPLANE_SIEM_EXPORT_INTERVAL_SECONDS", "5")
+    try:
+        export_s = float(export)
+    except ValueError:
+        export_s = -1.0
+    if not 0 <= export_s <= 3600:
+        raise ValidationFailed(
+            "PROOFPLANE_SIEM_EXPORT_INTERVAL_SECONDS must be 0 (off)..3600", code="invalid_setting"
+        )
+    checkpoint = env.get("PROOFPLANE_AUDIT_CHECKPOINT_INTERVAL_SECONDS", "5")
+    try:
+        checkpoint_s = float(checkpoint)
+    except ValueError:
+        checkpoint_s = -1.0
+    if not 0 <= checkpoint_s <= 3600:
+        raise ValidationFailed(
+            "PROOFPLANE_AUDIT_CHECKPOINT_INTERVAL_SECONDS must be 0 (off)..3600",
+            code="invalid_setting",
+        )
+    cluster_id = env.get("PROOFPLANE_CLUSTER_ID", "default")
+    if not cluster_id or any(c in cluster_id for c in "+ \t\n") or not cluster_id.isprintable():
+        raise ValidationFailed(
+            "PROOFPLANE_CLUSTER_ID must be printable, without spaces or '+'",
+            code="invalid_setting",
+        )
     return Settings(
+        cluster_id=cluster_id,
+        audit_checkpoint_interval_s=checkpoint_s or None,
+        audit_key_file=env.get("PROOFPLANE_AUDIT_KEY_FILE") or None,
+        siem_export_interval_s=export_s or None,
         session_ttl=timedelta(seconds=int(ttl)),
         cookie_secure=env.get("PROOFPLANE_COOKIE_SECURE", "true").lower() != "false",
         admin_token=admin_token,
         oidc=oidc,
+    )
+
+
+# --- execution backends (issue 7) ---------------------------------------------------------------
+
+BACKEND_KINDS = ("local", "slurm", "kubernetes")
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionSettings:
+    """Which engine runs placed workloads (one per cluster) and its options.
+
+    ``PROOFPLANE_BACKEND`` = local (default) | slurm | kubernetes, then per backend:
+    local: ``PROOFPLANE_LOCAL_STATE_DIR``, ``PROOFPLANE_LOCAL_MEMORY_MB``,
+    ``PROOFPLANE_LOCAL_CPUS``, ``PROOFPLANE_LOCAL_PIDS``; slurm: ``PROOFPLANE_SLURM_CONF``,
+    ``PROOFPLANE_SLURM_BIN_DIR``, ``PROOFPLANE_SLURM_PARTITION``, ``PROOFPLANE_SLURM_OUTPUT_DIR``;
+    kubernetes: ``PROOFPLANE_K8S_IMAGE``, ``PROOFPLANE_K8S_NAMESPACE_PREFIX``,
+    ``PROOFPLANE_K8S_PIN`` (selector | nodeName). ``PROOFPLANE_EXECUTION_SYNC_SECONDS``: how
+    often the server reconciles with the engine (0: not at all, the default)."""
+
+    backend: str = "local"
+    local_state_dir: str | None = None  # None: <user data dir>/executor
+    local_memory_mb: int | None = None
+    local_cpus: float | None = None
+    local_pids: int | None = None
+    slurm_conf: str | None = None
+    slurm_bin_dir: str | None = None
+    slurm_partition: str | None = None
+    slurm_output_dir: str = "/tmp"
+    k8s_image: str | None = None
+    k8s_namespace_prefix: str = "tenant-"
+    k8s_pin: str = "selector"
+    sync_interval_s: float | None = None
+
+
+def _positive(env: dict[str, str], name: str, kind: type) -> Any:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = -1
+    if value <= 0:
+        raise ValidationFailed(f"{name} must be a positive number", code="invalid_setting")
+    return value
+
+
+def execution_from_env(env: dict[str, str] | None = None) -> ExecutionSettings:
+    """Execution settings from ``PROOFPLANE_*`` variables; a malformed one is an error."""
+    env = dict(os.environ if env is None else env)
+    backend = env.get("PROOFPLANE_BACKEND", "local").strip().lower() or "local"
+    if backend not in BACKEND_KINDS:
+        raise ValidationFailed(
+            f"PROOFPLANE_BACKEND must be one of {', '.join(BACKEND_KINDS)}, not {backend!r}",
+            code="invalid_setting",
+        )
+    pin = env.get("PROOFPLANE_K8S_PIN", "selector")
+    if pin not in ("selector", "nodeName"):
+        raise ValidationFailed(
+            "PROOFPLANE_K8S_PIN must be selector or nodeName", code="invalid_setting"
+        )
+    sync = env.get("PROOFPLANE_EXECUTION_SYNC_SECONDS", "0")
+    try:
+        sync_s = float(sync)
+    except ValueError:
+        sync_s = -1.0
+    if not 0 <= sync_s <= 3600:
+        raise ValidationFailed(
+            "PROOFPLANE_EXECUTION_SYNC_SECONDS must be 0 (off)..3600", code="invalid_setting"
+        )
+    return ExecutionSettings(
+        backend=backend,
+        local_state_dir=env.get("PROOFPLANE_LOCAL_STATE_DIR") or None,
+        local_memory_mb=_positive(env, "PROOFPLANE_LOCAL_MEMORY_MB", int),
+        local_cpus=_positive(env, "PROOFPLANE_LOCAL_CPUS", float),
+        local_pids=_positive(env, "PROOFPLANE_LOCAL_PIDS", int),
+        slurm_conf=env.get("PROOFPLANE_SLURM_CONF") or None,
+        slurm_bin_dir=env.get("PROOFPLANE_SLURM_BIN_DIR") or None,
+        slurm_partition=env.get("PROOFPLANE_SLURM_PARTITION") or None,
+        slurm_output_dir=env.get("PROOFPLANE_SLURM_OUTPUT_DIR") or "/tmp",
+        k8s_image=env.get("PROOFPLANE_K8S_IMAGE") or None,
+        k8s_namespace_prefix=env.get("PROOFPLANE_K8S_NAMESPACE_PREFIX", "tenant-"),
+        k8s_pin=pin,
+        sync_interval_s=sync_s or None,
     )

@@ -2,31 +2,67 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
 from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from proofplane import __version__
-from proofplane.api import errors, routes_access, routes_oidc
+from proofplane.api import (
+    errors,
+    routes_access,
+    routes_audit,
+    routes_backends,
+    routes_oidc,
+    routes_sinks,
+)
 from proofplane.api.deps import public
 from proofplane.api.routes import router
 from proofplane.config import Settings
+from proofplane.service import audit as audit_svc
+from proofplane.service import sinks as sinks_svc
 from proofplane.service.context import Store
 from proofplane.store import migrate
 
 
 def create_app(store: Store, settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # The SIEM exporter runs while the server serves (PROOFPLANE_SIEM_EXPORT_INTERVAL_SECONDS).
+        with (
+            sinks_svc.export_worker(store, settings.siem_export_interval_s) as worker,
+            audit_svc.checkpoint_worker(
+                store, app.state.audit_keys, settings.audit_checkpoint_interval_s
+            ) as checkpointer,
+        ):
+            app.state.siem_exporter = worker
+            app.state.audit_checkpointer = checkpointer
+            yield
+
     app = FastAPI(
         title="proofplane",
         version=__version__,
         description="Control plane for attested, compliance-aware GPU clusters.",
+        lifespan=lifespan,
     )
     app.state.store = store
-    app.state.settings = settings or Settings()
+    app.state.settings = settings
+    app.state.audit_keys = audit_svc.AuditKeys(
+        origin=audit_svc.origin_for(settings.cluster_id),
+        key_file=Path(settings.audit_key_file) if settings.audit_key_file else None,
+    )
     errors.install(app)
     app.include_router(router)
     app.include_router(routes_access.router)
     app.include_router(routes_oidc.router)
+    app.include_router(routes_sinks.router)
+    app.include_router(routes_audit.router)
+    app.include_router(routes_backends.router)
 
     @app.get("/healthz", tags=["health"], dependencies=[Depends(public)])
     def healthz() -> dict[str, str]:

@@ -15,12 +15,14 @@ from proofplane.api.schemas import (
     CertificationIn,
     ErrorResponse,
     EventOut,
+    ExplanationOut,
     NodeIn,
     NodeOut,
     NodePatch,
     NodeStateIn,
     Page,
     ProfileIn,
+    QuotaIO,
     TenantIn,
     TenantOut,
     TenantPatch,
@@ -35,6 +37,7 @@ from proofplane.model import (
     Node,
     NodeState,
     Outcome,
+    Quota,
     Tenant,
     WorkloadStatus,
     parse_tag_pairs,
@@ -109,6 +112,19 @@ def update_tenant(
     profile = _profile(body.profile) if body.profile is not None else None
     return TenantOut.of(
         tenants_svc.update_tenant(store, actor, name, description=body.description, profile=profile)
+    )
+
+
+@router.put("/tenants/{name}/quota", tags=["tenants"])
+def set_tenant_quota(
+    name: str,
+    body: QuotaIO,
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.QUOTAS_WRITE))],
+) -> TenantOut:
+    """Set the tenant's quotas (null: no limit); raising one places waiting work at once."""
+    return TenantOut.of(
+        tenants_svc.set_quota(store, actor, name, Quota(body.gpus, body.mig_slices))
     )
 
 
@@ -250,7 +266,11 @@ def submit_workload(
         tags=dict(body.tags),
         isolation=body.isolation,
         gpus=GpuRequest(
-            body.gpus.count, body.gpus.model, body.gpus.mig_profile, body.gpus.share_milli
+            body.gpus.count,
+            body.gpus.model,
+            body.gpus.mig_profile,
+            body.gpus.share_milli,
+            body.gpus.nodes,
         ),
         priority=body.priority,
         command=tuple(body.command),
@@ -268,6 +288,18 @@ def get_workload(
     tenant: TenantQuery = None,
 ) -> WorkloadOut:
     return WorkloadOut.of(workloads_svc.get_workload(store, actor, name, tenant=tenant))
+
+
+@router.get("/workloads/{name}/explain", tags=["workloads"])
+def explain_workload(
+    name: str,
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.WORKLOADS_READ))],
+    tenant: TenantQuery = None,
+) -> ExplanationOut:
+    """Why the workload is where it is (node, devices, its best-fit rank), or why it waits
+    (reason code and how many nodes each filter rejected)."""
+    return ExplanationOut.of(workloads_svc.explain_workload(store, actor, name, tenant=tenant))
 
 
 @router.post("/workloads/{name}/cancel", tags=["workloads"])

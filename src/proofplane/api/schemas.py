@@ -13,6 +13,7 @@ from proofplane.model import (
     Node,
     NodeState,
     Outcome,
+    Placement,
     Tenant,
     Workload,
     WorkloadStatus,
@@ -85,10 +86,19 @@ class TenantPatch(_In):
     profile: ProfileIn | None = None
 
 
+class QuotaIO(_In):
+    """null: no limit. ``gpus`` counts whole GPUs (a shared fraction counts as its fraction);
+    ``mig_slices`` counts MIG compute slices (a 3g.40gb instance is 3)."""
+
+    gpus: int | None = Field(None, ge=-(2**31), le=2**31 - 1)
+    mig_slices: int | None = Field(None, ge=-(2**31), le=2**31 - 1)
+
+
 class TenantOut(BaseModel):
     name: str
     description: str
     profile: dict[str, Any]
+    quota: QuotaIO
     created_at: datetime | None
     updated_at: datetime | None
 
@@ -98,6 +108,7 @@ class TenantOut(BaseModel):
             name=t.name,
             description=t.description,
             profile=profile_to_json(t.profile),
+            quota=QuotaIO(gpus=t.quota.gpus, mig_slices=t.quota.mig_slices),
             created_at=t.created_at,
             updated_at=t.updated_at,
         )
@@ -216,6 +227,13 @@ class GpuRequestIO(_In):
     share_milli: int | None = Field(
         None, ge=-(2**31), le=2**31 - 1, description="a fraction of one GPU, in thousandths"
     )
+    nodes: int = Field(
+        1,
+        ge=-(2**31),
+        le=2**31 - 1,
+        description="> 1: a gang, `count` whole GPUs in total, count/nodes on each of that many "
+        "distinct nodes, placed all together or not at all",
+    )
 
 
 class WorkloadIn(_In):
@@ -242,9 +260,30 @@ class DeviceOut(BaseModel):
     share_milli: int | None
 
 
-class PlacementOut(BaseModel):
+class PlacementPartOut(BaseModel):
     node: str
     devices: list[DeviceOut]
+
+
+class PlacementOut(BaseModel):
+    node: str = Field(description="the first (for most workloads the only) node")
+    devices: list[DeviceOut]
+    members: list[PlacementPartOut] = Field(
+        description="every node and its devices (one entry unless the workload is a gang)"
+    )
+
+    @classmethod
+    def of(cls, p: Placement) -> PlacementOut:
+        return cls(
+            node=p.node,
+            devices=[DeviceOut(**d) for d in devices_to_json(p.devices)],
+            members=[
+                PlacementPartOut(
+                    node=m.node, devices=[DeviceOut(**d) for d in devices_to_json(m.devices)]
+                )
+                for m in p.parts
+            ],
+        )
 
 
 class WorkloadOut(BaseModel):
@@ -274,23 +313,38 @@ class WorkloadOut(BaseModel):
                 model=w.gpus.model,
                 mig_profile=w.gpus.mig_profile,
                 share_milli=w.gpus.share_milli,
+                nodes=w.gpus.nodes,
             ),
             priority=w.priority,
             command=list(w.command),
             status=w.status,
             reason=w.reason,
             reason_details=w.reason_details,
-            placement=(
-                PlacementOut(
-                    node=w.placement.node,
-                    devices=[DeviceOut(**d) for d in devices_to_json(w.placement.devices)],
-                )
-                if w.placement
-                else None
-            ),
+            placement=PlacementOut.of(w.placement) if w.placement else None,
             created_at=w.created_at,
             updated_at=w.updated_at,
         )
+
+
+class ExplanationOut(BaseModel):
+    """Why a workload is where it is, or why it waits."""
+
+    workload: str
+    tenant: str
+    status: WorkloadStatus
+    reason: str | None
+    message: str | None
+    placement: PlacementOut | None
+    summary: str = Field(description="one sentence for humans")
+    analysis: dict[str, Any] | None = Field(
+        description="filters (nodes rejected per reason code), candidates (best-fit ranks), "
+        "quota, pool, priority, placed_on; null for finished workloads"
+    )
+
+    @classmethod
+    def of(cls, e: dict[str, Any]) -> ExplanationOut:
+        p = e["placement"]
+        return cls(**{**e, "placement": PlacementOut.of(p) if p is not None else None})
 
 
 # --- events ------------------------------------------------------------------------------------

@@ -161,6 +161,17 @@ class ApiClient:
     def post(self, path: str, body: Any = None) -> Any:
         return self.request("POST", path, body=body)
 
+    def text(self, method: str, path: str) -> str:
+        """A ``text/plain`` endpoint (signed notes, keys): the body, or CliError."""
+        try:
+            resp = self._http.request(method, path, headers={"Accept": "text/plain"})
+        except httpx.TransportError as exc:
+            raise ServerUnreachable(self.server, _why(exc)) from exc
+        if resp.is_success:
+            return resp.text
+        self._parse(resp)
+        raise AssertionError("unreachable")  # _parse raises for every non-success
+
     def patch(self, path: str, body: Any = None) -> Any:
         return self.request("PATCH", path, body=body)
 

@@ -14,11 +14,15 @@ from typer.core import TyperGroup
 
 from proofplane import __version__
 from proofplane.cli import (
+    attest,
+    audit,
     auth,
+    backends,
     events,
     nodes,
     server,
     sim,
+    sinks,
     tenants,
     tokens,
     users,
@@ -101,7 +105,11 @@ app.add_typer(nodes.app, name="nodes", rich_help_panel="Client")
 app.add_typer(tenants.app, name="tenants", rich_help_panel="Client")
 app.add_typer(workloads.app, name="workloads", rich_help_panel="Client")
 app.add_typer(events.app, name="events", rich_help_panel="Client")
+app.add_typer(backends.app, name="backends", rich_help_panel="Client")
+app.add_typer(audit.app, name="audit", rich_help_panel="Audit")
+app.add_typer(sinks.app, name="sinks", rich_help_panel="Audit")
 app.add_typer(sim.app, name="sim", rich_help_panel="Simulation")
+app.add_typer(attest.app, name="attest", rich_help_panel="Attestation")
 
 
 def main() -> None:

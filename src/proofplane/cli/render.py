@@ -110,6 +110,9 @@ def request_summary(gpus: dict[str, Any]) -> str:
     if gpus.get("share_milli") is not None:
         out = f"{gpus['share_milli'] / 1000:g} GPU (shared)"
         return f"{out} of {model}" if model else out
+    nodes = gpus.get("nodes") or 1
+    if nodes > 1:
+        return f"{count}x {model or 'GPU'} ({count // nodes} on each of {nodes} nodes)"
     return f"{count}x {model or 'GPU'}"
 
 
@@ -276,6 +279,15 @@ def tenants_table(tenants: Sequence[dict[str, Any]]) -> Table:
     return table
 
 
+def quota_summary(quota: dict[str, Any] | None) -> str:
+    q = quota or {}
+    gpus, mig = q.get("gpus"), q.get("mig_slices")
+    return (
+        f"GPUs: {'no limit' if gpus is None else gpus}, "
+        f"MIG slices: {'no limit' if mig is None else mig}"
+    )
+
+
 def show_tenant(tenant: dict[str, Any]) -> None:
     profile = tenant.get("profile") or {}
     console().print(
@@ -286,6 +298,7 @@ def show_tenant(tenant: dict[str, Any]) -> None:
                 ("required tags", text(pairs(profile.get("required_tags")))),
                 ("min isolation", text(profile.get("min_isolation"))),
                 ("isolation rules", text(_rules(profile))),
+                ("quota", text(quota_summary(tenant.get("quota")))),
                 ("created", text(timestamp(tenant.get("created_at")))),
                 ("updated", text(timestamp(tenant.get("updated_at")))),
             ],
@@ -345,13 +358,15 @@ def show_workload(w: dict[str, Any]) -> None:
     )
     placement = w.get("placement")
     if placement:
-        out.print()
-        table = _table("GPU", "DEVICE", "UUID")
-        table.title = f"Placed on {placement['node']}"
-        table.title_justify = "left"
-        for d in placement.get("devices", []):
-            table.add_row(text(d["gpu_index"]), text(device_summary(d)), text(d["gpu_uuid"]))
-        out.print(table)
+        # a gang holds devices on several nodes: one table per node
+        for part in placement.get("members") or [placement]:
+            out.print()
+            table = _table("GPU", "DEVICE", "UUID")
+            table.title = f"Placed on {part['node']}"
+            table.title_justify = "left"
+            for d in part.get("devices", []):
+                table.add_row(text(d["gpu_index"]), text(device_summary(d)), text(d["gpu_uuid"]))
+            out.print(table)
     if w.get("reason"):
         details = w.get("reason_details") or {}
         rows: list[tuple[str, RenderableType]] = [("reason", text(w["reason"], "yellow"))]

@@ -113,3 +113,38 @@ def create_tenant(
     else:
         render.print_line(f"tenant {tenant['name']} created")
         render.show_tenant(tenant)
+
+
+@app.command("quota")
+def set_quota(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Tenant name."),
+    gpus: int | None = typer.Option(
+        None, "--gpus", min=0, help="Most whole GPUs held at once (shares count as fractions)."
+    ),
+    mig_slices: int | None = typer.Option(
+        None, "--mig-slices", min=0, help="Most MIG compute slices held at once (3g = 3)."
+    ),
+    unlimited: bool = typer.Option(
+        False, "--unlimited", help="Remove the limits not given (--gpus / --mig-slices)."
+    ),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Set a tenant's quotas. A limit not given is kept, unless --unlimited removes it.
+
+    Example: proofplane tenants quota research-lab --gpus 16 --mig-slices 14
+    """
+    current = fetch(ctx, f"/api/v1/tenants/{segment(name)}").get("quota") or {}
+    body = {
+        "gpus": gpus if gpus is not None else (None if unlimited else current.get("gpus")),
+        "mig_slices": (
+            mig_slices
+            if mig_slices is not None
+            else (None if unlimited else current.get("mig_slices"))
+        ),
+    }
+    tenant = send(ctx, "PUT", f"/api/v1/tenants/{segment(name)}/quota", body)
+    if as_json:
+        render.print_json(tenant)
+    else:
+        render.print_line(f"tenant {tenant['name']} quota: {render.quota_summary(tenant['quota'])}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import typer
+from rich.table import Table
 
 from proofplane.cli import render
 from proofplane.cli.client import segment
@@ -13,14 +14,36 @@ from proofplane.cli.common import (
     CursorOpt,
     JsonOpt,
     LimitOpt,
-    fetch,
+    client,
     parse_pairs,
     run_list,
     send,
 )
 from proofplane.model import IsolationLevel, WorkloadStatus
 
-app = typer.Typer(help="Workloads: submit, inspect, cancel.", no_args_is_help=True)
+app = typer.Typer(help="Workloads: submit, inspect, explain, cancel.", no_args_is_help=True)
+
+TenantOpt = typer.Option(
+    None, "--tenant", "-t", help="The workload's tenant, when several tenants use the name."
+)
+
+
+def _call(
+    ctx: typer.Context,
+    method: str,
+    name: str,
+    tenant: str | None,
+    suffix: str = "",
+    body: Any = None,
+) -> Any:
+    """One workload's endpoint, with ``?tenant=`` when given (an ambiguous name needs it)."""
+    with client(ctx) as api:
+        return api.request(
+            method,
+            f"/api/v1/workloads/{segment(name)}{suffix}",
+            params={"tenant": tenant},
+            body=body,
+        )
 
 
 @app.command("submit")
@@ -45,6 +68,12 @@ def submit(
     share_milli: int | None = typer.Option(
         None, "--share-milli", help="A fraction of one GPU in thousandths (1-999)."
     ),
+    nodes: int | None = typer.Option(
+        None,
+        "--nodes",
+        min=1,
+        help="A gang: --gpus in total, spread evenly over this many nodes, all or nothing.",
+    ),
     priority: int = typer.Option(0, "--priority", min=-1000, max=1000),
     as_json: bool = JsonOpt,
 ) -> None:
@@ -59,6 +88,8 @@ def submit(
     }
     if gpus is not None:
         request["count"] = gpus
+    if nodes is not None:
+        request["nodes"] = nodes
     body: dict[str, Any] = {
         "name": name,
         "tenant": tenant,
@@ -104,10 +135,11 @@ def list_workloads(
 def show(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="Workload name."),
+    tenant: str | None = TenantOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Show one workload: where it was placed, or why it waits."""
-    workload = fetch(ctx, f"/api/v1/workloads/{segment(name)}")
+    workload = _call(ctx, "GET", name, tenant)
     if as_json:
         render.print_json(workload)
     else:
@@ -119,11 +151,56 @@ def cancel(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="Workload name."),
     reason: str | None = typer.Option(None, "--reason", "-r"),
+    tenant: str | None = TenantOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Cancel a workload; its capacity is freed and offered to waiting work."""
-    workload = send(ctx, "POST", f"/api/v1/workloads/{segment(name)}/cancel", {"reason": reason})
+    workload = _call(ctx, "POST", name, tenant, "/cancel", {"reason": reason})
     if as_json:
         render.print_json(workload)
     else:
         render.workload_outcome(workload, "cancelled")
+
+
+@app.command("explain")
+def explain(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Workload name."),
+    tenant: str | None = TenantOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Why a workload is where it is (node, devices, its best-fit rank), or why it waits
+    (reason code, and how many nodes each filter rejected)."""
+    e = _call(ctx, "GET", name, tenant, "/explain")
+    if as_json:
+        render.print_json(e)
+        return
+    out = render.console()
+    out.print(
+        render.text(f"{e['tenant']}/{e['workload']}: ", "bold"),
+        render.text(e["summary"]),
+        soft_wrap=True,
+    )
+    placement = e.get("placement")
+    for part in (placement or {}).get("members") or []:
+        devices = ", ".join(
+            render.device_summary(d) + f" (GPU {d['gpu_index']})" for d in part["devices"]
+        )
+        out.print(render.text(f"  {part['node']}: {devices}"), soft_wrap=True)
+    a = e.get("analysis") or {}
+    filters = a.get("filters") or {}
+    if filters:
+        table = Table("NODES REJECTED BECAUSE", "COUNT", header_style="bold")
+        for code, n in sorted(filters.items(), key=lambda kv: (-kv[1], kv[0])):
+            table.add_row(code, str(n))
+        out.print(table)
+    candidates = a.get("candidates") or []
+    if candidates:
+        table = Table("RANK", "CANDIDATE NODE", "IDLE GPUS LEFT", header_style="bold")
+        for c in candidates:
+            table.add_row(str(c["rank"]), c["node"], str(c["idle_gpus_after"]))
+        table.caption = f"{a.get('candidates_total', 0)} candidate(s); {a.get('score', '')}"
+        out.print(table)
+    quota = a.get("quota") or {}
+    if quota.get("exceeded"):
+        out.print(render.text(f"quota exceeded: {quota['exceeded']}", "yellow"), soft_wrap=True)

@@ -11,7 +11,7 @@ from proofplane.model.node import (
     can_transition,
 )
 from proofplane.model.tags import missing_tags, parse_tag_pairs, validate_name, validate_tags
-from proofplane.model.tenant import ComplianceProfile, IsolationLevel, Tenant
+from proofplane.model.tenant import ComplianceProfile, IsolationLevel, Quota, Tenant
 from proofplane.model.workload import (
     GpuRequest,
     PlacedDevice,
@@ -34,6 +34,7 @@ __all__ = [
     "Outcome",
     "PlacedDevice",
     "Placement",
+    "Quota",
     "Tenant",
     "Workload",
     "WorkloadStatus",

@@ -56,9 +56,24 @@ class ComplianceProfile:
 
 
 @dataclass(frozen=True, slots=True)
+class Quota:
+    """The most a tenant may hold at once; None means no limit.
+
+    ``gpus`` counts whole GPUs, a shared fraction counting as its fraction (two 500-milli
+    shares are one GPU). ``mig_slices`` counts MIG compute slices (a ``3g.40gb`` instance is 3
+    of a GPU's 7). Work placed before a quota was lowered keeps its capacity; new placements
+    must fit under the quota.
+    """
+
+    gpus: int | None = None
+    mig_slices: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Tenant:
     name: str
     description: str = ""
     profile: ComplianceProfile = field(default_factory=ComplianceProfile)
+    quota: Quota = field(default_factory=Quota)
     created_at: datetime | None = None
     updated_at: datetime | None = None

@@ -33,12 +33,22 @@ _TERMINAL = frozenset({WorkloadStatus.SUCCEEDED, WorkloadStatus.FAILED, Workload
 @dataclass(frozen=True, slots=True)
 class GpuRequest:
     """Exactly one shape: ``count`` whole GPUs, ``count`` MIG slices of ``mig_profile``, or a
-    ``share_milli`` fraction (1..999 thousandths) of one GPU. ``model`` pins a GPU SKU."""
+    ``share_milli`` fraction (1..999 thousandths) of one GPU. ``model`` pins a GPU SKU.
+
+    ``nodes`` > 1 makes a gang: ``count`` whole GPUs in total, ``count // nodes`` on each of
+    ``nodes`` distinct nodes, placed all together or not at all (Slurm's ``--nodes`` with
+    ``--gpus-per-node``)."""
 
     count: int = 1
     model: str | None = None
     mig_profile: str | None = None
     share_milli: int | None = None
+    nodes: int = 1
+
+    @property
+    def per_node(self) -> int:
+        """Whole GPUs (or MIG instances) each node of the placement holds."""
+        return self.count // self.nodes if self.nodes > 0 else self.count
 
     @property
     def natural_isolation(self) -> IsolationLevel:
@@ -62,8 +72,32 @@ class PlacedDevice:
 
 @dataclass(frozen=True, slots=True)
 class Placement:
+    """Where a workload holds capacity. ``node`` and ``devices`` are its first (for most
+    workloads its only) node; a gang placement lists every node and its devices in
+    ``members``, the first member being ``node``/``devices`` again."""
+
     node: str
     devices: tuple[PlacedDevice, ...]
+    members: tuple[Placement, ...] = ()
+
+    @property
+    def parts(self) -> tuple[Placement, ...]:
+        """Every (node, devices) part of the placement: the members, or the placement itself."""
+        return self.members or (Placement(self.node, self.devices),)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(p.node for p in self.parts)
+
+    @staticmethod
+    def of_parts(parts: tuple[Placement, ...]) -> Placement:
+        """A placement from its parts: one part is a plain placement, several a gang."""
+        first = parts[0]
+        if len(parts) == 1:
+            return Placement(first.node, first.devices)
+        return Placement(
+            first.node, first.devices, tuple(Placement(p.node, p.devices) for p in parts)
+        )
 
 
 @dataclass(frozen=True, slots=True)

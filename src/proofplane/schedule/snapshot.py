@@ -13,26 +13,35 @@ random operation sequences against that reference to hold it to this.
 Indexes, each kept current by the update that can change it:
 
 * admitted nodes, and ``(key, value)`` certification → nodes: a request's compliance filter is
-  an intersection of small sets, smallest first (cached per tag set until a node changes), and
-  its rejection counts are set sizes;
+  an intersection of small sets, smallest first, cached per tag set and kept current node by
+  node as nodes change; its rejection counts are set sizes;
+* GPU model → nodes that have it, and → known nodes that lack it (for the pending counts);
 * per node usage (whole GPUs, MIG instances, shares per GPU, tenants, dedicated owner), by
   reference count so a release is an exact inverse of its reserve;
-* per node *signature*: its idle GPUs and, per capacity class, how much of that class is free.
-  Classes are ``("w", model)`` (idle plain GPUs), ``("s", model)`` (most free milli on one plain
-  GPU) and ``("m", profile, model)`` (free instances of a MIG profile), ``model`` None meaning any;
-* capacity buckets: class → idle GPUs → free amount → node names in sorted order. Best fit
+* per node *signature*: its idle GPUs and, per capacity class, how much of that class is free
+  and how much of that is *warm* (on GPUs already in use). Classes are ``("w", model)`` (idle
+  plain GPUs; never warm), ``("s", model)`` (most free milli on one plain GPU; warm: on one that
+  already carries shares) and ``("m", profile, model)`` (free instances of a MIG profile; warm:
+  on GPUs with an instance in use), ``model`` None meaning any;
+* capacity buckets: class → idle GPUs → (free, warm) → node names in sorted order. Best fit
   (fewest idle GPUs left, then name) walks the buckets of the request's class from the fewest
-  idle GPUs up, only through free amounts that can hold the request, and stops as soon as no
-  node left can beat the best found, because a node with ``i`` idle GPUs ends with at least
-  ``i - t`` idle (``t``: GPUs the request takes). A common request looks at a handful of nodes;
-* tenancy: nodes dedicated to a tenant, occupied nodes, nodes whose only tenant is a given one,
-  and vacant admitted nodes with their own buckets (a dedicated-node request looks only there).
+  idle GPUs up, only through amounts that can hold the request, and stops as soon as no node
+  left can beat the best found. The bound is what makes that quick: a node with ``i`` idle GPUs
+  ends with exactly ``i`` when its warm amount holds the request (the fit packs onto used GPUs
+  first), and with at least ``i - t`` otherwise (``t``: the idle GPUs the request can still
+  take). With exact bounds the first fitting name of the best group wins; a common request
+  evaluates one or two nodes;
+* tenancy: nodes dedicated to a tenant sit in that tenant's own buckets, not the shared ones
+  (only their owner may use them, and walks its own first); occupied nodes, nodes whose only
+  tenant is a given one, and vacant admitted nodes with their own buckets (a dedicated-node
+  request looks only there and at its tenant's sole nodes).
 
 A request whose compliant set is small is answered by scanning that set (signatures first, the
-exact fit only for the nodes that could win); the bucket walk has a step budget and falls back
-to that scan when compliant nodes turn out to be rare in the buckets. A request that ends
-pending gets its rejection counts from the indexes: the search has already shown that every
-compliant node passing tenancy and model filters lacks capacity.
+exact fit only for the nodes that could win, the lowest bound first); the bucket walk has a step
+budget and falls back to that scan when compliant nodes turn out to be rare in the buckets. A
+request that ends pending gets its rejection counts from the indexes, looping only over the
+smaller side of each intersection: the search has already shown that every compliant node
+passing tenancy and model filters lacks capacity.
 
 Node names are unique (the snapshot is keyed by them) and GPU indexes are unique per node (the
 inventory check guarantees both).
@@ -63,8 +72,10 @@ from proofplane.schedule.values import (
 )
 
 ClassKey = tuple[str | None, ...]
-Signature = tuple[int, dict[ClassKey, int]]  # (idle GPUs, free amount per capacity class)
+Amounts = tuple[int, int]  # (free, warm): capacity in a class, and the part not on idle GPUs
+Signature = tuple[int, dict[ClassKey, Amounts]]  # (idle GPUs, amounts per capacity class)
 _Best = tuple[int, str, tuple[PlacedDevice, ...]]  # (idle GPUs left, node, devices)
+_Slot = tuple[int, int]  # (GPU index, MIG start)
 
 _WHOLE, _SHARE, _MIG = "w", "s", "m"
 _DEDICATED = IsolationLevel.DEDICATED_NODE
@@ -92,32 +103,48 @@ class _NodeInfo:
     admitted: bool
     indexes: tuple[int, ...]
     plain: tuple[Gpu, ...]  # GPUs without MIG, in node order
-    mig: dict[str, tuple[tuple[Gpu, MigInstance], ...]]  # profile → instances, in node order
+    # profile → (GPU, instance, its (index, start) slot), in node order
+    mig: dict[str, tuple[tuple[Gpu, MigInstance, _Slot], ...]]
     models: frozenset[str]
     # (index, whole-GPU class keys, share class keys) per plain GPU
     plain_keys: tuple[tuple[int, tuple[ClassKey, ...], tuple[ClassKey, ...]], ...]
-    # (index, start, MIG class keys) per MIG instance
-    mig_keys: tuple[tuple[int, int, tuple[ClassKey, ...]], ...]
+    # per MIG GPU: (index, per profile on it: (MIG class keys, its (index, start) slots))
+    mig_gpus: tuple[tuple[int, tuple[tuple[tuple[ClassKey, ...], tuple[_Slot, ...]], ...]], ...]
 
 
-def _node_info(node: Node) -> _NodeInfo:
-    mig: dict[str, list[tuple[Gpu, MigInstance]]] = {}
-    mig_keys: list[tuple[int, int, tuple[ClassKey, ...]]] = []
+def _node_info(node: Node, intern: dict) -> _NodeInfo:
+    """``intern`` shares equal key tuples between nodes (thousands of nodes, a few keys)."""
+
+    def keys(*ks: ClassKey) -> tuple[ClassKey, ...]:
+        return tuple(intern.setdefault(k, k) for k in ks)
+
+    mig: dict[str, list[tuple[Gpu, MigInstance, _Slot]]] = {}
+    mig_gpus = []
     plain: list[Gpu] = []
     plain_keys: list[tuple[int, tuple[ClassKey, ...], tuple[ClassKey, ...]]] = []
     for gpu in node.gpus:
         if gpu.mig_enabled:
+            by_profile: dict[str, list[_Slot]] = {}
             for inst in gpu.mig_instances:
-                mig.setdefault(inst.profile, []).append((gpu, inst))
-                keys = ((_MIG, inst.profile, None), (_MIG, inst.profile, gpu.model))
-                mig_keys.append((gpu.index, inst.start, keys))
+                slot = (gpu.index, inst.start)
+                mig.setdefault(inst.profile, []).append((gpu, inst, slot))
+                by_profile.setdefault(inst.profile, []).append(slot)
+            mig_gpus.append(
+                (
+                    gpu.index,
+                    tuple(
+                        (keys((_MIG, p, None), (_MIG, p, gpu.model)), tuple(slots))
+                        for p, slots in by_profile.items()
+                    ),
+                )
+            )
         else:
             plain.append(gpu)
             plain_keys.append(
                 (
                     gpu.index,
-                    ((_WHOLE, None), (_WHOLE, gpu.model)),
-                    ((_SHARE, None), (_SHARE, gpu.model)),
+                    keys((_WHOLE, None), (_WHOLE, gpu.model)),
+                    keys((_SHARE, None), (_SHARE, gpu.model)),
                 )
             )
     return _NodeInfo(
@@ -128,7 +155,7 @@ def _node_info(node: Node) -> _NodeInfo:
         mig={p: tuple(v) for p, v in mig.items()},
         models=frozenset(g.model for g in node.gpus),
         plain_keys=tuple(plain_keys),
-        mig_keys=tuple(mig_keys),
+        mig_gpus=tuple(mig_gpus),
     )
 
 
@@ -205,23 +232,43 @@ def _signature(info: _NodeInfo, u: _Usage) -> Signature:
     for i in info.indexes:
         if i not in whole and i not in busy and not shares.get(i):
             idle += 1
-    caps: dict[ClassKey, int] = {}
+    caps: dict[ClassKey, tuple[int, int]] = {}
     for i, whole_keys, share_keys in info.plain_keys:
         if i in whole:
             continue
         held = shares.get(i, 0)
         room = FULL_GPU_MILLI - held
-        for k in share_keys:
-            if caps.get(k, room - 1) < room:
-                caps[k] = room
+        if room >= 1:
+            for k in share_keys:
+                free, warm = caps.get(k, _NONE)
+                if held:
+                    caps[k] = (room if room > free else free, room if room > warm else warm)
+                elif room > free:
+                    caps[k] = (room, warm)
         if not held:
             for k in whole_keys:
-                caps[k] = caps.get(k, 0) + 1
-    for i, start, keys in info.mig_keys:
-        if (i, start) not in mig:
-            for k in keys:
-                caps[k] = caps.get(k, 0) + 1
+                caps[k] = (caps.get(k, _NONE)[0] + 1, 0)
+    for i, groups in info.mig_gpus:
+        if i in busy:  # some instance on it is held: count the free ones, all warm
+            for ks, slots in groups:
+                n = 0
+                for slot in slots:
+                    if slot not in mig:
+                        n += 1
+                if n:
+                    for k in ks:
+                        free, warm = caps.get(k, _NONE)
+                        caps[k] = (free + n, warm + n)
+        else:  # nothing held on it: every instance is free, none warm
+            for ks, slots in groups:
+                n = len(slots)
+                for k in ks:
+                    free, warm = caps.get(k, _NONE)
+                    caps[k] = (free + n, warm)
     return idle, caps
+
+
+_NONE = (0, 0)
 
 
 class _Buckets:
@@ -230,9 +277,9 @@ class _Buckets:
     __slots__ = ("classes",)
 
     def __init__(self) -> None:
-        self.classes: dict[ClassKey, dict[int, dict[int, list[str]]]] = {}
+        self.classes: dict[ClassKey, dict[int, dict[Amounts, list[str]]]] = {}
 
-    def _add(self, name: str, key: ClassKey, idle: int, free: int) -> None:
+    def _add(self, name: str, key: ClassKey, idle: int, free: Amounts) -> None:
         by_free = self.classes.setdefault(key, {}).setdefault(idle, {})
         names = by_free.get(free)
         if names is None:
@@ -240,7 +287,7 @@ class _Buckets:
         else:
             bisect.insort(names, name)
 
-    def _discard(self, name: str, key: ClassKey, idle: int, free: int) -> None:
+    def _discard(self, name: str, key: ClassKey, idle: int, free: Amounts) -> None:
         levels = self.classes[key]
         by_free = levels[idle]
         names = by_free[free]
@@ -295,34 +342,59 @@ def _fit(info: _NodeInfo, u: _Usage, req: Request) -> tuple[PlacedDevice, ...] |
     g = req.gpus
     model = g.model
     if g.mig_profile is not None:
-        slots = u.mig
+        # Pack: prefer GPUs that already carry work, so whole GPUs stay free; then the lowest
+        # GPU index and start.
+        slots, busy = u.mig, u.busy
+        if g.count == 1:  # the common case: one pass, no sort
+            pick = None
+            pick_key = None
+            for gpu, inst, slot in info.mig.get(g.mig_profile, ()):
+                if slot in slots or (model is not None and gpu.model != model):
+                    continue
+                k = (-busy.get(slot[0], 0), slot[0], slot[1])
+                if pick_key is None or k < pick_key:
+                    pick, pick_key = (gpu, inst), k
+            if pick is None:
+                return None
+            gpu, inst = pick
+            return (
+                PlacedDevice(gpu.index, gpu.uuid, mig_profile=inst.profile, mig_start=inst.start),
+            )
         free = [
             (gpu, inst)
-            for gpu, inst in info.mig.get(g.mig_profile, ())
-            if (model is None or gpu.model == model) and (gpu.index, inst.start) not in slots
+            for gpu, inst, slot in info.mig.get(g.mig_profile, ())
+            if (model is None or gpu.model == model) and slot not in slots
         ]
         if len(free) < g.count:
             return None
-        # Pack: prefer GPUs that already carry work, so whole GPUs stay free.
-        busy = u.busy
         free.sort(key=lambda gi: (-busy.get(gi[0].index, 0), gi[0].index, gi[1].start))
         return tuple(
             PlacedDevice(gpu.index, gpu.uuid, mig_profile=inst.profile, mig_start=inst.start)
             for gpu, inst in free[: g.count]
         )
     whole, shares = u.whole, u.shares
+    if g.share_milli is not None:  # the fullest GPU that still has room, then lowest index
+        need = g.share_milli
+        best: Gpu | None = None
+        best_key = None
+        for gpu in info.plain:
+            i = gpu.index
+            if i in whole or (model is not None and gpu.model != model):
+                continue
+            held = shares.get(i, 0)
+            if held + need > FULL_GPU_MILLI:
+                continue
+            k = (FULL_GPU_MILLI - held, i)
+            if best_key is None or k < best_key:
+                best, best_key = gpu, k
+        if best is None:
+            return None
+        return (PlacedDevice(best.index, best.uuid, share_milli=need),)
     plain = [
         gpu
         for gpu in info.plain
         if (model is None or gpu.model == model) and gpu.index not in whole
     ]
-    if g.share_milli is not None:
-        need = g.share_milli
-        fits = [gpu for gpu in plain if shares.get(gpu.index, 0) + need <= FULL_GPU_MILLI]
-        if not fits:
-            return None
-        best = min(fits, key=lambda gpu: (FULL_GPU_MILLI - shares.get(gpu.index, 0), gpu.index))
-        return (PlacedDevice(best.index, best.uuid, share_milli=need),)
     idle = [gpu for gpu in plain if not shares.get(gpu.index)]
     if len(idle) < g.count:
         return None
@@ -360,18 +432,22 @@ class ClusterSnapshot:
         tuning: Tuning | None = None,
     ) -> None:
         self.tuning = tuning or Tuning()
+        self._intern: dict[ClassKey, ClassKey] = {}
         self._info: dict[str, _NodeInfo] = {}
         self._usage: dict[str, _Usage] = {}
         self._allocs: dict[Hashable, Allocation] = {}
         self._admitted: set[str] = set()
         self._by_cert: dict[tuple[str, str], set[str]] = {}
         self._by_model: dict[str, set[str]] = {}
-        self._compliant: dict[tuple[tuple[str, str], ...], Set[str]] = {}
+        self._lacking: dict[str, set[str]] = {}  # model → known nodes without it
+        self._compliant: dict[tuple[tuple[str, str], ...], set[str]] = {}
         self._sig: dict[str, Signature] = {}  # admitted nodes only
-        self._buckets = _Buckets()
+        self._buckets = _Buckets()  # admitted nodes not dedicated to a tenant
         self._vacant: set[str] = set()  # admitted nodes nothing is reserved on
         self._vacant_buckets = _Buckets()
         self._owner: dict[str, str] = {}  # node → tenant it is dedicated to
+        self._owned: dict[str, _Buckets] = {}  # tenant → buckets of nodes dedicated to it
+        self._owned_names: dict[str, set[str]] = {}  # tenant → nodes dedicated to it
         self._occupied: set[str] = set()  # nodes with at least one allocation
         self._sole: dict[str, set[str]] = {}  # tenant → nodes it is the only tenant of
         self._tenancy_state: dict[str, tuple[str | None, str | None]] = {}  # (owner, sole)
@@ -415,12 +491,14 @@ class ClusterSnapshot:
         """Add a node or replace what is known about it (state, certifications, GPUs)."""
         self._drop_info(node.name)
         self._set_info(node)
+        self._recheck_compliance(node.name)
         self._reindex(node.name)
 
     def remove_node(self, name: str) -> None:
         """Forget a node. Allocations on it stay reserved until released (and count again if
         the node comes back)."""
         if self._drop_info(name):
+            self._recheck_compliance(name)
             self._reindex(name)
 
     def reserve(self, key: Hashable, allocation: Allocation) -> None:
@@ -449,16 +527,23 @@ class ClusterSnapshot:
         return alloc
 
     def _set_info(self, node: Node) -> None:
-        info = _node_info(node)
+        info = _node_info(node, self._intern)
         name = node.name
         self._info[name] = info
         if info.admitted:
             self._admitted.add(name)
         for pair in node.certifications.items():
             self._by_cert.setdefault(pair, set()).add(name)
-        for model in info.models:
-            self._by_model.setdefault(model, set()).add(name)
-        self._compliant.clear()
+        models = info.models
+        for model, lacking in self._lacking.items():
+            if model in models:
+                self._by_model[model].add(name)
+            else:
+                lacking.add(name)
+        for model in models:
+            if model not in self._by_model:  # the first node with this model
+                self._by_model[model] = {name}
+                self._lacking[model] = {n for n in self._info if n != name}
 
     def _drop_info(self, name: str) -> bool:
         info = self._info.pop(name, None)
@@ -469,8 +554,26 @@ class ClusterSnapshot:
             _discard(self._by_cert, pair, name)
         for model in info.models:
             _discard(self._by_model, model, name)
-        self._compliant.clear()
+            if model not in self._by_model:
+                del self._lacking[model]
+        for lacking in self._lacking.values():
+            lacking.discard(name)
         return True
+
+    def _recheck_compliance(self, name: str) -> None:
+        """Keep the cached compliant sets current for one changed node (or drop the cache when
+        it is large: rebuilding an entry costs one set intersection)."""
+        cache = self._compliant
+        if len(cache) > 64:
+            cache.clear()
+            return
+        info = self._info.get(name)
+        certs = info.node.certifications if info is not None and info.admitted else None
+        for tags, members in cache.items():
+            if certs is not None and all(certs.get(k) == v for k, v in tags):
+                members.add(name)
+            else:
+                members.discard(name)
 
     def _reindex(self, name: str) -> None:
         """Bring every index that depends on node ``name`` up to date."""
@@ -478,12 +581,14 @@ class ClusterSnapshot:
         # tenancy
         owner = u.dedicated_to
         sole = next(iter(u.tenants)) if len(u.tenants) == 1 else None
-        old_owner, old_sole = self._tenancy_state.get(name, (None, None))
+        old_owner, old_sole = self._tenancy_state.get(name, _NO_TENANCY)
         if owner != old_owner:
-            if owner is None:
+            if old_owner is not None:
                 del self._owner[name]
-            else:
+                _discard(self._owned_names, old_owner, name)
+            if owner is not None:
                 self._owner[name] = owner
+                self._owned_names.setdefault(owner, set()).add(name)
         if sole != old_sole:
             if old_sole is not None:
                 _discard(self._sole, old_sole, name)
@@ -497,22 +602,38 @@ class ClusterSnapshot:
             self._occupied.add(name)
         else:
             self._occupied.discard(name)
-        # capacity
+        # capacity: a node dedicated to a tenant is in that tenant's buckets, not the shared
+        # ones (only its owner may use it); vacant nodes also have buckets of their own
         info = self._info.get(name)
         old = self._sig.get(name)
         new = _signature(info, u) if info is not None and info.admitted else None
         was_vacant = name in self._vacant
         vacant = new is not None and not u.tenants
-        self._buckets.move(name, old, new)
-        self._vacant_buckets.move(name, old if was_vacant else None, new if vacant else None)
+        if owner == old_owner:
+            self._owner_buckets(owner).move(name, old, new)
+        else:
+            self._owner_buckets(old_owner).move(name, old, None)
+            self._owner_buckets(owner).move(name, None, new)
+            if old_owner is not None and not self._owned[old_owner].classes:
+                del self._owned[old_owner]
+        if was_vacant or vacant:
+            self._vacant_buckets.move(name, old if was_vacant else None, new if vacant else None)
         if new is None:
             self._sig.pop(name, None)
         else:
             self._sig[name] = new
         if vacant:
             self._vacant.add(name)
-        else:
+        elif was_vacant:
             self._vacant.discard(name)
+
+    def _owner_buckets(self, owner: str | None) -> _Buckets:
+        if owner is None:
+            return self._buckets
+        b = self._owned.get(owner)
+        if b is None:
+            b = self._owned[owner] = _Buckets()
+        return b
 
     # ------------------------------------------------------------------ deciding
 
@@ -542,10 +663,10 @@ class ClusterSnapshot:
         if hit is None:
             sets = [self._by_cert.get(pair) for pair in key]
             if any(s is None for s in sets):
-                hit = frozenset()
+                hit = set()
             else:
                 ordered = sorted((s for s in sets if s is not None), key=len)
-                hit = frozenset(ordered[0].intersection(*ordered[1:], self._admitted))
+                hit = ordered[0].intersection(*ordered[1:], self._admitted)
             if len(self._compliant) >= 4096:
                 self._compliant.clear()
             self._compliant[key] = hit
@@ -560,13 +681,17 @@ class ClusterSnapshot:
         t = self.tuning
         if tagged and len(compliant) ** 2 < t.scan_factor * n_admitted:
             return self._scan(req, key, need, most, compliant, None)
+        among = compliant if tagged else None
+        # Nodes dedicated to this tenant are not in the shared buckets: walk its own first.
+        owned = self._owned.get(req.tenant)
+        best = None
+        if owned is not None:
+            best = self._walk(req, owned, key, need, most, among, None, None)[0]
         budget = None
         if tagged:
             budget = t.walk_budget + int(t.walk_budget_factor * n_admitted / len(compliant))
-        best, done = self._walk(
-            req, self._buckets, key, need, most, compliant if tagged else None, None, budget
-        )
-        return best if done else self._scan(req, key, need, most, compliant, None)
+        best, done = self._walk(req, self._buckets, key, need, most, among, best, budget)
+        return best if done else self._scan(req, key, need, most, compliant, best)
 
     def _place_dedicated(
         self, req: Request, cls: tuple[ClassKey, int, int], compliant: Set[str]
@@ -580,8 +705,9 @@ class ClusterSnapshot:
         t = self.tuning
         budget = None
         if tagged:
-            spread = len(self._admitted) / len(compliant)
-            budget = t.walk_budget + int(t.walk_budget_factor * spread)
+            budget = t.walk_budget + int(
+                t.walk_budget_factor * len(self._admitted) / len(compliant)
+            )
         best, done = self._walk(
             req, self._vacant_buckets, key, need, most, compliant if tagged else None, best, budget
         )
@@ -601,8 +727,11 @@ class ClusterSnapshot:
         devices = _fit(info, u, req)
         if devices is None:
             return None
+        idle = self._sig[name][0]
+        if len(devices) == 1:
+            return (idle - 1 if u.idle(devices[0].gpu_index) else idle), devices
         taken = {d.gpu_index for d in devices}
-        return self._sig[name][0] - sum(1 for i in taken if u.idle(i)), devices
+        return idle - sum(1 for i in taken if u.idle(i)), devices
 
     def _walk(
         self,
@@ -622,11 +751,15 @@ class ClusterSnapshot:
             return best, True
         steps = 0
         for idle in sorted(levels):
-            bound = idle - most  # no node at this level ends with fewer idle GPUs
-            if best is not None and bound > best[0]:
-                break
-            for free, names in levels[idle].items():
+            if best is not None and idle - most > best[0]:
+                break  # no node at this level or above can end with fewer idle GPUs
+            for (free, warm), names in levels[idle].items():
                 if free < need:
+                    continue
+                bound = idle if warm >= need else idle - min(most, need - warm)
+                if best is not None and (
+                    bound > best[0] or (bound == best[0] and names[0] >= best[1])
+                ):
                     continue
                 for name in names:
                     if not _beats(best, bound, name):
@@ -653,12 +786,29 @@ class ClusterSnapshot:
         """Best fit among ``names`` (admitted, certified): signatures rule out nodes without
         room and order the rest by bound; exact fits only while a node could still win."""
         sig = self._sig
+        owner = self._owner
+        tenant = req.tenant
         candidates: list[tuple[int, str]] = []
         for name in names:
             idle, caps = sig[name]
-            free = caps.get(key)
-            if free is not None and free >= need:
-                candidates.append((idle - most, name))
+            amounts = caps.get(key)
+            if amounts is None or amounts[0] < need:
+                continue
+            held_by = owner.get(name)
+            if held_by is not None and held_by != tenant:
+                continue  # dedicated to another tenant: the tenancy filter refuses it
+            free, warm = amounts
+            bound = idle if warm >= need else idle - min(most, need - warm)
+            candidates.append((bound, name))
+        if not candidates:
+            return best
+        # The bounds are usually exact: try the lowest first, before sorting the rest.
+        bound, name = min(candidates)
+        if not _beats(best, bound, name):
+            return best
+        found = self._evaluate(name, req)
+        if found is not None and found[0] == bound:
+            return (bound, name, found[1])
         candidates.sort()
         for bound, name in candidates:
             if not _beats(best, bound, name):
@@ -680,7 +830,9 @@ class ClusterSnapshot:
         """Why nothing fits, per filter, each node under the first filter that rejects it.
 
         Called only once the search found no node, so every compliant node that passes the
-        tenancy and GPU-model filters was rejected for capacity."""
+        tenancy and GPU-model filters was rejected for capacity. Counted from the indexes
+        (set sizes, and loops over the smaller side only): admitted nodes are either vacant
+        or occupied, a node's sole tenant is its dedicated owner if it has one."""
         rejections: dict[str, int] = {}
 
         def count(code: str, n: int) -> None:
@@ -689,23 +841,40 @@ class ClusterSnapshot:
 
         total = len(self._info)
         n_admitted = len(self._admitted)
+        n_compliant = len(compliant)
         count("node_not_admitted", total - n_admitted)
-        count("missing_certification", n_admitted - len(compliant))
-        others = {n for n, owner in self._owner.items() if owner != req.tenant and n in compliant}
-        count("node_dedicated_to_other_tenant", len(others))
-        shared: set[str] = set()
-        if req.isolation is _DEDICATED:
-            own = self._sole.get(req.tenant, set())
-            occupied = self._occupied & compliant if compliant else set()
-            shared = {n for n in occupied if n not in own and n not in others}
-            count("node_shared_with_other_tenant", len(shared))
-        left = len(compliant) - len(others) - len(shared)
+        count("missing_certification", n_admitted - n_compliant)
+        tenant = req.tenant
+        owner = self._owner
+        mine = self._owned_names.get(tenant, _EMPTY)
+        others = len(owner.keys() & compliant) - (len(mine & compliant) if mine else 0)
+        count("node_dedicated_to_other_tenant", others)
+        dedicated = req.isolation is _DEDICATED
+        own = self._sole.get(tenant, _EMPTY)
+        vacant = self._vacant
+        shared = 0
+        if dedicated and n_compliant:
+            # occupied compliant nodes, less this tenant's own, less those dedicated to others
+            shared = n_compliant - len(vacant & compliant) - len(own & compliant)
+            shared -= others
+            count("node_shared_with_other_tenant", shared)
+        left = n_compliant - others - shared
         model = req.gpus.model
         if model is not None and left:
-            having = self._by_model.get(model, set()) & compliant
-            ok = len(having) - len(having & others) - len(having & shared)
-            count("gpu_model_unavailable", left - ok)
-            left = ok
+            lacking = self._lacking.get(model)
+            if lacking is None:  # no node has it
+                bad = left
+            else:
+                bad = 0
+                for n in lacking & compliant:
+                    held_by = owner.get(n)
+                    if held_by is not None and held_by != tenant:
+                        continue  # counted as dedicated to another tenant
+                    if dedicated and n not in vacant and n not in own:
+                        continue  # counted as shared with another tenant
+                    bad += 1
+            count("gpu_model_unavailable", bad)
+            left -= bad
         count("insufficient_gpu_capacity", left)
         if not compliant:
             return Decision(
@@ -722,10 +891,13 @@ class ClusterSnapshot:
         return Decision(
             None,
             "insufficient_capacity",
-            f"{len(compliant)} node(s) are admitted and certified, none can take it now "
-            f"({blocking})",
+            f"{n_compliant} node(s) are admitted and certified, none can take it now ({blocking})",
             rejections,
         )
+
+
+_EMPTY: frozenset[str] = frozenset()
+_NO_TENANCY: tuple[None, None] = (None, None)
 
 
 def _discard(index: dict, key: Hashable, name: str) -> None:

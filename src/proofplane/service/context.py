@@ -7,20 +7,43 @@ gap-free sequence numbers, and commits state and events together, or neither.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import hashlib
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Dialect, Engine, func, insert, select
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from proofplane.access import Actor
+from proofplane.audit.canonical import ENTRY_VERSION, format_ts, quote_string, stored_details
+from proofplane.audit.log import Appender, sqlite_connection
 from proofplane.errors import Conflict, Unavailable, ValidationFailed
 from proofplane.model import Outcome
 from proofplane.store.db import make_engine, read_session, write_session
 from proofplane.store.tables import EventRow
+
+
+class NewEvent(NamedTuple):
+    """One event for ``Tx.record_many``."""
+
+    action: str
+    target_type: str
+    target_id: str
+    details: dict[str, Any] | None = None
+    outcome: Outcome = Outcome.SUCCESS
+
+
+_EVENT_COLUMNS = (
+    "seq", "ts", "actor", "action", "target_type", "target_id", "outcome", "details"
+)  # fmt: skip
+# SQLite: values bound as prepared (ts as the column's text, details as canonical JSON text)
+_SQLITE_INSERT = f"INSERT INTO events ({', '.join(_EVENT_COLUMNS)}) VALUES ({', '.join('?' * 8)})"
+
+
+_OUTCOMES = {o: o.value for o in Outcome}
 
 
 class Tx:
@@ -31,6 +54,7 @@ class Tx:
         self.actor = actor
         self.now = now
         self._next_seq: int | None = None
+        self._audit: Appender | None = None  # the Merkle log's right edge, loaded on first use
 
     def record(
         self,
@@ -41,23 +65,106 @@ class Tx:
         outcome: Outcome = Outcome.SUCCESS,
         details: dict[str, Any] | None = None,
     ) -> EventRow:
-        """Append one event to this transaction. The single place events are written."""
-        if self._next_seq is None:
-            last = self.session.scalar(select(func.max(EventRow.seq)))
-            self._next_seq = (last or 0) + 1
-        row = EventRow(
-            seq=self._next_seq,
+        """Append one event to this transaction. The single place events are written.
+
+        The row is inserted at once (visible to this transaction's later queries); the
+        returned ``EventRow`` carries its values (details as the database gives them back)
+        and is not attached to the session."""
+        prepared = self._prepare([NewEvent(action, target_type, target_id, details, outcome)])
+        (seq,) = self._write(prepared)
+        return EventRow(
+            seq=seq,
             ts=self.now,
             actor=self.actor.name,
             action=action,
             target_type=target_type,
             target_id=target_id,
             outcome=outcome.value,
-            details=details or {},
+            details=prepared[0][4],
         )
-        self._next_seq += 1
-        self.session.add(row)
-        return row
+
+    def record_many(self, events: Iterable[NewEvent | tuple[Any, ...]]) -> list[int]:
+        """Append many events at once (one bulk insert, no ORM objects): the same rows,
+        entries and Merkle hashes as that many ``record`` calls, in order. Returns their seqs.
+        Nothing is written when any event is refused (``ValueError``)."""
+        prepared = self._prepare(events)
+        return self._write(prepared) if prepared else []
+
+    def _prepare(
+        self, events: Iterable[NewEvent | tuple[Any, ...]]
+    ) -> list[tuple[str, str, str, str, dict[str, Any], str]]:
+        # pure and first: a refused event leaves the transaction's log state untouched
+        out = []
+        success = Outcome.SUCCESS.value
+        for e in events:
+            if len(e) == 5:
+                action, target_type, target_id, details, outcome_enum = e
+                outcome = _OUTCOMES.get(outcome_enum)
+                if outcome is None:
+                    raise ValueError(f"outcome must be an Outcome, not {outcome_enum!r}")
+            else:
+                action, target_type, target_id, details = NewEvent(*e)[:4]
+                outcome = success
+            value, text = stored_details(details)
+            out.append((action, target_type, target_id, outcome, value, text))
+        return out
+
+    def _write(self, prepared: list[tuple[str, str, str, str, dict[str, Any], str]]) -> list[int]:
+        session = self.session
+        if self._next_seq is None:
+            last = session.scalar(select(func.max(EventRow.seq)))
+            self._next_seq = (last or 0) + 1
+        if self._audit is None:
+            self._audit = Appender.load(session, self._next_seq - 1)
+        raw = sqlite_connection(session)
+        sqlite = raw is not None
+        ts_db: Any = _sqlite_ts(self.now, session.get_bind().dialect) if sqlite else self.now
+        actor = self.actor.name
+        seq = self._next_seq
+        # every entry is {"action":…,"actor":…,"details":…,"outcome":…,"seq":…,
+        # "target_id":…,"target_type":…,"ts":…,"v":1}: the fixed parts once per batch
+        q = quote_string
+        head = '{"action":'
+        mid = f',"actor":{q(actor)},"details":'
+        tail = f',"ts":"{format_ts(self.now)}","v":{ENTRY_VERSION}}}'
+        rows: list[dict[str, Any]] = []
+        params: list[tuple[Any, ...]] = []
+        leaves: list[bytes] = []
+        sha = hashlib.sha256
+        for action, target_type, target_id, outcome, value, text in prepared:
+            entry = (
+                f"{head}{q(action)}{mid}{text},\"outcome\":{q(outcome)},\"seq\":{seq},"
+                f'"target_id":{q(target_id)},"target_type":{q(target_type)}{tail}'
+            )
+            leaves.append(sha(b"\x00" + entry.encode("utf-8")).digest())
+            row = (seq, ts_db, actor, action, target_type, target_id, outcome)
+            if sqlite:
+                params.append((*row, text))  # details stored as their canonical JSON text
+            else:
+                rows.append(dict(zip(_EVENT_COLUMNS, (*row, value), strict=True)))
+            seq += 1
+        if raw is not None:
+            raw.executemany(_SQLITE_INSERT, params)
+        else:
+            session.execute(insert(EventRow.__table__), rows)
+        self._next_seq = seq
+        self._audit.append_leaves(leaves)
+        return list(range(seq - len(leaves), seq))
+
+    def finish(self) -> None:
+        """Write the Merkle log hashes of this transaction's events (just before commit)."""
+        if self._audit is not None:
+            self._audit.flush(self.session)
+
+
+def _sqlite_ts(now: datetime, dialect: Dialect) -> str:
+    """The text the ``events.ts`` column stores for ``now`` on SQLite (the column type's own
+    bind processing, so a row written in bulk reads back exactly like one the ORM wrote)."""
+    process = EventRow.__table__.c.ts.type._cached_bind_processor(dialect)
+    value = process(now) if process else now
+    if not isinstance(value, str):
+        raise TypeError(f"expected the SQLite text form of a datetime, got {value!r}")
+    return value
 
 
 class Store:
@@ -72,7 +179,9 @@ class Store:
         session = write_session(self.engine)
         try:
             with session.begin():
-                yield Tx(session, actor, now or datetime.now(UTC))
+                tx = Tx(session, actor, now or datetime.now(UTC))
+                yield tx
+                tx.finish()
         except IntegrityError as exc:
             # Services check uniqueness first under the writer lock; this is the safety net.
             raise Conflict(

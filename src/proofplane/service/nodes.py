@@ -185,11 +185,12 @@ def change_node_state(tx: Tx, row: NodeRow, state: NodeState, reason: str | None
 
 
 def _workloads_on(tx: Tx, row: NodeRow) -> list[WorkloadRow]:
+    """Workloads holding capacity on the node, gang members included."""
     return list(
         tx.session.scalars(
             select(WorkloadRow)
             .join(WorkloadRow.placement)
-            .where(PlacementRow.node_id == row.id)
+            .where(PlacementRow.nodes.any(NodeRow.id == row.id))
             .options(*WORKLOAD_LOAD)
             .order_by(WorkloadRow.name)
         )

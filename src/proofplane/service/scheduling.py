@@ -1,136 +1,351 @@
-"""Turning placement decisions into state: reserve, evict, retry pending work.
+"""Turning scheduling outcomes into state: place, preempt, repartition, evict, retry pending.
 
 Called from inside a write transaction by the services whose changes move capacity (submit,
-cancel, node state, certifications). The decision itself is the pure ``schedule.placer``.
+cancel, node state, certifications, quotas). The decisions are the pure ``schedule.engine``;
+this module persists each one and records its events in the same transaction.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+import weakref
+from typing import Any
 
-from proofplane.model import IsolationLevel, Node, Outcome, WorkloadStatus
-from proofplane.schedule.placer import Allocation, Request, place
+from sqlalchemy import event as sa_event
+from sqlalchemy import func, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import Pool
+
+from proofplane.model import IsolationLevel, Node, Outcome, Placement, WorkloadStatus
+from proofplane.schedule.engine import PREEMPTED, Held, Job, Repartition, Scheduler, pool_of
+from proofplane.schedule.values import Request
 from proofplane.service.context import Tx
 from proofplane.store.repo import (
     NODE_LOAD,
     WORKLOAD_LOAD,
     devices_to_json,
+    members_to_json,
     node_from_row,
     placement_from_row,
+    tenant_from_row,
     workload_from_row,
 )
-from proofplane.store.tables import NodeRow, PlacementRow, WorkloadRow
+from proofplane.store.tables import EventRow, NodeRow, PlacementRow, TenantRow, WorkloadRow
 
 
 class ClusterView:
-    """What placement needs to know, loaded once per transaction and kept current in it."""
+    """What placement needs to know, loaded once per transaction and kept current in it.
+
+    ``ClusterView(session)`` loads every node and placement. ``ClusterView.cached(tx)`` reuses
+    the scheduler the previous transaction left behind when nothing has been written since
+    (see ``SchedulerCache``): the hot path of submitting work then reads no cluster state."""
 
     def __init__(self, session: Session) -> None:
-        rows = session.scalars(select(NodeRow).options(*NODE_LOAD).order_by(NodeRow.name))
-        self.node_ids: dict[str, int] = {}
-        self.nodes: list[Node] = []
+        self.session = session
+        rows = list(session.scalars(select(NodeRow).options(*NODE_LOAD).order_by(NodeRow.name)))
+        self.node_rows: NodeRows = NodeRows(session, {row.name: row.id for row in rows})
         for row in rows:
-            self.node_ids[row.name] = row.id
-            self.nodes.append(node_from_row(row))
+            self.node_rows[row.name] = row
+        nodes: list[Node] = [node_from_row(row) for row in rows]
         placed = session.scalars(
-            select(WorkloadRow).join(WorkloadRow.placement).options(*WORKLOAD_LOAD)
+            select(WorkloadRow)
+            .join(WorkloadRow.placement)
+            .options(*WORKLOAD_LOAD)
+            .order_by(PlacementRow.placed_at, PlacementRow.id)
         )
-        self.allocations: dict[int, Allocation] = {
-            w.id: _allocation(w) for w in placed if w.placement is not None
-        }
+        held = [held_of(w) for w in placed if w.placement is not None]
+        quotas = {t.name: tenant_from_row(t).quota for t in session.scalars(select(TenantRow))}
+        self.scheduler = Scheduler(nodes, held, quotas)
+
+    @classmethod
+    def cached(cls, tx: Tx) -> ClusterView:
+        """A view for a transaction whose only changes to capacity go through this view
+        (submitting work): the cached scheduler when it is current, else a fresh load that
+        becomes the cache when this transaction commits. Take it before the transaction
+        writes anything: the check compares the newest event with the cache's version."""
+        return _cache_for(tx.session).view(tx.session)
 
 
-def _allocation(row: WorkloadRow) -> Allocation:
+class NodeRows(dict[str, NodeRow]):
+    """Node rows by name, loaded from the session on first use (the cached view keeps only
+    names and ids between transactions)."""
+
+    def __init__(self, session: Session, ids: dict[str, int]) -> None:
+        super().__init__()
+        self._session = session
+        self.ids = ids
+
+    def __missing__(self, name: str) -> NodeRow:
+        row = self._session.get(NodeRow, self.ids[name], options=NODE_LOAD)
+        if row is None:  # pragma: no cover - the cache is checked against the event log
+            raise KeyError(name)
+        self[name] = row
+        return row
+
+    def __setitem__(self, name: str, row: NodeRow) -> None:
+        self.ids[name] = row.id
+        super().__setitem__(name, row)
+
+
+class SchedulerCache:
+    """The scheduler one database's last write transaction left behind, and the event
+    sequence number it is current at.
+
+    Every change to the database writes an event in the same transaction (rule 1), so the
+    newest event's ``seq`` names a state: a transaction that finds the newest ``seq`` equal to
+    the cache's version (it looks under the write lock) may reuse the scheduler instead of
+    loading the cluster. The transaction that takes the cache owns it until it ends: on commit
+    the cache is current at the new newest ``seq``; on rollback it is dropped, because the
+    scheduler may hold decisions that never happened. Another process writing to the same
+    database (API replicas on PostgreSQL) moves the newest ``seq`` and so invalidates it."""
+
+    def __init__(self) -> None:
+        self.version: int | None = None
+        self.scheduler: Scheduler | None = None
+        self.node_ids: dict[str, int] = {}
+        self._pending: int | None = None
+        self.hits = 0
+        self.loads = 0
+
+    def view(self, session: Session) -> ClusterView:
+        newest = session.scalar(select(func.max(EventRow.seq))) or 0
+        if self.scheduler is not None and self.version == newest:
+            view = ClusterView.__new__(ClusterView)
+            view.session = session
+            view.node_rows = NodeRows(session, self.node_ids)
+            view.scheduler = self.scheduler
+            self.hits += 1
+        else:
+            view = ClusterView(session)
+            self.loads += 1
+        # Owned by this transaction until it ends; nobody else may see it meanwhile.
+        self.scheduler, self.version, self.node_ids = view.scheduler, None, view.node_rows.ids
+        held = self.scheduler
+        sa_event.listen(session, "before_commit", lambda s: self._before_commit(s, held))
+        sa_event.listen(session, "after_commit", lambda _s: self._after_commit(held))
+        sa_event.listen(session, "after_rollback", lambda _s: self._drop(held))
+        return view
+
+    def _before_commit(self, session: Session, held: Scheduler) -> None:
+        if self.scheduler is held:
+            self._pending = session.scalar(select(func.max(EventRow.seq))) or 0
+
+    def _after_commit(self, held: Scheduler) -> None:
+        if self.scheduler is held and self._pending is not None:
+            self.version, self._pending = self._pending, None
+
+    def _drop(self, held: Scheduler) -> None:
+        if self.scheduler is held:
+            self.scheduler, self.version, self._pending = None, None, None
+
+
+# Keyed by the engine's connection pool: the write sessions bind to option-engines (fresh
+# proxies of one engine) that share it.
+_CACHES: weakref.WeakKeyDictionary[Pool, SchedulerCache] = weakref.WeakKeyDictionary()
+
+
+def scheduler_cache(engine: Engine) -> SchedulerCache:
+    """The scheduler cache of one database engine (one per ``Store``)."""
+    cache = _CACHES.get(engine.pool)
+    if cache is None:
+        cache = _CACHES[engine.pool] = SchedulerCache()
+    return cache
+
+
+def _cache_for(session: Session) -> SchedulerCache:
+    bind = session.get_bind()
+    return scheduler_cache(bind if isinstance(bind, Engine) else bind.engine)
+
+
+def held_of(row: WorkloadRow) -> Held:
     assert row.placement is not None
-    return Allocation(
-        f"{row.tenant.name}/{row.name}",
+    return Held(
+        row.id,
+        row.name,
         row.tenant.name,
         IsolationLevel(row.isolation),
+        row.priority,
+        pool_of(row.tags),
         placement_from_row(row.placement),
+    )
+
+
+def job_of(row: WorkloadRow) -> Job:
+    wl = workload_from_row(row)
+    return Job(
+        row.id,
+        Request(wl.name, wl.tenant, wl.tags, wl.isolation, wl.gpus),
+        wl.priority,
     )
 
 
 def decision_details(row: WorkloadRow) -> dict[str, object]:
     """What drove a decision, as every placement event states it (NIST AU-3 'what and why')."""
+    gpus: dict[str, object] = {
+        "count": row.gpu_count,
+        "model": row.gpu_model,
+        "mig_profile": row.mig_profile,
+        "share_milli": row.share_milli,
+    }
+    if row.gpu_nodes > 1:
+        gpus["nodes"] = row.gpu_nodes
     return {
         "tenant": row.tenant.name,
         "tags": dict(row.tags),
         "isolation": row.isolation,
-        "gpus": {
-            "count": row.gpu_count,
-            "model": row.gpu_model,
-            "mig_profile": row.mig_profile,
-            "share_milli": row.share_milli,
-        },
+        "gpus": gpus,
     }
 
 
-def schedule(tx: Tx, row: WorkloadRow, view: ClusterView) -> bool:
-    """Try to place one pending workload; record the placement or why it waits."""
-    wl = workload_from_row(row)
-    decision = place(
-        Request(f"{wl.tenant}/{wl.name}", wl.tenant, wl.tags, wl.isolation, wl.gpus),
-        view.nodes,
-        view.allocations.values(),
+def _placement_json(p: Placement) -> dict[str, Any]:
+    out: dict[str, Any] = {"node": p.node, "devices": devices_to_json(p.devices)}
+    if p.members:
+        out["members"] = members_to_json(p)
+    return out
+
+
+def _set_placement(tx: Tx, row: WorkloadRow, view: ClusterView, p: Placement) -> None:
+    row.placement = PlacementRow(
+        node_id=view.node_rows[p.node].id,
+        devices=devices_to_json(p.devices),
+        members=members_to_json(p),
+        placed_at=tx.now,
+        nodes=[view.node_rows[n] for n in dict.fromkeys(p.nodes)],
     )
-    if decision.placement is not None:
-        placement = decision.placement
-        row.placement = PlacementRow(
-            node_id=view.node_ids[placement.node],
-            devices=devices_to_json(placement.devices),
-            placed_at=tx.now,
-        )
+
+
+def _apply_repartition(tx: Tx, view: ClusterView, change: Repartition, row: WorkloadRow) -> None:
+    node_row = view.node_rows[change.node]
+    gpu = next(g for g in node_row.gpus if g.index == change.gpu_index)
+    gpu.mig_instances = [{"profile": i.profile, "start": i.start} for i in change.after]
+    node_row.updated_at = tx.now
+    tx.record(
+        "node.gpu.repartition",
+        "node",
+        change.node,
+        details={
+            "gpu_index": change.gpu_index,
+            "gpu_uuid": change.gpu_uuid,
+            "before": [f"{i.profile}@{i.start}" for i in change.before],
+            "after": [f"{i.profile}@{i.start}" for i in change.after],
+            "for_workload": f"{row.tenant.name}/{row.name}",
+            "why": f"no free {row.mig_profile} instance; the GPU was idle",
+        },
+    )
+
+
+def schedule(tx: Tx, row: WorkloadRow, view: ClusterView, *, preempt: bool = True) -> bool:
+    """Try to place one pending workload; record the placement (with any repartitioning and
+    preemption it took) or why it waits. Preempted workloads are offered capacity again."""
+    job = job_of(row)
+    outcome = view.scheduler.schedule(job, preempt=preempt)
+    if outcome.placement is not None:
+        for change in outcome.repartitions:
+            _apply_repartition(tx, view, change, row)
+        victims = _load(tx.session, [v.key for v in outcome.preempted])
+        for held in outcome.preempted:
+            victim = victims[held.key]
+            _evict_row(
+                tx,
+                victim,
+                PREEMPTED,
+                f"preempted by {row.tenant.name}/{row.name} (priority {row.priority} > "
+                f"{victim.priority}, same compliance pool {dict(sorted(row.tags.items()))})",
+                extra={"preempted_by": f"{row.tenant.name}/{row.name}"},
+            )
+        placement = outcome.placement
+        _set_placement(tx, row, view, placement)
         row.status = WorkloadStatus.PLACED.value
         row.reason = None
         row.reason_details = None
         row.updated_at = tx.now
         tx.session.flush()
-        view.allocations[row.id] = _allocation(row)
-        tx.record(
-            "workload.place",
-            "workload",
-            row.name,
-            details={
-                **decision_details(row),
-                "node": placement.node,
-                "devices": devices_to_json(placement.devices),
-            },
-        )
+        details: dict[str, Any] = {**decision_details(row), **_placement_json(placement)}
+        if outcome.preempted:
+            details["preempted"] = [f"{v.tenant}/{v.name}" for v in outcome.preempted]
+        if outcome.repartitions:
+            details["repartitioned"] = [f"{c.node}/gpu{c.gpu_index}" for c in outcome.repartitions]
+        tx.record("workload.place", "workload", row.name, details=details)
+        # The victims wait with reason "preempted" unless capacity elsewhere takes them now
+        # (they cannot preempt back: their priority is lower).
+        for held in sorted(outcome.preempted, key=lambda h: -h.priority):
+            schedule(tx, victims[held.key], view, preempt=preempt)
         return True
-    details = {"message": decision.message, "rejections": decision.rejections}
-    if row.reason != decision.reason or row.reason_details != details:
-        row.reason = decision.reason
-        row.reason_details = details
+    reason_details: dict[str, Any] = {
+        "message": outcome.message,
+        "rejections": outcome.rejections,
+        **outcome.details,
+    }
+    if row.reason == PREEMPTED and row.reason_details:
+        # Keep saying why it left its node; the new message says why it still waits.
+        for key in ("preempted_by", "from_node"):
+            reason_details[key] = row.reason_details.get(key)
+        reason = PREEMPTED
+    else:
+        reason = outcome.reason
+    if row.reason != reason or row.reason_details != reason_details:
+        row.reason = reason
+        row.reason_details = reason_details
         row.updated_at = tx.now
         tx.record(
             "workload.pending",
             "workload",
             row.name,
             outcome=Outcome.FAILURE,
-            details={**decision_details(row), "reason": decision.reason, **details},
+            details={**decision_details(row), "reason": reason, **reason_details},
         )
     return False
 
 
-def evict(tx: Tx, row: WorkloadRow, view: ClusterView, reason: str, message: str) -> None:
-    """Take a workload's capacity away (its node failed, lost a certification…): it is pending
-    again and will be placed only where its tags are still satisfied."""
+def _load(session: Session, ids: list[Any]) -> dict[Any, WorkloadRow]:
+    if not ids:
+        return {}
+    rows = session.scalars(
+        select(WorkloadRow).where(WorkloadRow.id.in_(ids)).options(*WORKLOAD_LOAD)
+    )
+    return {r.id: r for r in rows}
+
+
+def _evict_row(
+    tx: Tx, row: WorkloadRow, reason: str, message: str, extra: dict[str, Any] | None = None
+) -> None:
     assert row.placement is not None
-    node = row.placement.node.name
+    nodes = list(placement_from_row(row.placement).nodes)
     row.placement = None
     row.status = WorkloadStatus.PENDING.value
     row.reason = reason
-    row.reason_details = {"message": message, "from_node": node}
+    row.reason_details = {"message": message, "from_node": nodes[0], **(extra or {})}
+    if len(nodes) > 1:
+        row.reason_details["from_nodes"] = nodes
     row.updated_at = tx.now
     tx.session.flush()
-    view.allocations.pop(row.id, None)
     tx.record(
         "workload.evict",
         "workload",
         row.name,
-        details={**decision_details(row), "node": node, "reason": reason, "message": message},
+        details={
+            **decision_details(row),
+            "node": nodes[0],
+            "nodes": nodes,
+            "reason": reason,
+            "message": message,
+            **(extra or {}),
+        },
     )
+
+
+def evict(tx: Tx, row: WorkloadRow, view: ClusterView, reason: str, message: str) -> None:
+    """Take a workload's capacity away (its node failed, lost a certification…): it is pending
+    again and will be placed only where its tags are still satisfied. A gang loses every
+    member (all or nothing holds after placement too)."""
+    view.scheduler.release(row.id)
+    _evict_row(tx, row, reason, message)
+
+
+def sync_node(view: ClusterView, row: NodeRow) -> None:
+    """Tell the view's scheduler what a node now is (state, certifications, layouts)."""
+    view.node_rows[row.name] = row
+    view.scheduler.upsert_node(node_from_row(row))
 
 
 def reschedule_pending(tx: Tx, view: ClusterView | None = None) -> None:
@@ -143,4 +358,5 @@ def reschedule_pending(tx: Tx, view: ClusterView | None = None) -> None:
         .order_by(WorkloadRow.priority.desc(), WorkloadRow.created_at, WorkloadRow.id)
     )
     for row in list(pending):
-        schedule(tx, row, view)
+        if row.status == WorkloadStatus.PENDING.value:  # a preemption chain may have placed it
+            schedule(tx, row, view)

@@ -8,9 +8,10 @@ from sqlalchemy import select
 
 from proofplane.access import Actor, Permission, authorize
 from proofplane.errors import Conflict, ValidationFailed
-from proofplane.model import ComplianceProfile, Tenant, validate_name, validate_tags
+from proofplane.model import ComplianceProfile, Quota, Tenant, validate_name, validate_tags
 from proofplane.service.context import Store, Tx
 from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
+from proofplane.service.scheduling import reschedule_pending
 from proofplane.store.repo import profile_to_json, tenant_from_row, tenant_row
 from proofplane.store.tables import TenantRow
 
@@ -122,3 +123,40 @@ def list_tenants(
         rows = list(session.scalars(query))
         items = [tenant_from_row(r) for r in rows]
     return paginate("tenants", items, limit, rows[limit - 1].name if len(rows) > limit else None)
+
+
+MAX_QUOTA = 1_000_000
+
+
+def set_quota(store: Store, actor: Actor, name: str, quota: Quota) -> Tenant:
+    """Set a tenant's GPU and MIG-slice quotas (None: no limit). Raising a quota offers the
+    freed headroom to the tenant's waiting work at once; lowering one evicts nothing (running
+    work keeps its capacity) but stops new placements beyond it (``quota_exceeded``)."""
+    authorize(actor, Permission.QUOTAS_WRITE, tenant=name)
+    for field_name, value in (("gpus", quota.gpus), ("mig_slices", quota.mig_slices)):
+        if value is not None and not 0 <= value <= MAX_QUOTA:
+            raise ValidationFailed(
+                f"quota {field_name} must be between 0 and {MAX_QUOTA}, or null for no limit",
+                code="invalid_quota",
+                details={field_name: value},
+            )
+    with store.write(actor) as tx:
+        row = tenant_row(tx.session, name)
+        before = Quota(row.quota_gpus, row.quota_mig_slices)
+        if before == quota:
+            return tenant_from_row(row)
+        row.quota_gpus = quota.gpus
+        row.quota_mig_slices = quota.mig_slices
+        row.updated_at = tx.now
+        tx.session.flush()
+        tx.record(
+            "tenant.quota",
+            "tenant",
+            name,
+            details={
+                "before": {"gpus": before.gpus, "mig_slices": before.mig_slices},
+                "after": {"gpus": quota.gpus, "mig_slices": quota.mig_slices},
+            },
+        )
+        reschedule_pending(tx)
+        return tenant_from_row(row)

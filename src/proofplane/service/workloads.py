@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import select
 
@@ -18,11 +19,13 @@ from proofplane.model import (
     validate_name,
     validate_tags,
 )
+from proofplane.schedule.explain import explain_job
 from proofplane.service.context import Store, Tx
 from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
 from proofplane.service.scheduling import (
     ClusterView,
     decision_details,
+    job_of,
     reschedule_pending,
     schedule,
 )
@@ -35,7 +38,8 @@ from proofplane.store.repo import (
 )
 from proofplane.store.tables import NodeRow, PlacementRow, TenantRow, WorkloadRow
 
-MAX_GPUS = 64
+MAX_GPUS = 64  # per node
+MAX_GANG_NODES = 64
 MAX_COMMAND_ARGS = 256
 
 
@@ -66,9 +70,29 @@ def check_gpu_request(g: GpuRequest) -> GpuRequest:
         raise ValidationFailed(
             "ask for either a mig_profile or a share_milli, not both", code="invalid_gpu_request"
         )
-    if not 1 <= g.count <= MAX_GPUS:
+    if not 1 <= g.nodes <= MAX_GANG_NODES:
         raise ValidationFailed(
-            f"gpus.count must be between 1 and {MAX_GPUS}",
+            f"gpus.nodes must be between 1 and {MAX_GANG_NODES}",
+            code="invalid_gpu_request",
+            details={"nodes": g.nodes},
+        )
+    if g.nodes > 1:
+        if g.mig_profile is not None or g.share_milli is not None:
+            raise ValidationFailed(
+                "a gang over several nodes takes whole GPUs (no mig_profile or share_milli)",
+                code="invalid_gpu_request",
+                details={"nodes": g.nodes},
+            )
+        if g.count < g.nodes or g.count % g.nodes:
+            raise ValidationFailed(
+                "gpus.count of a gang is its total: a multiple of gpus.nodes, the same number "
+                "of GPUs on every node",
+                code="invalid_gpu_request",
+                details={"count": g.count, "nodes": g.nodes},
+            )
+    if not 1 <= g.per_node <= MAX_GPUS:
+        raise ValidationFailed(
+            f"gpus.count must be between 1 and {MAX_GPUS}" + (" per node" if g.nodes > 1 else ""),
             code="invalid_gpu_request",
             details={"count": g.count},
         )
@@ -96,7 +120,7 @@ def check_gpu_request(g: GpuRequest) -> GpuRequest:
                 code="unknown_mig_profile",
                 details={"mig_profile": g.mig_profile, "known": known},
             )
-    return GpuRequest(g.count, model, g.mig_profile, g.share_milli)
+    return GpuRequest(g.count, model, g.mig_profile, g.share_milli, g.nodes)
 
 
 def resolve(spec: WorkloadSpec, tenant: Tenant) -> tuple[dict[str, str], IsolationLevel, str]:
@@ -153,6 +177,8 @@ def submit_workload(store: Store, actor: Actor, spec: WorkloadSpec) -> Workload:
 
 
 def insert_workload(tx: Tx, spec: WorkloadSpec, gpus: GpuRequest) -> WorkloadRow:
+    # The view first: a cached scheduler is current only before this transaction writes.
+    view = ClusterView.cached(tx)
     trow = tenant_row(tx.session, spec.tenant)
     tags, isolation, note = resolve(spec, tenant_from_row(trow))
     if tx.session.scalar(
@@ -171,6 +197,7 @@ def insert_workload(tx: Tx, spec: WorkloadSpec, gpus: GpuRequest) -> WorkloadRow
         gpu_model=gpus.model,
         mig_profile=gpus.mig_profile,
         share_milli=gpus.share_milli,
+        gpu_nodes=gpus.nodes,
         priority=spec.priority,
         command=list(spec.command),
         status=WorkloadStatus.PENDING.value,
@@ -186,7 +213,7 @@ def insert_workload(tx: Tx, spec: WorkloadSpec, gpus: GpuRequest) -> WorkloadRow
     if note:
         details["isolation_note"] = note
     tx.record("workload.submit", "workload", spec.name, details=details)
-    schedule(tx, row, ClusterView(tx.session))
+    schedule(tx, row, view)
     return row
 
 
@@ -256,8 +283,64 @@ def list_workloads(
     if status is not None:
         query = query.where(WorkloadRow.status == status.value)
     if node is not None:
-        query = query.where(WorkloadRow.placement.has(PlacementRow.node.has(NodeRow.name == node)))
+        query = query.where(WorkloadRow.placement.has(PlacementRow.nodes.any(NodeRow.name == node)))
     with store.read() as session:
         rows = list(session.scalars(query.limit(limit + 1)))
         items = [workload_from_row(r) for r in rows]
     return paginate("workloads", items, limit, rows[limit - 1].name if len(rows) > limit else None)
+
+
+def explain_workload(
+    store: Store, actor: Actor, name: str, *, tenant: str | None = None
+) -> dict[str, Any]:
+    """Why a workload is where it is, or why it waits: its status and reason, then every node
+    judged as the cluster stands now (``schedule.explain``), and one human sentence."""
+    authorize(actor, Permission.WORKLOADS_READ)
+    visible = actor.visible_tenants(Permission.WORKLOADS_READ)
+    with store.read() as session:
+        row = workload_row(session, name, tenant=tenant, visible=visible)
+        wl = workload_from_row(row)
+        analysis: dict[str, Any] = {}
+        if not wl.status.is_terminal:
+            placed_on = wl.placement.nodes if wl.placement else ()
+            analysis = explain_job(ClusterView(session).scheduler, job_of(row), placed_on)
+    return {
+        "workload": wl.name,
+        "tenant": wl.tenant,
+        "status": wl.status.value,
+        "reason": wl.reason,
+        "message": (wl.reason_details or {}).get("message"),
+        "placement": wl.placement,
+        "summary": _summary(wl, analysis),
+        "analysis": analysis or None,
+    }
+
+
+def _counts(filters: dict[str, int]) -> str:
+    return ", ".join(f"{code} on {n}" for code, n in filters.items()) or "none"
+
+
+def _summary(wl: Workload, a: dict[str, Any]) -> str:
+    if wl.status.is_terminal:
+        return f"{wl.status.value}" + (f" ({wl.reason})" if wl.reason else "") + "; holds nothing"
+    filters = _counts(a.get("filters", {}))
+    if wl.placement is not None:
+        parts = []
+        for p in a.get("placed_on", []):
+            rank = p.get("rank")
+            parts.append(
+                f"{p['node']} (ranks #{rank} of {a['candidates_total']} candidate nodes, "
+                f"{p['idle_gpus_after']} idle GPUs left)"
+                if rank is not None
+                else f"{p['node']} (no longer a candidate for new placements)"
+            )
+        return (
+            f"{wl.status.value} on {', '.join(parts)}: it is certified for "
+            f"{wl.tags or 'no tags'} and scored best fit (fewest idle GPUs left, then name); "
+            f"nodes rejected as the cluster stands now: {filters}"
+        )
+    return (
+        f"pending ({wl.reason}): {(wl.reason_details or {}).get('message', '')}; "
+        f"nodes rejected per filter: {filters}; {a.get('candidates_total', 0)} node(s) could "
+        "take it now"
+    )

@@ -18,6 +18,7 @@ from proofplane.model import (
     NodeState,
     PlacedDevice,
     Placement,
+    Quota,
     Tenant,
     Workload,
     WorkloadStatus,
@@ -52,6 +53,7 @@ def tenant_from_row(row: TenantRow) -> Tenant:
         name=row.name,
         description=row.description,
         profile=profile_from_json(row.profile),
+        quota=Quota(row.quota_gpus, row.quota_mig_slices),
         created_at=row.created_at,
         updated_at=row.updated_at,
     )
@@ -98,20 +100,31 @@ def devices_to_json(devices: tuple[PlacedDevice, ...]) -> list[dict[str, Any]]:
     ]
 
 
-def placement_from_row(row: PlacementRow) -> Placement:
-    return Placement(
-        node=row.node.name,
-        devices=tuple(
-            PlacedDevice(
-                gpu_index=d["gpu_index"],
-                gpu_uuid=d["gpu_uuid"],
-                mig_profile=d.get("mig_profile"),
-                mig_start=d.get("mig_start"),
-                share_milli=d.get("share_milli"),
-            )
-            for d in row.devices
-        ),
+def devices_from_json(data: list[dict[str, Any]]) -> tuple[PlacedDevice, ...]:
+    return tuple(
+        PlacedDevice(
+            gpu_index=d["gpu_index"],
+            gpu_uuid=d["gpu_uuid"],
+            mig_profile=d.get("mig_profile"),
+            mig_start=d.get("mig_start"),
+            share_milli=d.get("share_milli"),
+        )
+        for d in data
     )
+
+
+def members_to_json(placement: Placement) -> list[dict[str, Any]] | None:
+    """A gang's members as stored (None for a plain placement)."""
+    if not placement.members:
+        return None
+    return [{"node": p.node, "devices": devices_to_json(p.devices)} for p in placement.members]
+
+
+def placement_from_row(row: PlacementRow) -> Placement:
+    members = tuple(
+        Placement(m["node"], devices_from_json(m["devices"])) for m in row.members or ()
+    )
+    return Placement(row.node.name, devices_from_json(row.devices), members)
 
 
 def workload_from_row(row: WorkloadRow) -> Workload:
@@ -125,6 +138,7 @@ def workload_from_row(row: WorkloadRow) -> Workload:
             model=row.gpu_model,
             mig_profile=row.mig_profile,
             share_milli=row.share_milli,
+            nodes=row.gpu_nodes,
         ),
         priority=row.priority,
         command=tuple(row.command),

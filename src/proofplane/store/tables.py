@@ -10,11 +10,14 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    Column,
     DateTime,
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
+    Table,
     Text,
     TypeDecorator,
     UniqueConstraint,
@@ -56,6 +59,9 @@ class TenantRow(Base):
     profile: Mapped[dict[str, Any]] = mapped_column(JsonType)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # Quotas (NULL: no limit): whole GPUs (shares count as fractions), MIG compute slices.
+    quota_gpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    quota_mig_slices: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class NodeRow(Base):
@@ -125,6 +131,7 @@ class WorkloadRow(Base):
     gpu_model: Mapped[str | None] = mapped_column(String(63), nullable=True)
     mig_profile: Mapped[str | None] = mapped_column(String(63), nullable=True)
     share_milli: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    gpu_nodes: Mapped[int] = mapped_column(Integer, default=1)  # > 1: a gang over that many nodes
     priority: Mapped[int] = mapped_column(Integer)
     command: Mapped[list[str]] = mapped_column(JsonType)
     status: Mapped[str] = mapped_column(String(32), index=True)
@@ -151,9 +158,26 @@ class PlacementRow(Base):
     node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id"), index=True)
     devices: Mapped[list[dict[str, Any]]] = mapped_column(JsonType)
     placed_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # A gang placement: [{"node": name, "devices": [...]}, ...], the first being node/devices.
+    members: Mapped[list[dict[str, Any]] | None] = mapped_column(JsonType, nullable=True)
 
     workload: Mapped[WorkloadRow] = relationship(back_populates="placement")
     node: Mapped[NodeRow] = relationship()
+    # Every node the placement holds capacity on (the gang members' nodes too).
+    nodes: Mapped[list[NodeRow]] = relationship(secondary=lambda: placement_nodes)
+
+
+placement_nodes = Table(
+    "placement_nodes",
+    Base.metadata,
+    Column(
+        "placement_id",
+        Integer,
+        ForeignKey("placements.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("node_id", Integer, ForeignKey("nodes.id"), primary_key=True, index=True),
+)
 
 
 class EventRow(Base):
@@ -227,3 +251,63 @@ class OidcLoginRow(Base):
     code_verifier: Mapped[str] = mapped_column(String(128))
     return_to: Mapped[str | None] = mapped_column(String(255), nullable=True)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class SinkRow(Base):
+    """A SIEM export sink (issue 4) and its durable cursor: the last event ``seq`` the receiver
+    acknowledged. ``config`` holds secrets (HEC token); the API shows it redacted."""
+
+    __tablename__ = "siem_sinks"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    config: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    enabled: Mapped[bool] = mapped_column(Boolean)
+    cursor: Mapped[int] = mapped_column(BigId)
+    consecutive_failures: Mapped[int] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    last_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    last_success_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class AuditHashRow(Base):
+    """The Merkle log: leaf hashes and complete-subtree hashes in append order (issue 4; see
+    ``proofplane.audit.log`` for the id layout). Written with its events, never updated."""
+
+    __tablename__ = "audit_hashes"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=False)
+    hash: Mapped[bytes] = mapped_column(LargeBinary(32))
+
+
+class AuditCheckpointRow(Base):
+    """A signed checkpoint (C2SP tlog-checkpoint in a signed note) as it was published."""
+
+    __tablename__ = "audit_checkpoints"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    tree_size: Mapped[int] = mapped_column(BigInteger, index=True)
+    root_hash: Mapped[bytes] = mapped_column(LargeBinary(32))
+    note: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class ExecutionJobRow(Base):
+    """A workload's job in an execution engine (issue 7): which backend, the engine's job id,
+    and the last state the engine reported. One row per dispatch; a workload re-placed after
+    ``backend_unavailable`` or an eviction gets a new row."""
+
+    __tablename__ = "execution_jobs"
+    __table_args__ = (UniqueConstraint("backend", "job_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workload_id: Mapped[int] = mapped_column(
+        ForeignKey("workloads.id", ondelete="CASCADE"), index=True
+    )
+    backend: Mapped[str] = mapped_column(String(32))
+    job_id: Mapped[str] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(32), index=True)  # submitted|running|<terminal>
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    devices: Mapped[dict[str, Any] | None] = mapped_column(JsonType, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    workload: Mapped[WorkloadRow] = relationship()

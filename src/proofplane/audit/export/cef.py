@@ -1,0 +1,143 @@
+"""ArcSight Common Event Format (CEF) for exported events. Pure: values in, text out.
+
+A CEF record is ``CEF:0|Vendor|Product|Version|SignatureID|Name|Severity|Extension``. The two
+parts escape differently, and mixing them up is the classic CEF bug:
+
+* header fields escape ``\\`` and ``|`` (a ``=`` is literal there); a line break has no escape
+  in the header and would end the record, so it becomes a space;
+* extension values escape ``\\``, ``=`` and line breaks (``\\n``, ``\\r``); a ``|`` is literal.
+
+Every record carries the event's sequence number (``externalId``) and its Merkle leaf hash
+(``cs6``, labelled ``leafHash``), so a SIEM can de-duplicate and cross-check against the log.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+
+from proofplane.model import Event, Outcome
+
+CEF_VERSION = 0
+VENDOR = "proofplane"
+PRODUCT = "proofplane"
+
+_KEY = re.compile(r"^[A-Za-z0-9]+$")
+
+
+def escape_header(value: str) -> str:
+    """Escape one CEF header field: backslash and pipe; line breaks become spaces."""
+    out = value.replace("\\", "\\\\").replace("|", "\\|")
+    return out.replace("\r\n", " ").replace("\r", " ").replace("\n", " ")
+
+
+def escape_extension(value: str) -> str:
+    """Escape one CEF extension value: backslash, equals sign, and line breaks."""
+    out = value.replace("\\", "\\\\").replace("=", "\\=")
+    return out.replace("\n", "\\n").replace("\r", "\\r")
+
+
+def severity(event: Event) -> int:
+    """CEF severity 0-10: alerts 8, denials 7, failures 5, the rest 3."""
+    if event.action.startswith("alert."):
+        return 8
+    if event.outcome is Outcome.DENIED:
+        return 7
+    if event.outcome is Outcome.FAILURE:
+        return 5
+    return 3
+
+
+def extension(pairs: Iterable[tuple[str, str]]) -> str:
+    """``key=value`` pairs, space separated, values escaped. Keys are CEF keys (alphanumeric)."""
+    parts = []
+    for key, value in pairs:
+        if not _KEY.fullmatch(key):
+            raise ValueError(f"invalid CEF extension key {key!r}")
+        parts.append(f"{key}={escape_extension(value)}")
+    return " ".join(parts)
+
+
+def format_event(event: Event, leaf_hash: bytes, *, product_version: str) -> str:
+    """One event as one CEF record (a single line: no raw line breaks survive escaping)."""
+    millis = int(event.ts.timestamp() * 1000)
+    details = json.dumps(event.details, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    header = [
+        f"CEF:{CEF_VERSION}",
+        escape_header(VENDOR),
+        escape_header(PRODUCT),
+        escape_header(product_version),
+        escape_header(event.action),
+        escape_header(f"{event.action} {event.target_type}/{event.target_id}"),
+        str(severity(event)),
+    ]
+    ext = extension(
+        [
+            ("rt", str(millis)),
+            ("externalId", str(event.seq)),
+            ("suser", event.actor),
+            ("act", event.action),
+            ("outcome", event.outcome.value),
+            ("cs1Label", "targetType"),
+            ("cs1", event.target_type),
+            ("cs2Label", "targetId"),
+            ("cs2", event.target_id),
+            ("cs6Label", "leafHash"),
+            ("cs6", leaf_hash.hex()),
+            ("msg", details),
+        ]
+    )
+    return "|".join(header) + "|" + ext
+
+
+def _unescape(text: str, specials: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\" and i + 1 < len(text):
+            nxt = text[i + 1]
+            if nxt in specials:
+                out.append(nxt)
+            elif nxt == "n":
+                out.append("\n")
+            elif nxt == "r":
+                out.append("\r")
+            else:
+                out.append(ch + nxt)
+            i += 2
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def parse(record: str) -> tuple[list[str], dict[str, str]]:
+    """Split a CEF record back into its 7 unescaped header fields and its extension map.
+
+    The inverse of ``format_event`` for records it wrote; tests and receivers use it.
+    """
+    fields: list[str] = []
+    current: list[str] = []
+    i = 0
+    while len(fields) < 7:
+        if i >= len(record):
+            raise ValueError("a CEF record has 7 header fields before its extension")
+        ch = record[i]
+        if ch == "\\" and i + 1 < len(record):
+            current.append(record[i : i + 2])
+            i += 2
+            continue
+        if ch == "|":
+            fields.append(_unescape("".join(current), "\\|"))
+            current = []
+        else:
+            current.append(ch)
+        i += 1
+    rest = record[i:]
+    ext: dict[str, str] = {}
+    # A key starts after an unescaped space and ends at the first unescaped '='.
+    for match in re.finditer(r"(?:^| )([A-Za-z0-9]+)=((?:\\.|[^\\=])*?)(?= [A-Za-z0-9]+=|$)", rest):
+        ext[match.group(1)] = _unescape(match.group(2), "\\=")
+    return fields, ext

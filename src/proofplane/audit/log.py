@@ -1,0 +1,233 @@
+"""The Merkle log on the database: every complete subtree hash, appended in the same
+transaction as its event, so any proof at any tree size needs O(log n) point reads.
+
+Layout (the storage order of Go's sumdb ``tlog``): the hashes live in one append-only table
+``audit_hashes(id, hash)``. Appending leaf ``n`` writes its leaf hash and then the hash of
+every complete subtree that leaf completes, at consecutive ids, so the table only ever grows
+at its end (a B-tree append, no page splits) and nothing is rewritten. The node at
+``(level, index)`` (covering leaves ``[index·2^level, (index+1)·2^level)``) has id
+``stored_before(((index+1) << level) - 1) + level`` with ``stored_before(n) = 2n − popcount(n)``,
+the number of hashes stored for the first ``n`` leaves.
+
+A proof is a list of range hashes (``merkle.inclusion_ranges``/``consistency_ranges``), each
+range a handful of complete subtrees (``merkle.range_nodes``): one ``SELECT … WHERE id IN``
+of at most ~2·log2(n) ids, then a few hashes in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, func, insert, select
+from sqlalchemy.orm import Session
+
+from proofplane.audit import merkle
+from proofplane.audit.canonical import AuditableEvent, entry_bytes
+from proofplane.errors import ProofplaneError
+from proofplane.store.tables import AuditHashRow
+
+_node = merkle._node
+_sha256 = hashlib.sha256
+
+
+def stored_before(n: int) -> int:
+    """How many hashes the first ``n`` leaves store (leaf hashes + complete subtrees)."""
+    return 2 * n - n.bit_count()
+
+
+def node_id(level: int, index: int) -> int:
+    """Storage id of the complete subtree ``(level, index)``."""
+    return stored_before(((index + 1) << level) - 1) + level
+
+
+def size_from_count(count: int) -> int:
+    """The tree size whose stored hashes number ``count`` (inverse of ``stored_before``)."""
+    n = count // 2
+    while stored_before(n) < count:
+        n += 1
+    if stored_before(n) != count:
+        raise LogCorrupted(f"{count} stored hashes do not make a whole tree")
+    return n
+
+
+class LogCorrupted(ProofplaneError):
+    """The stored hashes do not form the log the events say they should."""
+
+    status = 500
+    code = "audit_log_inconsistent"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+class ProofRangeError(ValueError):
+    """A proof asked for sizes or indices outside the log."""
+
+
+@dataclass(slots=True)
+class Appender:
+    """The right edge of the tree (one hash per set bit of the size) and the hashes a batch
+    of appends produces; pure except for ``load``/``flush``."""
+
+    size: int
+    edge: list[tuple[int, bytes]]  # (level, hash), highest level first
+    pending: list[tuple[int, bytes]]  # (id, hash) not yet written
+
+    @classmethod
+    def load(cls, db: Session | Connection, size: int) -> Appender:
+        """The appender for a log that must hold exactly ``size`` leaves."""
+        stored = tree_size(db)
+        if stored != size:
+            raise LogCorrupted(f"the Merkle log holds {stored} leaves but {size} events")
+        nodes = merkle.range_nodes(0, size)
+        hashes = _fetch(db, [node_id(lv, ix) for lv, ix in nodes])
+        return cls(size, [(lv, hashes[node_id(lv, ix)]) for lv, ix in nodes], [])
+
+    def append_leaf(self, leaf: bytes) -> None:
+        n = self.size
+        next_id = stored_before(n)
+        pending = self.pending
+        pending.append((next_id, leaf))
+        level, cur = 0, leaf
+        edge = self.edge
+        while edge and edge[-1][0] == level:
+            cur = _sha256(b"\x01" + edge.pop()[1] + cur).digest()
+            level += 1
+            pending.append((next_id + level, cur))
+        edge.append((level, cur))
+        self.size = n + 1
+
+    def append_leaves(self, leaves: Iterable[bytes]) -> None:
+        """``append_leaf`` for each leaf in order (one loop, for bulk appends)."""
+        n, edge, pending, sha = self.size, self.edge, self.pending, _sha256
+        next_id = stored_before(n)
+        for leaf in leaves:
+            pending.append((next_id, leaf))
+            next_id += 1
+            level, cur = 0, leaf
+            while edge and edge[-1][0] == level:
+                cur = sha(b"\x01" + edge.pop()[1] + cur).digest()
+                level += 1
+                pending.append((next_id, cur))
+                next_id += 1
+            edge.append((level, cur))
+            n += 1
+        self.size = n
+
+    def root(self) -> bytes:
+        if not self.edge:
+            return merkle.EMPTY_ROOT
+        return merkle.fold_range([h for _, h in self.edge])
+
+    def flush(self, db: Session | Connection) -> None:
+        if not self.pending:
+            return
+        raw = sqlite_connection(db)
+        if raw is not None:
+            raw.executemany("INSERT INTO audit_hashes (id, hash) VALUES (?, ?)", self.pending)
+        else:
+            db.execute(
+                insert(AuditHashRow.__table__), [{"id": i, "hash": h} for i, h in self.pending]
+            )
+        self.pending = []
+
+
+def sqlite_connection(db: Session | Connection) -> Any | None:
+    """The DB-API (``sqlite3``) connection under ``db``, inside ``db``'s transaction, or None
+    on other databases: the hot paths bind plain tuples to prepared statements there."""
+    conn = db.connection() if isinstance(db, Session) else db
+    if conn.dialect.name != "sqlite":
+        return None
+    return conn.connection.driver_connection
+
+
+def stored_entry_bytes(event: AuditableEvent) -> bytes:
+    """The entry bytes of an event as the database will give it back: details go through
+    the same JSON round trip the JSON column applies (tuples become lists, and so on)."""
+    details = event.details
+    if details:
+        normalized = json.loads(json.dumps(details))
+        if normalized != details:
+            return entry_bytes(_WithDetails(event, normalized))
+    return entry_bytes(event)
+
+
+@dataclass(slots=True)
+class _WithDetails:
+    _event: AuditableEvent
+    details: dict[str, object]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._event, name)
+
+
+def tree_size(db: Session | Connection) -> int:
+    """The number of leaves in the stored tree."""
+    last = db.execute(select(func.max(AuditHashRow.id))).scalar()
+    return 0 if last is None else size_from_count(last + 1)
+
+
+def root_at(db: Session | Connection, size: int) -> bytes:
+    if size == 0:
+        return merkle.EMPTY_ROOT
+    nodes = merkle.range_nodes(0, size)
+    hashes = _fetch(db, [node_id(lv, ix) for lv, ix in nodes])
+    return merkle.fold_range([hashes[node_id(lv, ix)] for lv, ix in nodes])
+
+
+def leaf_hashes(db: Session | Connection, start: int, end: int) -> list[bytes]:
+    ids = [node_id(0, i) for i in range(start, end)]
+    hashes = _fetch(db, ids)
+    return [hashes[i] for i in ids]
+
+
+def inclusion(db: Session | Connection, index: int, size: int) -> tuple[bytes, list[bytes]]:
+    """(leaf hash, proof) for leaf ``index`` in the tree of ``size`` leaves."""
+    current = tree_size(db)
+    if not 0 < size <= current:
+        raise ProofRangeError(f"tree_size must be between 1 and the log size {current}")
+    if not 0 <= index < size:
+        raise ProofRangeError(f"index must be between 0 and {size - 1}")
+    ranges = merkle.inclusion_ranges(index, size)
+    leaf_id = node_id(0, index)
+    hashes = _fetch(db, [leaf_id, *_range_ids(ranges)])
+    return hashes[leaf_id], _fold(ranges, hashes)
+
+
+def consistency(db: Session | Connection, old_size: int, new_size: int) -> list[bytes]:
+    current = tree_size(db)
+    if not 0 < new_size <= current:
+        raise ProofRangeError(f"new_size must be between 1 and the log size {current}")
+    if not 0 < old_size <= new_size:
+        raise ProofRangeError(f"old_size must be between 1 and new_size ({new_size})")
+    ranges = merkle.consistency_ranges(old_size, new_size)
+    return _fold(ranges, _fetch(db, _range_ids(ranges)))
+
+
+def _range_ids(ranges: Iterable[tuple[int, int]]) -> list[int]:
+    return [node_id(lv, ix) for a, b in ranges for lv, ix in merkle.range_nodes(a, b)]
+
+
+def _fold(ranges: Sequence[tuple[int, int]], hashes: dict[int, bytes]) -> list[bytes]:
+    return [
+        merkle.fold_range([hashes[node_id(lv, ix)] for lv, ix in merkle.range_nodes(a, b)])
+        for a, b in ranges
+    ]
+
+
+def _fetch(db: Session | Connection, ids: Sequence[int]) -> dict[int, bytes]:
+    if not ids:
+        return {}
+    wanted = set(ids)
+    rows = db.execute(
+        select(AuditHashRow.id, AuditHashRow.hash).where(AuditHashRow.id.in_(wanted))
+    ).all()
+    found = {r[0]: bytes(r[1]) for r in rows}
+    missing = wanted - found.keys()
+    if missing:
+        raise LogCorrupted(f"{len(missing)} stored hashes are missing (e.g. id {min(missing)})")
+    return found

@@ -1,0 +1,283 @@
+"""``proofplane audit …``: signed checkpoints, proofs, whole-log verification (through the
+server, or straight on the database with ``--db``), and offline evidence bundles."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from proofplane.audit import bundle as bundle_mod
+from proofplane.audit import merkle, note
+from proofplane.cli.client import EXIT_USAGE, CliError
+from proofplane.cli.common import client, iso_callback
+from proofplane.cli.server import store_errors
+
+app = typer.Typer(
+    help="The tamper-evident audit log: checkpoints, proofs, verification, bundles.",
+    no_args_is_help=True,
+)
+API = "/api/v1/audit"
+
+KeyOpt = typer.Option(
+    None,
+    "--key",
+    help="The verifier key you trust (<name>+<id>+<base64>, or a file holding it). Default: "
+    "the server's /audit/key, or with --db the public half of the local signing key file.",
+)
+
+
+def _trusted_key(value: str | None) -> str | None:
+    if value is None:
+        return None
+    path = Path(value)
+    text = path.read_text() if "+" not in value and path.exists() else value
+    try:
+        return note.parse_verifier_key(text).text()
+    except note.NoteError as exc:
+        raise CliError(f"proofplane: --key: {exc}", exit_code=EXIT_USAGE) from exc
+
+
+def _print(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2))
+
+
+@app.command("checkpoint")
+def checkpoint(
+    ctx: typer.Context,
+    sign: bool = typer.Option(False, "--sign", help="Sign a new checkpoint now (operator)."),
+) -> None:
+    """Print the newest signed checkpoint (or sign one now with --sign)."""
+    with client(ctx) as c:
+        typer.echo(c.text("POST" if sign else "GET", f"{API}/checkpoint"), nl=False)
+
+
+@app.command("key")
+def key(ctx: typer.Context) -> None:
+    """Print the log's verifier key."""
+    with client(ctx) as c:
+        typer.echo(c.text("GET", f"{API}/key"), nl=False)
+
+
+@app.command("prove")
+def prove(
+    ctx: typer.Context,
+    index: int | None = typer.Option(None, "--index", min=0, help="Prove this entry's inclusion."),
+    old_size: int | None = typer.Option(None, "--old-size", min=1, help="Prove consistency."),
+    tree_size: int | None = typer.Option(
+        None, "--tree-size", min=1, help="Default: the newest checkpoint's size."
+    ),
+    trusted: str | None = KeyOpt,
+) -> None:
+    """Fetch an inclusion (--index) or consistency (--old-size) proof, check it against the
+    newest signed checkpoint, and print it. Exits 1 if it does not verify."""
+    if (index is None) == (old_size is None):
+        raise CliError("proofplane: give exactly one of --index or --old-size", exit_code=2)
+    with client(ctx) as c:
+        vk = note.parse_verifier_key(_trusted_key(trusted) or c.text("GET", f"{API}/key"))
+        cp = note.verify_checkpoint(c.text("GET", f"{API}/checkpoint"), vk)
+        size = tree_size or cp.size
+        if size != cp.size:
+            raise CliError("proofplane: --tree-size must be the checkpoint's size to verify")
+        if index is not None:
+            p = c.get(f"{API}/proof/inclusion", {"index": index, "tree_size": size})
+            proof = [bytes.fromhex(h) for h in p["proof"]]
+            ok = merkle.verify_inclusion(
+                bytes.fromhex(p["leaf_hash"]), index, size, proof, cp.root_hash
+            )
+        else:
+            assert old_size is not None
+            p = c.get(f"{API}/proof/consistency", {"old_size": old_size, "new_size": size})
+            old_root = _root_from_entries(c, old_size)
+            proof = [bytes.fromhex(h) for h in p["proof"]]
+            ok = merkle.verify_consistency(old_size, size, old_root, cp.root_hash, proof)
+    _print({**p, "root": cp.root_hash.hex(), "verified": ok})
+    if not ok:
+        raise CliError("proofplane: the proof does not verify against the signed checkpoint")
+
+
+def _iter_entries(c: Any, size: int) -> Any:
+    for start in range(0, size, 1000):
+        page = c.get(f"{API}/entries", {"start": start, "end": min(size, start + 1000)})
+        yield from page["entries"]
+
+
+def _root_from_entries(c: Any, size: int) -> bytes:
+    return merkle.root([base64.b64decode(e["entry"]) for e in _iter_entries(c, size)])
+
+
+@app.command("verify")
+def verify(
+    ctx: typer.Context,
+    db: str | None = typer.Option(
+        None, "--db", help="Verify straight on this database URL, without a server."
+    ),
+    trusted: str | None = KeyOpt,
+    origin: str | None = typer.Option(None, "--origin", help="Expected origin line."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Recompute the whole log from the events and check it against the newest signed
+    checkpoint. Exits 1 naming the first index that does not match."""
+    if db is not None:
+        report = _verify_db(db, _trusted_key(trusted), origin)
+    else:
+        report = _verify_server(ctx, _trusted_key(trusted), origin)
+    if as_json:
+        _print(report)
+    if not report["ok"]:
+        where = report.get("first_bad_index")
+        head = f"first bad index: {where}" if where is not None else "the log does not verify"
+        raise CliError(f"proofplane: audit verify FAILED: {head}", lines=report["problems"])
+    if not as_json:
+        typer.echo(
+            f"ok: {report['events']} entries recomputed; checkpoint size "
+            f"{report['checkpoint_size']} verified"
+        )
+
+
+def _verify_db(url: str, trusted: str | None, origin: str | None) -> dict[str, Any]:
+    from proofplane.service import audit as audit_svc
+    from proofplane.service.context import Store
+
+    with store_errors("audit verify"):
+        if trusted is None:
+            vk = audit_svc.load_or_create_signer(
+                audit_svc.default_key_file(), origin or "proofplane/default"
+            ).verifier
+        else:
+            vk = note.parse_verifier_key(trusted)
+        store = Store(url)
+        try:
+            return audit_svc.verify_log(store, vk, origin).to_dict()
+        finally:
+            store.dispose()
+
+
+def _verify_server(ctx: typer.Context, trusted: str | None, origin: str | None) -> dict[str, Any]:
+    problems: list[str] = []
+    first_bad: int | None = None
+    with client(ctx) as c:
+        vk = note.parse_verifier_key(trusted or c.text("GET", f"{API}/key"))
+        try:
+            cp = note.verify_checkpoint(c.text("GET", f"{API}/checkpoint"), vk, origin)
+        except note.NoteError as exc:
+            raise CliError(f"proofplane: the checkpoint does not verify: {exc}") from exc
+        leaves = []
+        for e in _iter_entries(c, cp.size):
+            leaf = merkle.leaf_hash(base64.b64decode(e["entry"]))
+            if leaf.hex() != e["leaf_hash"] and first_bad is None:
+                first_bad = e["index"]
+                problems.append(f"index {e['index']}: the entry does not hash to its leaf")
+            leaves.append(leaf)
+    if merkle._root_of_hashes(leaves) != cp.root_hash:
+        problems.append(f"the entries do not reproduce the checkpoint root at size {cp.size}")
+    return {
+        "ok": not problems,
+        "events": len(leaves),
+        "tree_size": cp.size,
+        "checkpoint_size": cp.size,
+        "first_bad_index": first_bad,
+        "problems": problems,
+    }
+
+
+@app.command("export-bundle")
+def export_bundle(
+    ctx: typer.Context,
+    out: Path = typer.Option(..., "--out", "-o", help="The bundle file to write."),
+    since: str | None = typer.Option(None, "--since", callback=iso_callback),
+    until: str | None = typer.Option(None, "--until", callback=iso_callback),
+    tenant: str | None = typer.Option(None, "--tenant", help="Only events about this tenant."),
+    db: str | None = typer.Option(None, "--db", help="Export straight from this database."),
+) -> None:
+    """Write one file with the selected events, the newest checkpoint, an inclusion proof
+    per event and the verifier key; `proofplane audit verify-bundle` checks it offline."""
+    t0 = datetime.fromisoformat(since) if since else None
+    t1 = datetime.fromisoformat(until) if until else None
+    data = (
+        _export_db(db, t0, t1, tenant) if db is not None else _export_server(ctx, t0, t1, tenant)
+    )
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    typer.echo(f"wrote {len(data['entries'])} entries to {out}")
+
+
+def _export_db(
+    url: str, since: datetime | None, until: datetime | None, tenant: str | None
+) -> dict[str, Any]:
+    from proofplane.access import SYSTEM
+    from proofplane.service import audit as audit_svc
+    from proofplane.service.context import Store
+
+    with store_errors("audit export-bundle"):
+        store = Store(url)
+        try:
+            signed = audit_svc.latest_checkpoint(store, SYSTEM)
+            origin = note.parse_checkpoint(signed[: signed.rfind("\n\n") + 1]).origin
+            keys = audit_svc.AuditKeys(origin=origin)
+            return audit_svc.export_bundle(
+                store, SYSTEM, keys, since=since, until=until, tenant=tenant, now=datetime.now(UTC)
+            )
+        finally:
+            store.dispose()
+
+
+def _export_server(
+    ctx: typer.Context, since: datetime | None, until: datetime | None, tenant: str | None
+) -> dict[str, Any]:
+    with client(ctx) as c:
+        vkey = c.text("GET", f"{API}/key").strip()
+        signed = c.text("GET", f"{API}/checkpoint")
+        cp = note.verify_checkpoint(signed, note.parse_verifier_key(vkey))
+        items = []
+        for e in _iter_entries(c, cp.size):
+            raw = base64.b64decode(e["entry"])
+            event = json.loads(raw)
+            ts = datetime.fromisoformat(event["ts"].replace("Z", "+00:00"))
+            if (since and ts < since) or (until and ts >= until):
+                continue
+            if tenant is not None and not (
+                (event["target_type"] == "tenant" and event["target_id"] == tenant)
+                or event["details"].get("tenant") == tenant
+            ):
+                continue
+            p = c.get(f"{API}/proof/inclusion", {"index": e["index"], "tree_size": cp.size})
+            items.append((e["index"], raw, [bytes.fromhex(h) for h in p["proof"]]))
+    return bundle_mod.make_bundle(
+        checkpoint=signed,
+        verifier_key=vkey,
+        items=items,
+        created_at=datetime.now(UTC),
+        selection={
+            "since": since.isoformat() if since else None,
+            "until": until.isoformat() if until else None,
+            "tenant": tenant,
+        },
+    )
+
+
+@app.command("verify-bundle")
+def verify_bundle(
+    path: Path = typer.Argument(..., help="A bundle written by export-bundle."),
+    trusted: str | None = KeyOpt,
+) -> None:
+    """Check a bundle offline (no server, no database): the checkpoint signature, then every
+    entry's leaf hash and inclusion proof. Pin the key with --key."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise CliError(f"proofplane: cannot read {path}: {exc.strerror}", exit_code=2) from exc
+    try:
+        report = bundle_mod.verify(raw, _trusted_key(trusted))
+    except bundle_mod.BundleError as exc:
+        raise CliError(f"proofplane: malformed bundle: {exc}", exit_code=2) from exc
+    if not report.ok:
+        raise CliError("proofplane: bundle does NOT verify", lines=report.failures)
+    pinned = "" if trusted else " (key not pinned: pass --key to pin it)"
+    typer.echo(
+        f"ok: {report.entries} entries included in {report.origin} at size "
+        f"{report.tree_size}{pinned}"
+    )

@@ -1,0 +1,415 @@
+"""The scheduling engine: quota → place (single node or gang) → repartition → preempt.
+
+A ``Scheduler`` wraps a ``ClusterSnapshot`` (the indexed placement core) and adds what the
+snapshot does not know: which workload holds which allocations (a gang holds several), its
+priority and compliance pool, per-tenant quotas and usage. ``schedule(job)`` decides for one
+pending workload and, when it places it, holds the capacity at once, so the next decision sees
+it. It returns an ``Outcome`` that says everything the service has to persist and audit: the
+placement, the workloads it preempted, the MIG layouts it changed, or why the job waits.
+Pure: no I/O, no clock.
+
+Order of the steps, least disruptive first:
+
+1. **Quota** (a PreFilter): a tenant's holdings plus the request must fit its ``Quota``, or the
+   job waits with ``quota_exceeded`` (every node counted under that code).
+2. **Place** on existing capacity: the snapshot's filters and best fit. A gang (``gpus.nodes``
+   > 1) places ``count // nodes`` whole GPUs on each of ``nodes`` distinct nodes, all or none.
+3. **Repartition** (MIG requests only): an *idle* MIG-enabled GPU (no allocation on any of its
+   instances) on a node certified for the job's tags may get a new layout
+   (``schedule.mig.layout_for``). A GPU holding work is never touched.
+4. **Preempt**: lower-priority workloads of the job's own compliance pool are evicted from a
+   node when that makes the job placeable there, fewest victims first.
+
+Compliance pool, precisely: the set of compliance tags a workload carries after its tenant's
+profile added the required ones (``{"hipaa": "true"}``; the empty set is the general pool).
+Two workloads are in the same pool iff those sets are equal. Preemption happens only inside a
+pool: a victim must have exactly the preemptor's tags and a strictly lower priority. So a
+general-pool job can never displace HIPAA work from HIPAA nodes (nor the reverse), priorities
+are compared only between workloads that compete for the same certified capacity, and the
+preemptor is still placed only where the compliance filters allow (rule 5: never a weaker
+node). Gang jobs do not preempt (they may be victims: all their members are evicted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from proofplane.hardware.skus import SKUS
+from proofplane.model import (
+    GpuRequest,
+    IsolationLevel,
+    MigInstance,
+    Node,
+    NodeState,
+    Placement,
+    Quota,
+    missing_tags,
+)
+from proofplane.schedule.mig import layout_for
+from proofplane.schedule.quota import (
+    QUOTA_EXCEEDED,
+    Cost,
+    device_cost,
+    quota_check,
+    request_cost,
+)
+from proofplane.schedule.snapshot import ClusterSnapshot
+from proofplane.schedule.values import Allocation, Decision, Request
+
+Pool = frozenset[tuple[str, str]]
+PREEMPTED = "preempted"
+GANG_NODE_TAKEN = "gang_node_taken"
+
+
+def pool_of(tags: Mapping[str, str]) -> Pool:
+    """The compliance pool of a workload carrying ``tags`` (see the module docstring)."""
+    return frozenset(tags.items())
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A pending workload as the engine sees it."""
+
+    key: Hashable
+    request: Request
+    priority: int = 0
+
+    @property
+    def pool(self) -> Pool:
+        return pool_of(self.request.tags)
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A workload holding capacity: every part of its placement is reserved in the snapshot."""
+
+    key: Hashable
+    name: str
+    tenant: str
+    isolation: IsolationLevel
+    priority: int
+    pool: Pool
+    placement: Placement
+
+
+@dataclass(frozen=True, slots=True)
+class Repartition:
+    """A new MIG layout for an idle GPU."""
+
+    node: str
+    gpu_index: int
+    gpu_uuid: str
+    before: tuple[MigInstance, ...]
+    after: tuple[MigInstance, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    placement: Placement | None
+    reason: str | None  # None when placed; else no_compliant_capacity, insufficient_capacity,
+    #                     quota_exceeded
+    message: str
+    rejections: dict[str, int] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+    preempted: tuple[Held, ...] = ()
+    repartitions: tuple[Repartition, ...] = ()
+
+
+def _member_request(req: Request) -> Request:
+    g = req.gpus
+    if g.nodes <= 1:
+        return req
+    return replace(req, gpus=GpuRequest(g.per_node, g.model))
+
+
+def _admitted_for(node: Node, tags: Mapping[str, str]) -> bool:
+    return node.state is NodeState.ADMITTED and not missing_tags(tags, node.certifications)
+
+
+class Scheduler:
+    """Placement state for one scheduling session (the service builds one per transaction;
+    a long-running scheduler would keep one and feed it deltas)."""
+
+    def __init__(
+        self,
+        nodes: Iterable[Node] = (),
+        held: Iterable[Held] = (),
+        quotas: Mapping[str, Quota] | None = None,
+    ) -> None:
+        self.snapshot = ClusterSnapshot(nodes)
+        self.quotas: dict[str, Quota] = dict(quotas or {})
+        self._held: dict[Hashable, Held] = {}
+        self._used: dict[str, Cost] = {}
+        for h in held:
+            self.hold(h)
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def held(self) -> Mapping[Hashable, Held]:
+        return self._held
+
+    def used(self, tenant: str) -> Cost:
+        return self._used.get(tenant, Cost())
+
+    def nodes(self) -> Iterator[Node]:
+        return self.snapshot.nodes()
+
+    def node(self, name: str) -> Node | None:
+        return self.snapshot.node(name)
+
+    def upsert_node(self, node: Node) -> None:
+        self.snapshot.upsert_node(node)
+
+    def remove_node(self, name: str) -> None:
+        self.snapshot.remove_node(name)
+
+    def set_quota(self, tenant: str, quota: Quota) -> None:
+        self.quotas[tenant] = quota
+
+    def hold(self, h: Held) -> None:
+        """Reserve every part of ``h``'s placement (replacing what ``h.key`` held before)."""
+        self.release(h.key)
+        self._held[h.key] = h
+        for i, part in enumerate(h.placement.parts):
+            self.snapshot.reserve((h.key, i), Allocation(h.name, h.tenant, h.isolation, part))
+        cost = sum((device_cost(p.devices) for p in h.placement.parts), Cost())
+        self._used[h.tenant] = self.used(h.tenant) + cost
+
+    def release(self, key: Hashable) -> Held | None:
+        h = self._held.pop(key, None)
+        if h is None:
+            return None
+        for i in range(len(h.placement.parts)):
+            self.snapshot.release((key, i))
+        cost = sum((device_cost(p.devices) for p in h.placement.parts), Cost())
+        self._used[h.tenant] = self.used(h.tenant) - cost
+        return h
+
+    def busy_gpus(self, node: str) -> set[int]:
+        """Indexes of the GPUs on ``node`` that hold any allocation."""
+        allocs = self.snapshot.allocations
+        return {
+            d.gpu_index
+            for key in self.snapshot.allocations_on(node)
+            for d in allocs[key].placement.devices
+        }
+
+    # ------------------------------------------------------------------ deciding
+
+    def quota_excess(self, tenant: str, gpus: GpuRequest) -> dict[str, object] | None:
+        quota = self.quotas.get(tenant)
+        if quota is None:
+            return None
+        return quota_check(quota, self.used(tenant), request_cost(gpus))
+
+    def place(self, req: Request) -> tuple[Placement | None, Decision]:
+        """Where ``req`` fits now (no quota, no repartition, no preemption); changes nothing."""
+        if req.gpus.nodes <= 1:
+            d = self.snapshot.place(req)
+            return d.placement, d
+        return self._place_gang(req)
+
+    def _place_gang(self, req: Request) -> tuple[Placement | None, Decision]:
+        """Best fit for each member in turn, each on a node no earlier member took; all or
+        nothing. Nodes taken by earlier members are hidden by marking them cordoned in the
+        snapshot for the duration of the search, then restored."""
+        k, per = req.gpus.nodes, req.gpus.per_node
+        member = _member_request(req)
+        parts: list[Placement] = []
+        masked: list[Node] = []
+        try:
+            for i in range(k):
+                d = self.snapshot.place(member)
+                if d.placement is None:
+                    rejections = dict(d.rejections)
+                    if i:
+                        left = rejections.get("node_not_admitted", 0) - i
+                        if left > 0:
+                            rejections["node_not_admitted"] = left
+                        else:
+                            rejections.pop("node_not_admitted", None)
+                        rejections[GANG_NODE_TAKEN] = i
+                    # Some compliant node took a member: the gang lacks capacity, not
+                    # compliant nodes.
+                    reason = "insufficient_capacity" if i else d.reason
+                    return None, Decision(
+                        None,
+                        reason,
+                        f"a gang of {k} nodes x {per} GPUs: only {i} node(s) can take a member "
+                        f"({d.message})",
+                        rejections,
+                    )
+                parts.append(d.placement)
+                node = self.snapshot.node(d.placement.node)
+                assert node is not None
+                masked.append(node)
+                self.snapshot.upsert_node(replace(node, state=NodeState.CORDONED))
+        finally:
+            for node in masked:
+                self.snapshot.upsert_node(node)
+        placement = Placement.of_parts(tuple(parts))
+        return placement, Decision(placement, None, f"placed on {', '.join(placement.nodes)}")
+
+    def schedule(self, job: Job, *, preempt: bool = True, repartition: bool = True) -> Outcome:
+        """Decide for one pending job; when it is placed, its capacity is held at once."""
+        req = job.request
+        over = self.quota_excess(req.tenant, req.gpus)
+        if over is not None:
+            what = ", ".join(
+                f"{k}: {v['used']:g} used + {v['requested']:g} asked > {v['limit']}"  # type: ignore[index]
+                for k, v in over.items()
+            )
+            return Outcome(
+                None,
+                QUOTA_EXCEEDED,
+                f"tenant {req.tenant!r} quota would be exceeded ({what})",
+                {QUOTA_EXCEEDED: len(self.snapshot)},
+                {"quota": over},
+            )
+        placement, decision = self.place(req)
+        if placement is not None:
+            return self._placed(job, placement, decision.message)
+        if decision.reason != "insufficient_capacity":
+            return Outcome(None, decision.reason, decision.message, dict(decision.rejections))
+        if repartition and req.gpus.mig_profile is not None and req.gpus.nodes <= 1:
+            found = self._repartition(req)
+            if found is not None:
+                placement, changes = found
+                where = ", ".join(f"{c.node} GPU {c.gpu_index}" for c in changes)
+                return replace(
+                    self._placed(job, placement, f"placed on {placement.node}"),
+                    message=f"placed on {placement.node} after repartitioning {where}",
+                    repartitions=changes,
+                )
+        if preempt and req.gpus.nodes <= 1:
+            victims = self._preemption_victims(job)
+            if victims:
+                released = [self.release(v.key) for v in victims]
+                placement, _ = self.place(req)
+                if placement is not None:
+                    names = ", ".join(f"{v.tenant}/{v.name}" for v in victims)
+                    return replace(
+                        self._placed(job, placement, ""),
+                        message=f"placed on {placement.node} by preempting {names}",
+                        preempted=tuple(victims),
+                    )
+                for h in released:  # cannot happen (the search just showed it fits); be safe
+                    if h is not None:
+                        self.hold(h)
+        return Outcome(None, decision.reason, decision.message, dict(decision.rejections))
+
+    def _placed(self, job: Job, placement: Placement, message: str) -> Outcome:
+        req = job.request
+        held = Held(
+            job.key, req.workload, req.tenant, req.isolation, job.priority, job.pool, placement
+        )
+        self.hold(held)
+        return Outcome(placement, None, message)
+
+    # ------------------------------------------------------------------ repartitioning
+
+    def _repartition(self, req: Request) -> tuple[Placement, tuple[Repartition, ...]] | None:
+        """Give idle MIG GPUs of one certified node new layouts until the request fits there.
+        Nodes with the fewest idle GPUs are tried first (packing); a node whose changes do not
+        make the request fit is restored as it was."""
+        g = req.gpus
+        profile = g.mig_profile
+        assert profile is not None
+        candidates: list[tuple[int, str, Node, list[int]]] = []
+        for node in self.snapshot.nodes():
+            if not _admitted_for(node, req.tags):
+                continue
+            busy = self.busy_gpus(node.name)
+            idle = [
+                gpu.index
+                for gpu in node.gpus
+                if gpu.mig_enabled
+                and gpu.index not in busy
+                and (g.model is None or gpu.model == g.model)
+                and gpu.model in SKUS
+                and SKUS[gpu.model].profile(profile) is not None
+            ]
+            if idle:
+                candidates.append((len(node.gpus) - len(busy), node.name, node, idle))
+        candidates.sort(key=lambda c: (c[0], c[1]))
+        for _, _, original, indexes in candidates:
+            node = original
+            changes: list[Repartition] = []
+            for index in indexes:
+                gpu = next(x for x in node.gpus if x.index == index)
+                layout = layout_for(gpu.model, profile, g.count)
+                if layout is None or layout == tuple(
+                    sorted(gpu.mig_instances, key=lambda i: i.start)
+                ):
+                    continue
+                gpus = tuple(
+                    replace(x, mig_instances=layout) if x.index == index else x for x in node.gpus
+                )
+                node = replace(node, gpus=gpus)
+                self.snapshot.upsert_node(node)
+                changes.append(
+                    Repartition(node.name, gpu.index, gpu.uuid, gpu.mig_instances, layout)
+                )
+                d = self.snapshot.place(req)
+                if d.placement is not None:
+                    return d.placement, tuple(changes)
+            if changes:
+                self.snapshot.upsert_node(original)
+        return None
+
+    # ------------------------------------------------------------------ preemption
+
+    def _preemption_victims(self, job: Job) -> list[Held]:
+        """The smallest set of same-pool, lower-priority workloads on one compliant node whose
+        eviction makes ``job`` placeable; [] when there is none. Changes nothing."""
+        req = job.request
+        pool = job.pool
+        order = {key: n for n, key in enumerate(self._held)}
+        by_node: dict[str, list[Held]] = {}
+        for h in self._held.values():
+            if h.pool != pool or h.priority >= job.priority:
+                continue
+            for part in h.placement.parts:
+                node = self.snapshot.node(part.node)
+                if node is not None and _admitted_for(node, req.tags):
+                    by_node.setdefault(part.node, []).append(h)
+        best: tuple[tuple[int, int, str], list[Held]] | None = None
+        for name in sorted(by_node):
+            # lowest priority first, then the most recently placed
+            ranked = sorted(by_node[name], key=lambda h: (h.priority, -order[h.key]))
+            chosen = self._victims_on(req, ranked)
+            if not chosen:
+                continue
+            score = (len(chosen), max(h.priority for h in chosen), name)
+            if best is None or score < best[0]:
+                best = (score, chosen)
+        return best[1] if best is not None else []
+
+    def _victims_on(self, req: Request, ranked: list[Held]) -> list[Held]:
+        released: list[Held] = []
+        try:
+            fits = False
+            for h in ranked:
+                self.release(h.key)
+                released.append(h)
+                if self.place(req)[0] is not None:
+                    fits = True
+                    break
+            if not fits:
+                return []
+            # Keep back every victim the job does not actually need gone.
+            needed = list(released)
+            for h in list(released):
+                self.hold(h)
+                if self.place(req)[0] is not None:
+                    needed.remove(h)
+                    released.remove(h)
+                else:
+                    self.release(h.key)
+            return needed
+        finally:
+            for h in released:
+                self.hold(h)

@@ -1,0 +1,101 @@
+"""Explanations: why a workload is where it is, or why it waits (rule 8: every "no" explains
+itself).
+
+``explain_job`` evaluates a job against every node as the cluster stands now, with the job's
+own capacity counted as free (so a placed workload is judged as if it were being placed again):
+each node is either rejected by the first filter that fails, in the pipeline's order
+(``node_not_admitted``, ``missing_certification``, tenancy, ``gpu_model_unavailable``,
+``insufficient_gpu_capacity``), or is a candidate with its best-fit score (idle GPUs left on
+the node after placing: fewer is better, ties broken by node name). The quota PreFilter is
+reported on its own. Pure: it reads the scheduler and leaves it as it found it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from proofplane.schedule.engine import Held, Job, Scheduler, _member_request
+from proofplane.schedule.quota import QUOTA_EXCEEDED, Cost
+from proofplane.schedule.reference import reference_place
+
+MAX_CANDIDATES = 5
+
+
+def explain_job(scheduler: Scheduler, job: Job, placed_on: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Per-filter rejection counts, the best candidate nodes with their scores, and the quota
+    check for ``job`` (see the module docstring). ``placed_on``: the nodes the job holds now,
+    whose rank among the candidates is reported under ``placed_on``."""
+    own: Held | None = scheduler.release(job.key)
+    try:
+        out = _explain(scheduler, job)
+        ranked = out.pop("_ranked")
+        out["placed_on"] = [
+            {"node": name, **ranked.get(name, {"rank": None, "idle_gpus_after": None})}
+            for name in placed_on
+        ]
+        return out
+    finally:
+        if own is not None:
+            scheduler.hold(own)
+
+
+def _explain(scheduler: Scheduler, job: Job) -> dict[str, Any]:
+    req = _member_request(job.request)
+    snap = scheduler.snapshot
+    allocs = snap.allocations
+    filters: Counter[str] = Counter()
+    candidates: list[tuple[int, str]] = []
+    for node in snap.nodes():
+        on_node = [allocs[k] for k in snap.allocations_on(node.name)]
+        d = reference_place(req, [node], on_node)
+        if d.placement is None:
+            code = next(iter(d.rejections), "insufficient_gpu_capacity")
+            filters[code] += 1
+            continue
+        busy = {dev.gpu_index for a in on_node for dev in a.placement.devices}
+        taken = {dev.gpu_index for dev in d.placement.devices}
+        idle_after = sum(1 for g in node.gpus if g.index not in busy and g.index not in taken)
+        candidates.append((idle_after, node.name))
+    candidates.sort()
+    tenant = job.request.tenant
+    quota = scheduler.quotas.get(tenant)
+    used = scheduler.used(tenant)
+    over = scheduler.quota_excess(tenant, job.request.gpus)
+    out: dict[str, Any] = {
+        "nodes_total": len(snap),
+        "filters": dict(sorted(filters.items())),
+        "candidates": [
+            {"node": name, "idle_gpus_after": idle, "rank": rank}
+            for rank, (idle, name) in enumerate(candidates[:MAX_CANDIDATES], start=1)
+        ],
+        "candidates_total": len(candidates),
+        "_ranked": {
+            name: {"rank": rank, "idle_gpus_after": idle}
+            for rank, (idle, name) in enumerate(candidates, start=1)
+        },
+        "score": "best fit: fewest idle GPUs left on the node after placing, then node name",
+        "quota": {
+            "limit": (
+                {"gpus": quota.gpus, "mig_slices": quota.mig_slices} if quota is not None else None
+            ),
+            "used_without_this": _cost_json(used),
+            "fits": over is None,
+            "exceeded": over,
+        },
+        "pool": dict(sorted(job.request.tags.items())),
+        "priority": job.priority,
+    }
+    if over is not None:
+        out["filters"] = {QUOTA_EXCEEDED: len(snap), **out["filters"]}
+    if job.request.gpus.nodes > 1:
+        out["gang"] = {
+            "nodes": job.request.gpus.nodes,
+            "gpus_per_node": job.request.gpus.per_node,
+            "enough_candidates": len(candidates) >= job.request.gpus.nodes,
+        }
+    return out
+
+
+def _cost_json(c: Cost) -> dict[str, float]:
+    return {"gpus": c.gpu_milli / 1000, "mig_slices": c.mig_slices}

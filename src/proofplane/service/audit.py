@@ -1,0 +1,627 @@
+"""Audit-log use cases: checkpoints (signed on demand and by a background worker), proofs,
+canonical entries, whole-log verification on the database, and offline evidence bundles.
+
+The signing key lives outside the database, in a file with 0600 permissions (created on first
+use); the key name is the log's origin, ``proofplane/<cluster-id>``. Checkpoints are not
+events: a checkpoint signs the log, it does not change it (recording one would grow the log
+and call for another checkpoint, forever).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+from sqlalchemy import select
+
+from proofplane.access import Actor, Permission, authorize
+from proofplane.audit import bundle as bundle_mod
+from proofplane.audit import log, merkle, note
+from proofplane.audit.canonical import canonical_json, entry_bytes, fast_details_json
+from proofplane.errors import NotFound, ProofplaneError, ValidationFailed
+from proofplane.service.context import Store
+from proofplane.service.events import event_from_row
+from proofplane.store.tables import AuditCheckpointRow, EventRow
+
+MAX_ENTRIES = 1000  # per GET /audit/entries request
+KEY_FILE_ENV = "PROOFPLANE_AUDIT_KEY_FILE"
+
+
+class ProofOutOfRange(ProofplaneError):
+    status = 400
+    code = "proof_out_of_range"
+
+
+def origin_for(cluster_id: str) -> str:
+    return f"proofplane/{cluster_id}"
+
+
+def default_key_file() -> Path:
+    """``$PROOFPLANE_AUDIT_KEY_FILE``, else ``<user data dir>/audit-signing.key``."""
+    configured = os.environ.get(KEY_FILE_ENV)
+    if configured:
+        return Path(configured).expanduser()
+    return Path(platformdirs.user_data_dir("proofplane")) / "audit-signing.key"
+
+
+def load_or_create_signer(path: Path, name: str) -> note.SignerKey:
+    """The signing key in ``path``; generated (Ed25519, os.urandom) and written 0600 when the
+    file does not exist yet. A key file readable by others is refused."""
+    path = Path(path)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        signer = note.generate_signer(name, os.urandom(32))
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass  # another process created it first: use theirs
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(signer.text() + "\n")
+            return signer
+    if path.stat().st_mode & 0o077:
+        raise ValidationFailed(
+            f"the audit signing key {path} is readable by others: chmod 600 it",
+            code="audit_key_permissions",
+        )
+    signer = note.parse_signer_key(path.read_text())
+    if signer.name != name:
+        raise ValidationFailed(
+            f"the audit signing key {path} is for {signer.name!r}, this log is {name!r}",
+            code="audit_key_mismatch",
+        )
+    return signer
+
+
+@dataclass
+class AuditKeys:
+    """The log's signing key, loaded (or created) on first use."""
+
+    origin: str = "proofplane/default"
+    key_file: Path | None = None
+    _signer: note.SignerKey | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def signer(self) -> note.SignerKey:
+        with self._lock:
+            if self._signer is None:
+                self._signer = load_or_create_signer(
+                    self.key_file or default_key_file(), self.origin
+                )
+            return self._signer
+
+    def verifier(self) -> note.VerifierKey:
+        return self.signer().verifier
+
+
+# --- reading ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    index: int
+    entry: bytes
+    leaf_hash: bytes  # as stored in the Merkle log
+
+
+def get_verifier_key(keys: AuditKeys, actor: Actor) -> str:
+    authorize(actor, Permission.AUDIT_READ)
+    return keys.verifier().text()
+
+
+def latest_checkpoint(store: Store, actor: Actor) -> str:
+    authorize(actor, Permission.AUDIT_READ)
+    with store.read() as s:
+        row = s.scalars(
+            select(AuditCheckpointRow).order_by(AuditCheckpointRow.id.desc()).limit(1)
+        ).first()
+        if row is None:
+            raise NotFound("no checkpoint has been signed yet", code="no_checkpoint")
+        return row.note
+
+
+def list_entries(store: Store, actor: Actor, start: int, end: int) -> list[Entry]:
+    """Entries ``[start, end)`` in canonical form, with their stored leaf hashes."""
+    authorize(actor, Permission.AUDIT_READ)
+    if start < 0 or end < start:
+        raise ProofOutOfRange("need 0 <= start <= end", code="bad_range")
+    if end - start > MAX_ENTRIES:
+        raise ProofOutOfRange(f"at most {MAX_ENTRIES} entries per request", code="bad_range")
+    with store.read() as s:
+        size = log.tree_size(s)
+        if end > size:
+            raise ProofOutOfRange(f"end {end} is beyond the log size {size}", code="bad_range")
+        rows = s.scalars(
+            select(EventRow).where(EventRow.seq > start, EventRow.seq <= end).order_by(EventRow.seq)
+        ).all()
+        leaves = log.leaf_hashes(s, start, end)
+    if len(rows) != end - start:
+        raise log.LogCorrupted("events are missing from the requested range")
+    return [Entry(start + i, entry_bytes(event_from_row(r)), leaves[i]) for i, r in enumerate(rows)]
+
+
+def inclusion_proof(
+    store: Store, actor: Actor, index: int, tree_size: int
+) -> tuple[bytes, list[bytes]]:
+    authorize(actor, Permission.AUDIT_READ)
+    with store.read() as s:
+        try:
+            return log.inclusion(s, index, tree_size)
+        except log.ProofRangeError as exc:
+            raise ProofOutOfRange(str(exc)) from exc
+
+
+def consistency_proof(store: Store, actor: Actor, old_size: int, new_size: int) -> list[bytes]:
+    authorize(actor, Permission.AUDIT_READ)
+    with store.read() as s:
+        try:
+            return log.consistency(s, old_size, new_size)
+        except log.ProofRangeError as exc:
+            raise ProofOutOfRange(str(exc)) from exc
+
+
+# --- checkpoints --------------------------------------------------------------------------
+
+
+def sign_checkpoint(
+    store: Store, actor: Actor, keys: AuditKeys, now: datetime, *, only_if_grown: bool = False
+) -> str | None:
+    """Sign the log as it is now and keep the signed note. With ``only_if_grown`` (the
+    background worker), nothing happens when the newest checkpoint already covers the log."""
+    authorize(actor, Permission.AUDIT_CHECKPOINT)
+    signer = keys.signer()
+    with store.write(actor, now) as tx:
+        s = tx.session
+        size = log.tree_size(s)
+        if only_if_grown:
+            last = s.scalar(
+                select(AuditCheckpointRow.tree_size).order_by(AuditCheckpointRow.id.desc()).limit(1)
+            )
+            if last is not None and last >= size:
+                return None
+        root = log.root_at(s, size)
+        signed = note.sign_checkpoint(note.Checkpoint(keys.origin, size, root), signer)
+        s.add(AuditCheckpointRow(tree_size=size, root_hash=root, note=signed, created_at=now))
+    return signed
+
+
+class CheckpointWorker:
+    """Signs a checkpoint every ``interval_s`` seconds when the log grew (server thread)."""
+
+    def __init__(self, store: Store, keys: AuditKeys, interval_s: float) -> None:
+        from proofplane.access import SYSTEM
+
+        self.store, self.keys, self.interval_s, self.actor = store, keys, interval_s, SYSTEM
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="audit-checkpoints", daemon=True)
+        self.last_error: str | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                sign_checkpoint(
+                    self.store, self.actor, self.keys, datetime.now(UTC), only_if_grown=True
+                )
+                self.last_error = None
+            except Exception as exc:  # keep serving; the next round retries
+                self.last_error = str(exc)
+
+
+@contextmanager
+def checkpoint_worker(
+    store: Store, keys: AuditKeys, interval_s: float | None
+) -> Iterator[CheckpointWorker | None]:
+    if not interval_s:
+        yield None
+        return
+    worker = CheckpointWorker(store, keys, interval_s)
+    worker.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+
+
+# --- verification on the database ----------------------------------------------------------
+
+
+@dataclass
+class VerifyReport:
+    ok: bool
+    events: int
+    tree_size: int
+    checkpoint_size: int | None
+    first_bad_index: int | None = None
+    problems: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "events": self.events,
+            "tree_size": self.tree_size,
+            "checkpoint_size": self.checkpoint_size,
+            "first_bad_index": self.first_bad_index,
+            "problems": self.problems,
+        }
+
+
+class _Stack:
+    """Streaming RFC 9162 root: the right edge of the tree, one hash per set bit of the size."""
+
+    __slots__ = ("edge", "size")
+
+    def __init__(self) -> None:
+        self.edge: list[tuple[int, bytes]] = []
+        self.size = 0
+
+    def push(self, leaf: bytes) -> None:
+        level, cur, edge = 0, leaf, self.edge
+        while edge and edge[-1][0] == level:
+            cur = merkle._node(edge.pop()[1], cur)
+            level += 1
+        edge.append((level, cur))
+        self.size += 1
+
+    def root(self) -> bytes:
+        return merkle.fold_range([h for _, h in self.edge]) if self.edge else merkle.EMPTY_ROOT
+
+
+def iter_leaf_hashes(store: Store, batch: int = 20_000) -> Iterator[tuple[int, bytes]]:
+    """(seq, recomputed leaf hash) for every event row, in seq order, straight from the
+    rows (a fast raw-cursor path on SQLite)."""
+    if store.engine.dialect.name == "sqlite":
+        yield from _sqlite_leaf_hashes(store, batch)
+        return
+    with store.read() as s:
+        result = s.execute(
+            select(EventRow).order_by(EventRow.seq).execution_options(yield_per=batch)
+        )
+        for (row,) in result:
+            yield row.seq, merkle.leaf_hash(entry_bytes(event_from_row(row)))
+
+
+def _sqlite_leaf_hashes(store: Store, batch: int) -> Iterator[tuple[int, bytes]]:
+    from proofplane.audit.canonical import _string as js
+    from proofplane.audit.merkle import leaf_hash
+
+    raw = store.engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        cur.execute("BEGIN")
+        cur.execute(
+            "SELECT seq, ts, actor, action, target_type, target_id, outcome, details "
+            "FROM events ORDER BY seq"
+        )
+        while rows := cur.fetchmany(batch):
+            for seq, ts, actor, action, ttype, tid, outcome, details in rows:
+                det = fast_details_json(details)
+                if det is None:
+                    import json
+
+                    det = canonical_json(json.loads(details)).decode()
+                # SQLAlchemy keeps SQLite datetimes as 'YYYY-MM-DD HH:MM:SS.ffffff' (UTC)
+                ts_text = ts.replace(" ", "T") + "Z" if len(ts) == 26 else _slow_ts(ts)
+                text = (
+                    f'{{"action":{js(action)},"actor":{js(actor)},"details":{det},'
+                    f'"outcome":{js(outcome)},"seq":{seq},"target_id":{js(tid)},'
+                    f'"target_type":{js(ttype)},"ts":"{ts_text}","v":1}}'
+                )
+                yield seq, leaf_hash(text.encode())
+        cur.execute("COMMIT")
+    finally:
+        raw.close()
+
+
+def _slow_ts(ts: str) -> str:
+    from proofplane.audit.canonical import format_ts
+
+    return format_ts(datetime.fromisoformat(ts).replace(tzinfo=UTC))
+
+
+def verify_log(store: Store, verifier: note.VerifierKey, origin: str | None = None) -> VerifyReport:
+    """Recompute every leaf from the event rows and the tree from the leaves, and check it
+    against the newest signed checkpoint and the stored Merkle log. Names the first index
+    that does not match. (No actor: this runs with direct database access, as an auditor.)"""
+    with store.read() as s:
+        cp_row = s.scalars(
+            select(AuditCheckpointRow).order_by(AuditCheckpointRow.id.desc()).limit(1)
+        ).first()
+        stored_size = log.tree_size(s)
+        checkpoints = [
+            (r.tree_size, bytes(r.root_hash), r.note)
+            for r in s.scalars(select(AuditCheckpointRow).order_by(AuditCheckpointRow.tree_size))
+        ]
+    report = VerifyReport(False, 0, stored_size, None)
+    cp: note.Checkpoint | None = None
+    if cp_row is None:
+        report.problems.append("no signed checkpoint: only the stored tree can be checked")
+    else:
+        try:
+            cp = note.verify_checkpoint(cp_row.note, verifier, origin)
+        except note.NoteError as exc:
+            report.problems.append(f"the newest checkpoint does not verify: {exc}")
+            return report
+        report.checkpoint_size = cp.size
+
+    stack = _Stack()
+    cp_root: bytes | None = None if cp is None or cp.size else merkle.EMPTY_ROOT
+    first_bad: int | None = None
+    for seq, leaf in iter_leaf_hashes(store):
+        index = stack.size
+        if seq != index + 1 and first_bad is None:
+            first_bad = index
+            report.problems.append(f"index {index}: expected event seq {index + 1}, found {seq}")
+        stack.push(leaf)
+        if cp is not None and stack.size == cp.size:
+            cp_root = stack.root()
+    report.events = stack.size
+    if cp is not None:
+        if stack.size < cp.size:
+            first_bad = stack.size if first_bad is None else first_bad
+            report.problems.append(
+                f"the checkpoint covers {cp.size} entries but only {stack.size} events exist"
+            )
+        elif cp_root != cp.root_hash:
+            report.problems.append(
+                f"the events do not reproduce the checkpoint root at size {cp.size}"
+            )
+            if first_bad is None:
+                first_bad = _locate(store, min(cp.size, stack.size), checkpoints)
+    with store.read() as s:
+        stored_root = log.root_at(s, stored_size) if stored_size else merkle.EMPTY_ROOT
+    if stack.size != stored_size:
+        report.problems.append(f"{stack.size} events but {stored_size} leaves in the Merkle log")
+    if stack.size == stored_size and stack.root() != stored_root:
+        report.problems.append("the events do not reproduce the stored Merkle log")
+        if first_bad is None:
+            first_bad = _locate(store, stack.size, checkpoints)
+    report.first_bad_index = first_bad
+    report.ok = not report.problems or (cp is None and len(report.problems) == 1)
+    if cp is None:
+        report.ok = report.ok and first_bad is None and stack.size == stored_size
+    return report
+
+
+def _locate(store: Store, upto: int, checkpoints: list[tuple[int, bytes, str]]) -> int | None:
+    """The first index whose recomputed leaf differs from the stored leaf hash; when the
+    stored hashes were rewritten to match, the end of the last checkpointed stretch whose
+    root the events still reproduce."""
+    chunk: list[bytes] = []
+    base = 0
+    with store.read() as s:
+        for _seq, leaf in iter_leaf_hashes(store):
+            if base + len(chunk) >= upto:
+                break
+            chunk.append(leaf)
+            if len(chunk) == 4096:
+                bad = _first_difference(chunk, log.leaf_hashes(s, base, base + len(chunk)))
+                if bad is not None:
+                    return base + bad
+                base, chunk = base + len(chunk), []
+        if chunk:
+            bad = _first_difference(chunk, log.leaf_hashes(s, base, base + len(chunk)))
+            if bad is not None:
+                return base + bad
+    stack = _Stack()
+    pending = [c for c in checkpoints if 0 < c[0] <= upto]
+    good_until = 0
+    for _seq, leaf in iter_leaf_hashes(store):
+        if not pending:
+            break
+        stack.push(leaf)
+        while pending and pending[0][0] == stack.size:
+            if stack.root() != pending[0][1]:
+                return good_until
+            good_until = stack.size
+            pending.pop(0)
+    return good_until if good_until < upto else None
+
+
+def _first_difference(a: list[bytes], b: list[bytes]) -> int | None:
+    for k, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x != y:
+            return k
+    return None
+
+
+# --- bundles ------------------------------------------------------------------------------
+
+
+def export_bundle(
+    store: Store,
+    actor: Actor,
+    keys: AuditKeys,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    tenant: str | None = None,
+    now: datetime,
+) -> dict[str, Any]:
+    """The events of a time range and/or a tenant, each with its inclusion proof against the
+    newest checkpoint, plus that checkpoint and the verifier key: checkable offline."""
+    authorize(actor, Permission.AUDIT_READ)
+    signed = latest_checkpoint(store, actor)
+    cp = note.verify_checkpoint(signed, keys.verifier())
+    query = select(EventRow).where(EventRow.seq <= cp.size).order_by(EventRow.seq)
+    if since is not None:
+        query = query.where(EventRow.ts >= since)
+    if until is not None:
+        query = query.where(EventRow.ts < until)
+    items = []
+    with store.read() as s:
+        for row in s.scalars(query):
+            event = event_from_row(row)
+            if tenant is not None and not _mentions_tenant(event, tenant):
+                continue
+            _, proof = log.inclusion(s, row.seq - 1, cp.size)
+            items.append((row.seq - 1, entry_bytes(event), proof))
+    return bundle_mod.make_bundle(
+        checkpoint=signed,
+        verifier_key=keys.verifier().text(),
+        items=items,
+        created_at=now,
+        selection={
+            "since": since.isoformat() if since else None,
+            "until": until.isoformat() if until else None,
+            "tenant": tenant,
+        },
+    )
+
+
+def _mentions_tenant(event: Any, tenant: str) -> bool:
+    if event.target_type == "tenant" and event.target_id == tenant:
+        return True
+    details = event.details or {}
+    return details.get("tenant") == tenant
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+# --- group commit -------------------------------------------------------------------------
+
+
+class _Batch:
+    """One commit's worth of events: acknowledged together, once the commit returned."""
+
+    __slots__ = ("done", "errors", "seqs")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.seqs: list[int] = []
+        self.errors: dict[int, BaseException] = {}  # by offset in the batch
+
+
+class Ack:
+    """An event's acknowledgement: ``result()`` blocks until its batch's transaction has
+    committed (then returns the event's seq) or failed (then raises the error)."""
+
+    __slots__ = ("_batch", "_offset")
+
+    def __init__(self, batch: _Batch, offset: int) -> None:
+        self._batch, self._offset = batch, offset
+
+    def done(self) -> bool:
+        return self._batch.done.is_set()
+
+    def result(self, timeout: float | None = None) -> int:
+        batch = self._batch
+        if not batch.done.wait(timeout):
+            raise TimeoutError("the event's batch has not committed yet")
+        error = batch.errors.get(self._offset)
+        if error is not None:
+            raise error
+        return batch.seqs[self._offset]
+
+
+class GroupCommitter:
+    """Many writers, one transaction: events submitted from any thread are recorded together
+    (``Tx.record_many``: the same rows and Merkle hashes as ``Tx.record``) in one write
+    transaction per batch, and each submitter is acknowledged only after that commit has
+    returned. This amortizes the commit (and its fsync) over the batch, so SQLite's single
+    writer stops being the bottleneck for high-volume event-only writes (agent telemetry,
+    attestation results). A failed batch fails every event in it; nothing of it is stored.
+    While one batch commits, the next one fills (up to ``max_batch`` events)."""
+
+    def __init__(self, store: Store, actor: Actor, max_batch: int = 8192) -> None:
+        self.store, self.actor, self.max_batch = store, actor, max_batch
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        # batches waiting for the committer, oldest first; new events join the last one
+        self._queue: list[tuple[_Batch, list[tuple[str, str, str, dict[str, Any] | None]]]] = []
+        self._closed = False
+        self._idle = False  # the committer waits for work (only then is it worth a notify)
+        self.batches = 0
+        self._thread = threading.Thread(target=self._run, name="audit-group-commit", daemon=True)
+        self._thread.start()
+
+    def _open_batch(self, room: int) -> tuple[_Batch, list[Any]]:
+        # caller holds the lock
+        if self._closed:
+            raise RuntimeError("the group committer is closed")
+        if self._queue:
+            batch, events = self._queue[-1]
+            if not events or len(events) + room <= self.max_batch:
+                return batch, events
+        entry: tuple[_Batch, list[Any]] = (_Batch(), [])
+        self._queue.append(entry)
+        return entry
+
+    def submit(
+        self, action: str, target_type: str, target_id: str, details: dict[str, Any] | None = None
+    ) -> Ack:
+        """Queue one event; its ``Ack`` resolves after the commit of its batch."""
+        with self._lock:
+            batch, events = self._open_batch(1)
+            ack = Ack(batch, len(events))
+            events.append((action, target_type, target_id, details))
+            if self._idle:
+                self._wake.notify()
+        return ack
+
+    def submit_many(self, events: list[tuple[str, str, str, dict[str, Any] | None]]) -> list[Ack]:
+        """Queue several events, kept together and in order in one batch."""
+        with self._lock:
+            batch, queued = self._open_batch(len(events))
+            base = len(queued)
+            queued.extend(events)
+            if self._idle:
+                self._wake.notify()
+        return [Ack(batch, base + k) for k in range(len(events))]
+
+    def record(
+        self, action: str, target_type: str, target_id: str, details: dict[str, Any] | None = None
+    ) -> int:
+        """Record one event durably; returns its seq once committed."""
+        return self.submit(action, target_type, target_id, details).result()
+
+    def close(self) -> None:
+        """Commit what is queued, then stop."""
+        with self._lock:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and not self._closed:
+                    self._idle = True
+                    self._wake.wait()
+                    self._idle = False
+                if not self._queue:
+                    return
+                batch, events = self._queue.pop(0)
+            try:
+                with self.store.write(self.actor) as tx:
+                    batch.seqs = tx.record_many(events)
+                self.batches += 1  # the commit returned: durable, acknowledge
+            except ValueError:
+                # an event JSON cannot carry: commit the others one by one, fail only it
+                batch.seqs = [0] * len(events)
+                for k, ev in enumerate(events):
+                    try:
+                        with self.store.write(self.actor) as tx:
+                            batch.seqs[k] = tx.record_many([ev])[0]
+                        self.batches += 1
+                    except Exception as exc:
+                        batch.errors[k] = exc
+            except Exception as exc:  # every submitter of the batch hears of it
+                batch.errors = dict.fromkeys(range(len(events)), exc)
+            batch.done.set()

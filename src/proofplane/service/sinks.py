@@ -1,0 +1,464 @@
+"""SIEM export sinks: configure them, and deliver the event record to them at least once.
+
+Configuration changes (``sink.create``, ``sink.delete``) are events, written in the same
+transaction as the change; the event details hold the redacted configuration only.
+
+Delivery (``export_once``): for each sink, read the events after its cursor in sequence order,
+encode a batch, send it with retries and backoff, and advance the cursor only after the receiver
+acknowledged the batch. A sink that is down keeps its cursor; when it comes back, the next pass
+resumes exactly there, so nothing is lost and nothing is skipped (a batch whose acknowledgement
+was lost is sent again: receivers de-duplicate on ``seq`` / the leaf hash). Cursor progress is
+bookkeeping, not a change of the cluster, and writes no event (it would feed itself); a sink
+that starts failing, and one that recovers, does write one (``sink.delivery_failed``,
+``sink.delivery_recovered``), since a broken audit trail is itself an audit fact (AU-5).
+
+``ExportWorker`` runs ``export_once`` in a background thread of the API server;
+``proofplane sinks flush`` runs one pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from sqlalchemy import func, select, update
+
+from proofplane.access import SYSTEM, Actor, Permission, authorize
+from proofplane.audit.canonical import event_leaf_hash
+from proofplane.audit.export import config as sink_config
+from proofplane.audit.export.sink import Sink, build, deliver
+from proofplane.audit.export.transport import DeliveryError
+from proofplane.errors import Conflict, NotFound, ProofplaneError
+from proofplane.model import Event, Outcome, validate_name
+from proofplane.service.context import Store
+from proofplane.service.events import event_from_row
+from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
+from proofplane.store.tables import EventRow, SinkRow
+
+log = logging.getLogger("proofplane.export")
+
+StartAt = Literal["beginning", "end"]
+MAX_ERROR_CHARS = 500
+
+
+class DeliveryFailed(ProofplaneError):
+    """The sink's receiver did not acknowledge (a test message, a flush)."""
+
+    status = 502
+    code = "delivery_failed"
+
+
+@dataclass(frozen=True, slots=True)
+class SinkView:
+    """A sink as it may be shown: its configuration redacted."""
+
+    name: str
+    type: str
+    enabled: bool
+    config: dict[str, Any]
+    cursor: int
+    head: int
+    consecutive_failures: int
+    last_error: str | None
+    last_attempt_at: datetime | None
+    last_success_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.head - self.cursor)
+
+
+@dataclass
+class PassResult:
+    """What one export pass did for one sink."""
+
+    name: str
+    delivered: int = 0
+    cursor: int = 0
+    error: str | None = None
+
+
+def _view(row: SinkRow, head: int) -> SinkView:
+    return SinkView(
+        name=row.name,
+        type=row.kind,
+        enabled=row.enabled,
+        config=sink_config.redact(dict(row.config)),
+        cursor=row.cursor,
+        head=head,
+        consecutive_failures=row.consecutive_failures,
+        last_error=row.last_error,
+        last_attempt_at=row.last_attempt_at,
+        last_success_at=row.last_success_at,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def _head(session: Any) -> int:
+    return int(session.scalar(select(func.max(EventRow.seq))) or 0)
+
+
+def _row(session: Any, name: str) -> SinkRow:
+    row = session.scalar(select(SinkRow).where(SinkRow.name == name))
+    if row is None:
+        raise NotFound(f"sink {name!r} not found", details={"sink": name})
+    return row  # type: ignore[no-any-return]
+
+
+# --- configuration -----------------------------------------------------------------------------
+
+
+def create_sink(
+    store: Store,
+    actor: Actor,
+    name: str,
+    kind: str,
+    config: dict[str, Any],
+    *,
+    enabled: bool = True,
+    start_at: StartAt = "beginning",
+) -> SinkView:
+    """Add a sink. ``start_at="end"`` skips the history: delivery starts with this change."""
+    authorize(actor, Permission.SINKS_WRITE)
+    validate_name(name, "sink")
+    normalized = sink_config.validate(kind, config)
+    with store.write(actor) as tx:
+        if tx.session.scalar(select(SinkRow.id).where(SinkRow.name == name)):
+            raise Conflict(f"sink {name!r} already exists", details={"sink": name})
+        cursor = _head(tx.session) if start_at == "end" else 0
+        row = SinkRow(
+            name=name,
+            kind=kind,
+            config=normalized,
+            enabled=enabled,
+            cursor=cursor,
+            consecutive_failures=0,
+            last_error=None,
+            last_attempt_at=None,
+            last_success_at=None,
+            created_at=tx.now,
+            updated_at=tx.now,
+        )
+        tx.session.add(row)
+        tx.session.flush()
+        tx.record(
+            "sink.create",
+            "sink",
+            name,
+            details={
+                "type": kind,
+                "config": sink_config.redact(normalized),
+                "enabled": enabled,
+                "start_at": start_at,
+                "cursor": cursor,
+            },
+        )
+        return _view(row, _head(tx.session))
+
+
+def list_sinks(
+    store: Store, actor: Actor, *, limit: int = 100, cursor: str | None = None
+) -> Page[SinkView]:
+    authorize(actor, Permission.SINKS_READ)
+    check_limit(limit)
+    after = decode_cursor("sinks", cursor, str)
+    query = select(SinkRow).order_by(SinkRow.name).limit(limit + 1)
+    if after is not None:
+        query = query.where(SinkRow.name > after)
+    with store.read() as session:
+        rows = list(session.scalars(query))
+        head = _head(session)
+        items = [_view(r, head) for r in rows]
+    return paginate("sinks", items, limit, rows[limit - 1].name if len(rows) > limit else None)
+
+
+def get_sink(store: Store, actor: Actor, name: str) -> SinkView:
+    authorize(actor, Permission.SINKS_READ)
+    with store.read() as session:
+        return _view(_row(session, name), _head(session))
+
+
+def delete_sink(store: Store, actor: Actor, name: str) -> SinkView:
+    authorize(actor, Permission.SINKS_WRITE)
+    with store.write(actor) as tx:
+        row = _row(tx.session, name)
+        view = _view(row, _head(tx.session))
+        tx.session.delete(row)
+        tx.record(
+            "sink.delete",
+            "sink",
+            name,
+            details={"type": row.kind, "config": view.config, "cursor": row.cursor},
+        )
+        return view
+
+
+def test_sink(store: Store, actor: Actor, name: str, *, now: datetime | None = None) -> SinkView:
+    """Send one synthetic message (``sink.test``, sequence number 0) now, without retries;
+    the cursor does not move. Raises DeliveryFailed with the receiver's error."""
+    authorize(actor, Permission.SINKS_WRITE)
+    with store.read() as session:
+        row = _row(session, name)
+        kind, cfg = row.kind, dict(row.config)
+        view = _view(row, _head(session))
+    event = Event(
+        seq=0,
+        ts=now or datetime.now(UTC),
+        actor=actor.name,
+        action="sink.test",
+        target_type="sink",
+        target_id=name,
+        outcome=Outcome.SUCCESS,
+        details={"test": True},
+    )
+    sink = build(kind, cfg)
+    try:
+        sink.transport.send([sink.encode(event, event_leaf_hash(event))])
+    except DeliveryError as exc:
+        raise DeliveryFailed(
+            f"sink {name!r} did not accept the test message", details={"error": str(exc)}
+        ) from exc
+    return view
+
+
+# --- delivery ----------------------------------------------------------------------------------
+
+
+@dataclass
+class RetryPolicy:
+    """Retries within a pass (per batch), and the wait between passes of a failing sink."""
+
+    attempts: int = 3
+    base_delay_s: float = 0.5
+    max_delay_s: float = 30.0
+    sleep: Callable[[float], None] = field(default=time.sleep)
+
+
+def _read_batch(store: Store, after: int, limit: int) -> list[Event]:
+    with store.read() as session:
+        rows = session.scalars(
+            select(EventRow).where(EventRow.seq > after).order_by(EventRow.seq).limit(limit)
+        )
+        return [event_from_row(r) for r in rows]
+
+
+def _advance(store: Store, sink_id: int, name: str, old: int, new: int, recovered: bool) -> None:
+    with store.write(SYSTEM) as tx:
+        result = tx.session.execute(
+            update(SinkRow)
+            .where(SinkRow.id == sink_id, SinkRow.cursor < new)
+            .values(
+                cursor=new,
+                consecutive_failures=0,
+                last_error=None,
+                last_attempt_at=tx.now,
+                last_success_at=tx.now,
+            )
+        )
+        if recovered and result.rowcount:  # type: ignore[attr-defined]
+            tx.record("sink.delivery_recovered", "sink", name, details={"cursor": new, "from": old})
+
+
+def _failed(store: Store, sink_id: int, name: str, cursor: int, error: str) -> None:
+    with store.write(SYSTEM) as tx:
+        row = tx.session.get(SinkRow, sink_id)
+        if row is None:  # deleted meanwhile
+            return
+        if row.consecutive_failures == 0:
+            tx.record(
+                "sink.delivery_failed",
+                "sink",
+                name,
+                outcome=Outcome.FAILURE,
+                details={"cursor": cursor, "error": error},
+            )
+        row.consecutive_failures += 1
+        row.last_error = error
+        row.last_attempt_at = tx.now
+
+
+def export_sink(
+    store: Store,
+    row_id: int,
+    name: str,
+    sink: Sink,
+    cursor: int,
+    failures: int,
+    *,
+    retry: RetryPolicy,
+    max_batches: int | None = None,
+) -> PassResult:
+    """Deliver a sink's backlog from ``cursor`` (one batch at a time, cursor after each)."""
+    result = PassResult(name, cursor=cursor)
+    batches = 0
+    recovered = failures > 0
+    while max_batches is None or batches < max_batches:
+        events = _read_batch(store, result.cursor, sink.batch_size)
+        if not events:
+            break
+        records = [sink.encode(e, event_leaf_hash(e)) for e in events]
+        try:
+            deliver(
+                sink.transport,
+                records,
+                attempts=retry.attempts,
+                base_delay_s=retry.base_delay_s,
+                max_delay_s=retry.max_delay_s,
+                sleep=retry.sleep,
+            )
+        except DeliveryError as exc:
+            result.error = str(exc)[:MAX_ERROR_CHARS]
+            _failed(store, row_id, name, result.cursor, result.error)
+            log.warning("sink %s: delivery failed at seq %d: %s", name, result.cursor + 1, exc)
+            return result
+        _advance(store, row_id, name, result.cursor, events[-1].seq, recovered)
+        recovered = False
+        result.cursor = events[-1].seq
+        result.delivered += len(events)
+        batches += 1
+    return result
+
+
+def export_once(
+    store: Store,
+    actor: Actor = SYSTEM,
+    *,
+    names: list[str] | None = None,
+    retry: RetryPolicy | None = None,
+    max_batches: int | None = None,
+    build_sink: Callable[[str, dict[str, Any]], Sink] = build,
+) -> list[PassResult]:
+    """One export pass over the enabled sinks (or the named ones, enabled or not)."""
+    authorize(actor, Permission.SINKS_WRITE)
+    retry = retry or RetryPolicy()
+    with store.read() as session:
+        query = select(SinkRow).order_by(SinkRow.name)
+        if names:
+            rows = list(session.scalars(query.where(SinkRow.name.in_(names))))
+            missing = sorted(set(names) - {r.name for r in rows})
+            if missing:
+                raise NotFound(f"sink {missing[0]!r} not found", details={"sinks": missing})
+        else:
+            rows = list(session.scalars(query.where(SinkRow.enabled.is_(True))))
+        plan = [
+            (r.id, r.name, r.kind, dict(r.config), r.cursor, r.consecutive_failures) for r in rows
+        ]
+    results = []
+    for row_id, name, kind, cfg, cursor, failures in plan:
+        try:
+            sink = build_sink(kind, cfg)
+        except (DeliveryError, ValueError, OSError) as exc:
+            results.append(PassResult(name, cursor=cursor, error=str(exc)))
+            continue
+        results.append(
+            export_sink(
+                store, row_id, name, sink, cursor, failures, retry=retry, max_batches=max_batches
+            )
+        )
+    return results
+
+
+class ExportWorker:
+    """The exporter in the API server: a thread that runs an export pass every ``interval_s``.
+
+    A sink whose pass failed waits ``interval_s · 2^(failures-1)`` (capped at
+    ``max_backoff_s``) before its next pass, so a receiver that is down for ten minutes is
+    probed about once a minute and caught up from its cursor as soon as it answers.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        interval_s: float = 5.0,
+        max_backoff_s: float = 60.0,
+        max_batches: int = 20,
+        retry: RetryPolicy | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.interval_s = interval_s
+        self.max_backoff_s = max_backoff_s
+        self.max_batches = max_batches
+        self.retry = retry or RetryPolicy()
+        self.clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failures: dict[str, int] = {}
+        self._next_try: dict[str, float] = {}
+
+    def due(self) -> list[str]:
+        """The enabled sinks whose backoff has passed."""
+        now = self.clock()
+        with self.store.read() as session:
+            names = list(session.scalars(select(SinkRow.name).where(SinkRow.enabled.is_(True))))
+        return [n for n in names if self._next_try.get(n, 0.0) <= now]
+
+    def run_once(self) -> list[PassResult]:
+        names = self.due()
+        if not names:
+            return []
+        results = export_once(
+            self.store, names=names, retry=self.retry, max_batches=self.max_batches
+        )
+        now = self.clock()
+        for r in results:
+            if r.error is None:
+                self._failures.pop(r.name, None)
+                self._next_try.pop(r.name, None)
+            else:
+                n = self._failures.get(r.name, 0) + 1
+                self._failures[r.name] = n
+                wait = min(self.max_backoff_s, self.interval_s * 2 ** (n - 1))
+                self._next_try[r.name] = now + wait
+        return results
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.run_once()
+            except NotFound:
+                pass  # a sink deleted between listing and export
+            except Exception:
+                log.exception("SIEM export pass failed")
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="siem-export", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+
+@contextmanager
+def export_worker(store: Store, interval_s: float | None) -> Iterator[ExportWorker | None]:
+    """The server's exporter for the duration of the block (none when ``interval_s`` is
+    falsy)."""
+    if not interval_s:
+        yield None
+        return
+    worker = ExportWorker(store, interval_s=interval_s)
+    worker.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
