@@ -85,7 +85,7 @@ def test_malformed_verifier_keys_refused(bad):
 
 def independent_verify(signed: str, vkey: str) -> tuple[str, int, bytes]:
     """A from-the-spec verifier: c2sp.org/signed-note + c2sp.org/tlog-checkpoint."""
-    name, kid_hex, key_b64 = vkey.split("+")
+    name, kid_hex, key_b64 = vkey.split("+", 2)
     key = base64.b64decode(key_b64)
     assert key[0] == 0x01 and len(key) == 33
     pub = key[1:]
