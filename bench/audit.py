@@ -1,21 +1,32 @@
 """Benchmark: the tamper-evident audit log (issue 4).
 
 * ``append``: durable appends with group commit on SQLite: ``--writers`` threads each keep up
-  to 256 events in flight through ``GroupCommitter`` (``Tx.record``: event row + Merkle
-  hashes in one write transaction per batch), each event acknowledged only after its batch
-  commits, with
-  ``PRAGMA synchronous=FULL`` (WAL fsync at every commit). ``append_per_s`` = events / wall.
+  to 256 events in flight through ``GroupCommitter`` (``Tx.record_many``: event rows + Merkle
+  hashes in one write transaction per batch), each event acknowledged only after the commit
+  of its batch has returned. ``append_per_s`` = events / wall with WAL and
+  ``PRAGMA synchronous=FULL`` (the WAL is fsynced at every commit: a returned commit
+  survives power loss); ``append_per_s_sync_normal`` is the same with the store's default
+  ``synchronous=NORMAL`` (a power loss may lose the last commits; a crash of the process
+  loses nothing). ``append_cpu_us_per_event``: process CPU time per event (FULL run).
+* ``append_per_s_64_writers_one_in_flight``: 64 threads each recording one event at a
+  time (``GroupCommitter.record``: wait for the commit, then the next), FULL sync.
 * ``proofs``: a Merkle log of ``--size`` (10,000,000) entries built directly in a SQLite
-  file in /tmp: leaf hashes of synthetic entries are computed in memory and the
-  ``audit_hashes`` table (leaf + complete-subtree hashes, in append order, exactly the rows
-  ``Tx.record`` writes) is bulk-inserted with ``executemany`` in one transaction, no
-  events table (events do not take part in proofs). Then ``--proofs`` random inclusion and
-  consistency proofs through ``proofplane.audit.log`` on a fresh connection (each one a single
-  ``SELECT … WHERE id IN`` of O(log n) ids); the medians in ms, each checked with
-  ``verify_inclusion``/``verify_consistency``.
+  file: leaf hashes of synthetic entries computed in memory and the ``audit_hashes`` table
+  (leaf + complete-subtree hashes, in append order, exactly the rows ``Tx.record`` writes)
+  bulk-inserted in one transaction, no events table (events take no part in proofs). The
+  file is kept (``--hash-db``, default in /tmp) and reused by later runs. Then ``--proofs``
+  random inclusion and consistency proofs through ``proofplane.audit.log`` on one connection
+  (each: the tree size from the largest id, then one ``SELECT … WHERE id IN`` of O(log n)
+  ids), after as many unmeasured warm-up proofs (``proof_db_warm``: the OS page cache and
+  SQLite's own cache hold the upper levels, as on a serving control plane); median and p99
+  in ms, each proof checked with ``verify_inclusion``/``verify_consistency``.
 * ``verify``: ``service.audit.verify_log`` (what ``proofplane audit verify --db`` runs) on a
-  real store of ``--verify-events`` events written through ``Tx.record``: every leaf
-  recomputed from the event rows, the tree rebuilt, checked against the signed checkpoint.
+  real store of ``--verify-events`` events written through ``Tx.record_many``: every leaf
+  recomputed from the event rows, the tree rebuilt, checked against the signed checkpoint
+  and the stored tree. ``verify_entries_per_s`` uses one worker process per CPU (chunks of
+  2^16 events; ``verify_workers``); ``verify_entries_per_s_one_process`` runs one, and
+  ``verify_entries_per_cpu_s`` is events per CPU-second of that one process (the per-core
+  figure, less sensitive to other load on the machine).
 * storage: ``bytes_per_event`` = (events + indexes + Merkle hashes) per event of that real
   store; ``hash_bytes_per_event`` and ``hash_db_size_bytes_at_size`` from the 10M file;
   ``db_size_bytes_at_10m_estimate`` = bytes_per_event × 10M.
@@ -44,7 +55,7 @@ from typing import Any
 from sqlalchemy import event
 
 from proofplane.access import SYSTEM
-from proofplane.audit import log, merkle
+from proofplane.audit import log, merkle, sqlite_verify
 from proofplane.service import audit as audit_svc
 from proofplane.service.context import Store
 from proofplane.store import migrate
@@ -85,47 +96,48 @@ def _store(path: Path, *, full_sync: bool) -> Store:
     return store
 
 
-def bench_append(workdir: Path, events: int, writers: int) -> dict[str, Any]:
-    store = _store(workdir / "append.db", full_sync=True)
+def bench_append(
+    workdir: Path, events: int, writers: int, *, full_sync: bool, window: int = 256
+) -> dict[str, Any]:
+    name = f"append-{'full' if full_sync else 'normal'}-{writers}-{window}.db"
+    store = _store(workdir / name, full_sync=full_sync)
     committer = audit_svc.GroupCommitter(store, SYSTEM)
     per_writer = events // writers
 
     def work(w: int) -> None:
         # each writer keeps up to ``window`` events in flight (like an agent streaming its
-        # results); every event counts only once its future resolves, i.e. after its commit
-        window: list[Any] = []
+        # results); every event counts only once its ack resolves, i.e. after its commit
+        acks: list[Any] = []
         for i in range(per_writer):
-            window.append(
+            acks.append(
                 committer.submit(
                     "node.heartbeat", "node", f"gpu-{w:03d}", {"seq": i, "gpus": 8, "ok": True}
                 )
             )
-            if len(window) >= 256:
-                for fut in window:
-                    fut.result()
-                window = []
-        for fut in window:
-            fut.result()
+            if len(acks) >= window:
+                for ack in acks:
+                    ack.result()
+                acks = []
+        for ack in acks:
+            ack.result()
 
     threads = [threading.Thread(target=work, args=(w,)) for w in range(writers)]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     committer.close()
     total = per_writer * writers
     with store.read() as s:
         assert log.tree_size(s) == total
     store.dispose()
     return {
-        "append_per_s": round(total / wall),
-        "append_events": total,
-        "append_writers": writers,
-        "append_in_flight_per_writer": 256,
-        "append_batches": committer.batches,
-        "append_sync": "WAL, synchronous=FULL",
+        "per_s": round(total / wall),
+        "events": total,
+        "batches": committer.batches,
+        "cpu_us_per_event": round(cpu / total * 1e6, 1),
     }
 
 
@@ -162,6 +174,22 @@ def build_hash_store(path: Path, size: int) -> float:
     return time.perf_counter() - t0
 
 
+def hash_store(path: Path, size: int) -> tuple[float | None, bool]:
+    """The 10M file: reused when it holds exactly ``size`` leaves, else (re)built."""
+    if path.exists():
+        try:
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            last = conn.execute("SELECT max(id) FROM audit_hashes").fetchone()[0]
+            conn.close()
+            if last is not None and log.size_from_count(last + 1) == size:
+                return None, True
+        except (sqlite3.Error, log.LogCorrupted):
+            pass
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+    return build_hash_store(path, size), False
+
+
 def bench_proofs(path: Path, size: int, count: int) -> dict[str, Any]:
     from sqlalchemy import create_engine
 
@@ -171,6 +199,9 @@ def bench_proofs(path: Path, size: int, count: int) -> dict[str, Any]:
     with engine.connect() as conn:
         assert log.tree_size(conn) == size
         root = log.root_at(conn, size)
+        for _ in range(count):  # warm-up, unmeasured
+            log.inclusion(conn, rng.randrange(size), size)
+            log.consistency(conn, rng.randrange(1, size), size)
         for _ in range(count):
             i = rng.randrange(size)
             t0 = time.perf_counter()
@@ -184,11 +215,14 @@ def bench_proofs(path: Path, size: int, count: int) -> dict[str, Any]:
             cons.append(time.perf_counter() - t0)
             assert merkle.verify_consistency(old, size, log.root_at(conn, old), root, proof)
     engine.dispose()
+    incl.sort()
+    cons.sort()
     return {
         "inclusion_proof_ms": round(statistics.median(incl) * 1000, 3),
-        "inclusion_proof_p99_ms": round(sorted(incl)[int(len(incl) * 0.99)] * 1000, 3),
+        "inclusion_proof_p99_ms": round(incl[int(len(incl) * 0.99)] * 1000, 3),
         "consistency_proof_ms": round(statistics.median(cons) * 1000, 3),
-        "consistency_proof_p99_ms": round(sorted(cons)[int(len(cons) * 0.99)] * 1000, 3),
+        "consistency_proof_p99_ms": round(cons[int(len(cons) * 0.99)] * 1000, 3),
+        "proof_db_warm": True,
     }
 
 
@@ -198,15 +232,15 @@ def bench_verify(workdir: Path, events: int) -> dict[str, Any]:
     keys = audit_svc.AuditKeys(origin="proofplane/bench", key_file=workdir / "bench.key")
     now = datetime.now(UTC)
     rng = random.Random(3)
-    per_tx = 500
+    per_tx = 2000
     for start in range(0, events, per_tx):
         with store.write(SYSTEM, now=now) as tx:
-            for i in range(start, min(events, start + per_tx)):
-                tx.record(
+            tx.record_many(
+                (
                     "workload.place",
                     "workload",
                     f"w-{i}",
-                    details={
+                    {
                         "tenant": f"t{rng.randrange(12)}",
                         "node": f"gpu-{rng.randrange(5000):04d}",
                         "devices": [{"gpu": rng.randrange(8), "mig": "1g.10gb"}],
@@ -214,20 +248,25 @@ def bench_verify(workdir: Path, events: int) -> dict[str, Any]:
                         "isolation": "exclusive",
                     },
                 )
+                for i in range(start, min(events, start + per_tx))
+            )
     audit_svc.sign_checkpoint(store, SYSTEM, keys, now)
     with store.engine.connect() as c:
         c.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
     size = path.stat().st_size
-    t0 = time.perf_counter()
-    report = audit_svc.verify_log(store, keys.verifier(), "proofplane/bench")
-    wall = time.perf_counter() - t0
-    assert report.ok, report.problems
+    out: dict[str, Any] = {"verify_events": events, "bytes_per_event": round(size / events, 1)}
+    cpus = os.cpu_count() or 1
+    for label, workers in (("verify_entries_per_s_one_process", 1), ("verify_entries_per_s", cpus)):
+        t0, c0 = time.perf_counter(), time.process_time()
+        report = audit_svc.verify_log(store, keys.verifier(), "proofplane/bench", workers=workers)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        assert report.ok, report.problems
+        out[label] = round(events / wall)
+        if workers == 1:
+            out["verify_entries_per_cpu_s"] = round(events / cpu)
+    out["verify_workers"] = os.cpu_count() if events >= sqlite_verify.PARALLEL_FROM else 1
     store.dispose()
-    return {
-        "verify_entries_per_s": round(events / wall),
-        "verify_events": events,
-        "bytes_per_event": round(size / events, 1),
-    }
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,9 +276,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=10_000_000)
     ap.add_argument("--append-events", type=int, default=40_000)
     ap.add_argument("--writers", type=int, default=16)
-    ap.add_argument("--verify-events", type=int, default=200_000)
+    ap.add_argument("--verify-events", type=int, default=1_000_000)
     ap.add_argument("--proofs", type=int, default=2000)
     ap.add_argument("--workdir", default=None, help="default: a temporary directory in /tmp")
+    ap.add_argument(
+        "--hash-db",
+        default=None,
+        help="the hash file of --size entries, kept between runs "
+        "(default: /tmp/pp-bench-audit-hashes-SIZE.db)",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.size, args.append_events, args.writers = 5000, 2000, 16
@@ -248,17 +293,37 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         os.environ.setdefault("PROOFPLANE_AUDIT_KEY_FILE", str(work / "k.key"))
         out: dict[str, Any] = {"machine": machine(), "quick": args.quick}
-        out.update(bench_append(work, args.append_events, args.writers))
+        full = bench_append(work, args.append_events, args.writers, full_sync=True)
+        normal = bench_append(work, args.append_events, args.writers, full_sync=False)
+        out.update(
+            {
+                "append_per_s": full["per_s"],
+                "append_sync": "WAL, synchronous=FULL",
+                "append_per_s_sync_normal": normal["per_s"],
+                "append_events": full["events"],
+                "append_writers": args.writers,
+                "append_in_flight_per_writer": 256,
+                "append_batches": full["batches"],
+                "append_cpu_us_per_event": full["cpu_us_per_event"],
+            }
+        )
+        one = bench_append(work, args.append_events // 4, 64, full_sync=True, window=1)
+        out["append_per_s_64_writers_one_in_flight"] = one["per_s"]
         out.update(bench_verify(work, args.verify_events))
-        hashes = work / "hashes.db"
-        build_s = build_hash_store(hashes, args.size)
+        if args.quick:
+            hashes = work / "hashes.db"
+        else:
+            hashes = Path(args.hash_db or f"/tmp/pp-bench-audit-hashes-{args.size}.db")
+        build_s, reused = hash_store(hashes, args.size)
         out["proof_tree_size"] = args.size
-        out["hash_store_build_s"] = round(build_s, 1)
+        out["hash_store_build_s"] = None if build_s is None else round(build_s, 1)
+        out["hash_store_reused"] = reused
         out.update(bench_proofs(hashes, args.size, args.proofs))
         hsize = hashes.stat().st_size
         out["hash_db_size_bytes_at_size"] = hsize
         out["hash_bytes_per_event"] = round(hsize / args.size, 1)
         out["db_size_bytes_at_10m_estimate"] = round(out["bytes_per_event"] * 10_000_000)
+        out["machine"]["load_avg_after"] = machine()["load_avg"]
     if args.json:
         print(json.dumps(out, indent=2))
     else:

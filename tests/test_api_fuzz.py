@@ -24,7 +24,7 @@ def test_no_server_errors(demo: Store, mode: GenerationMode) -> None:
 
         @given(case=operation.as_strategy(generation_mode=mode))
         @settings(
-            max_examples=20, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+            max_examples=12, deadline=None, database=None, suppress_health_check=list(HealthCheck)
         )
         def check(case: schemathesis.Case) -> None:
             response = case.call()

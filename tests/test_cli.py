@@ -945,3 +945,127 @@ def test_events_list_newest_first(server: str) -> None:
     seqs = [e["seq"] for e in page["items"]]
     assert seqs == sorted(seqs, reverse=True) and len(seqs) == 3
     assert page["next"] is not None
+
+
+# --- execution: the demo's processes, workloads logs ---------------------------------------------
+
+
+def _live_jobs(store: Store) -> list[str]:
+    from proofplane.service import execution
+
+    assert store.backend is not None
+    return execution.live_job_ids(store, store.backend)
+
+
+def test_up_runs_the_demo_workloads_as_local_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from proofplane.backends.base import ChangeKind
+    from proofplane.backends.local import LocalExecutor
+
+    seen: dict[str, Any] = {}
+
+    def serving(app_: Any, **_kwargs: Any) -> None:
+        """While `up` serves: the placed demo workloads run, each printing its GPUs."""
+        store = app_.state.store
+        backend = store.backend
+        assert isinstance(backend, LocalExecutor)
+        seen["state_dir"] = backend.state_dir
+        seen["jobs"] = _live_jobs(store)
+        assert {c.kind for c in backend.sync(seen["jobs"])} == {ChangeKind.RUNNING}
+        triage = next(j for j in seen["jobs"] if ".radiology-triage." in j)
+        deadline = time.monotonic() + 10
+        while not backend.logs(triage) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen["log"] = backend.logs(triage).decode()
+        seen["backend"] = backend
+
+    monkeypatch.setattr(server_cli.uvicorn, "run", serving)
+    db = tmp_path / "up.db"
+    out = ok(runner.invoke(app, ["up", "--port", str(free_port()), "--db", f"sqlite:///{db}"]))
+    assert seen["state_dir"] == Path(f"{db}.jobs")  # next to its database, never the user's
+    assert len(seen["jobs"]) >= 5
+    assert seen["log"].startswith("triage.serve --model ct-chest-v4: step 1/720 on ")
+    assert "CUDA_VISIBLE_DEVICES=MIG-SIM-" in seen["log"]
+    assert f"{len(seen['jobs'])} workload(s) dispatched" in flat(out.stdout)
+    assert "proofplane workloads logs radiology-triage" in out.stdout
+    # When `up` stops, so do the demo's processes.
+    assert f"stopped {len(seen['jobs'])} demo workload process(es)" in out.stdout
+    changes = seen["backend"].sync(seen["jobs"])
+    assert {c.kind for c in changes} == {ChangeKind.CANCELLED}
+
+
+@pytest.fixture
+def engine_server(tmp_path: Path) -> Iterator[tuple[str, Store]]:
+    """A server whose store runs its workloads on the local executor (the demo cluster)."""
+    from proofplane.backends.local import LimitMode, LocalExecutor
+    from proofplane.config import ExecutionSettings
+    from proofplane.service import execution
+
+    store = Store(f"sqlite:///{tmp_path / 'engine.db'}")
+    migrate.upgrade(store.engine)
+    backend = LocalExecutor(tmp_path / "jobs", limit_mode=LimitMode("rlimit", "test"))
+    store.backend = backend
+    load_cluster(store, SYSTEM, parse_cluster(demo_text()))
+    assert bootstrap_admin(store, ADMIN_TOKEN)
+    port = free_port()
+    srv = uvicorn.Server(
+        uvicorn.Config(
+            create_app(
+                store, Settings(cookie_secure=False), ExecutionSettings(sync_interval_s=0.2)
+            ),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+        )
+    )
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert thread.is_alive() and time.monotonic() < deadline, "no test server"
+            time.sleep(0.05)
+        yield url, store
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)
+        execution.stop_jobs(backend, backend.adopt())
+        store.dispose()
+
+
+def test_workloads_logs_and_the_engine_job_in_show(engine_server: tuple[str, Store]) -> None:
+    url, _store = engine_server
+    deadline = time.monotonic() + 15
+    while True:  # the server's sync worker sees the process run
+        shown = ok(cli(url, "workloads", "show", "radiology-triage")).stdout
+        if "(running" in shown or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    engine = flat(line_with(shown, "engine"))
+    assert "local job st-marys-hospital.radiology-triage." in engine and "(running" in engine
+    assert "python3 -c" in shown and "triage.serve --model ct-chest-v4" in shown
+    logs = ok(cli(url, "workloads", "logs", "radiology-triage")).stdout
+    assert logs.startswith("triage.serve --model ct-chest-v4: step 1/720 on ")
+    assert "CUDA_VISIBLE_DEVICES=MIG-SIM-" in logs
+    tailed = ok(cli(url, "workloads", "logs", "radiology-triage", "--tail", "10", "-t",
+                    "st-marys-hospital")).stdout  # fmt: skip
+    assert len(tailed.encode()) == 10 and logs.endswith(tailed)
+    assert ok(cli(url, "workloads", "logs", "radiology-triage", "--stderr")).stdout == ""
+    jobs = as_json(cli(url, "backends", "jobs", "radiology-triage", "--json"))
+    assert [j["state"] for j in jobs["items"]] == ["running"]
+    listed = as_json(cli(url, "backends", "list", "--json"))
+    assert [b["name"] for b in listed["items"] if b["configured"]] == ["local"]
+    # A workload that has not run: said so, exit 0.
+    pending = as_json(cli(url, "workloads", "list", "--status", "pending", "--json"))["items"]
+    assert pending
+    waiting = ok(cli(url, "workloads", "logs", pending[0]["name"]))
+    assert "has not run yet" in waiting.stdout
+    missing = cli(url, "workloads", "logs", "no-such-workload")
+    assert missing.exit_code == 1 and "not found" in missing.stderr.lower()

@@ -135,7 +135,7 @@ class ExecutionSettings:
     ``PROOFPLANE_SLURM_BIN_DIR``, ``PROOFPLANE_SLURM_PARTITION``, ``PROOFPLANE_SLURM_OUTPUT_DIR``;
     kubernetes: ``PROOFPLANE_K8S_IMAGE``, ``PROOFPLANE_K8S_NAMESPACE_PREFIX``,
     ``PROOFPLANE_K8S_PIN`` (selector | nodeName). ``PROOFPLANE_EXECUTION_SYNC_SECONDS``: how
-    often the server reconciles with the engine (0: not at all, the default)."""
+    often the server reconciles with the engine (default 5; 0: not at all)."""
 
     backend: str = "local"
     local_state_dir: str | None = None  # None: <user data dir>/executor
@@ -179,7 +179,7 @@ def execution_from_env(env: dict[str, str] | None = None) -> ExecutionSettings:
         raise ValidationFailed(
             "PROOFPLANE_K8S_PIN must be selector or nodeName", code="invalid_setting"
         )
-    sync = env.get("PROOFPLANE_EXECUTION_SYNC_SECONDS", "0")
+    sync = env.get("PROOFPLANE_EXECUTION_SYNC_SECONDS", "5")
     try:
         sync_s = float(sync)
     except ValueError:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from threading import Thread
 
 from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse
@@ -21,14 +22,41 @@ from proofplane.api import (
 )
 from proofplane.api.deps import public
 from proofplane.api.routes import router
-from proofplane.config import Settings
+from proofplane.config import ExecutionSettings, Settings
 from proofplane.service import audit as audit_svc
+from proofplane.service import execution as execution_svc
 from proofplane.service import sinks as sinks_svc
 from proofplane.service.context import Store
 from proofplane.store import migrate
 
 
-def create_app(store: Store, settings: Settings | None = None) -> FastAPI:
+@contextmanager
+def _execution(
+    app: FastAPI, store: Store, execution: ExecutionSettings | None
+) -> Iterator[Thread | None]:
+    """While the server runs: the store's engine (the one it has, else built from
+    ``execution``) and the reconciliation worker every ``execution.sync_interval_s``. Without
+    ``execution`` the store is left as it is."""
+    if execution is None:
+        yield None
+        return
+    given = store.backend
+    backend = given or execution_svc.build_backend(execution)
+    store.backend = app.state.backend = backend
+    try:
+        with execution_svc.sync_worker(store, backend, execution.sync_interval_s) as syncer:
+            yield syncer
+    finally:
+        store.backend = given
+
+
+def create_app(
+    store: Store, settings: Settings | None = None, execution: ExecutionSettings | None = None
+) -> FastAPI:
+    """The API on ``store``. ``execution`` (``config.execution_from_env()``; ``serve`` and ``up``
+    pass it): while the server runs, placed workloads are dispatched to that engine (built at
+    start unless the store already has one) and reconciled every ``sync_interval_s``. Without
+    it and without ``store.backend``, placements are decisions only."""
     settings = settings or Settings()
 
     @asynccontextmanager
@@ -39,9 +67,11 @@ def create_app(store: Store, settings: Settings | None = None) -> FastAPI:
             audit_svc.checkpoint_worker(
                 store, app.state.audit_keys, settings.audit_checkpoint_interval_s
             ) as checkpointer,
+            _execution(app, store, execution) as syncer,
         ):
             app.state.siem_exporter = worker
             app.state.audit_checkpointer = checkpointer
+            app.state.execution_sync = syncer
             yield
 
     app = FastAPI(

@@ -34,9 +34,9 @@ TenantQuery = Annotated[str | None, Query(max_length=63)]
 
 
 def get_backend(request: Request) -> Backend:
-    """The server's engine: ``app.state.backend`` when the server set one, else built once
-    from ``PROOFPLANE_BACKEND`` (building touches nothing on disk)."""
-    backend = getattr(request.app.state, "backend", None)
+    """The server's engine: ``app.state.backend`` when the server set one, else the store's,
+    else built once from ``PROOFPLANE_BACKEND`` (building touches nothing on disk)."""
+    backend = getattr(request.app.state, "backend", None) or request.app.state.store.backend
     if backend is None:
         backend = execution.build_backend(execution_from_env())
         request.app.state.backend = backend

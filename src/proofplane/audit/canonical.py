@@ -43,6 +43,7 @@ __all__ = [
     "event_leaf_hash",
     "fast_canonical_json",
     "format_ts",
+    "quote_string",
     "stored_details",
 ]
 
@@ -233,6 +234,7 @@ def fast_details_json(text: str) -> str | None:
 
 # --- fast paths (the C json encoder where it gives the JCS bytes) ---------------------------
 
+
 def _refuse(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not a JSON value")
 
@@ -311,40 +313,24 @@ def fast_canonical_json(value: Any) -> bytes:
     return canonical_json(value) if text is None else text.encode("utf-8")
 
 
-def stored_details(details: Mapping[str, Any] | None) -> tuple[dict[str, Any], str]:
-    """(details as the database gives them back, their canonical JSON text).
+def stored_details(details: Mapping[str, Any] | None) -> tuple[dict[str, Any], str, str]:
+    """(details as the database gives them back, the JSON text to store, their canonical
+    JSON text).
 
     A JSON column round-trips values through ``json``: tuples come back as lists, non-string
-    keys as strings. The entry hashes what comes back, so normalize first where needed.
-    Raises ``ValueError`` for what JCS cannot carry (NaN, lone surrogates, huge integers)."""
+    keys as strings; the entry hashes what comes back, so that is normalized first where
+    needed. The text to store is the canonical text itself wherever reading it back gives
+    the same values (the common case); where it would not (integers beyond 2^53, floats
+    whose ECMAScript spelling reads back as an integer) it is plain ``json`` text, exactly
+    as before. Raises ``ValueError`` for what JCS cannot carry (NaN, lone surrogates,
+    integers no double equals)."""
     value: Any = {} if details is None else details
     text = _fast_text(value)
-    if text is None:
-        normalized = json.loads(json.dumps(value))
-        if not isinstance(normalized, dict):
-            raise ValueError("event details must be a JSON object")
-        value = normalized
-        text = canonical_json(value).decode("utf-8")
-    return value, text
-
-
-def entry_text(
-    *,
-    action: str,
-    actor: str,
-    details_text: str,
-    outcome: str,
-    seq: int,
-    target_id: str,
-    target_type: str,
-    ts_text: str,
-) -> str:
-    """The JCS entry text from its parts: ``details_text`` already canonical (from
-    ``stored_details``) and ``ts_text`` from ``format_ts``. Equal to ``entry_bytes`` of the
-    same event (tested)."""
-    q = quote_string
-    return (
-        f'{{"action":{q(action)},"actor":{q(actor)},"details":{details_text},'
-        f'"outcome":{q(outcome)},"seq":{int(seq)},"target_id":{q(target_id)},'
-        f'"target_type":{q(target_type)},"ts":"{ts_text}","v":{ENTRY_VERSION}}}'
-    )
+    if text is not None:
+        return value, text, text
+    normalized = json.loads(json.dumps(value))
+    if not isinstance(normalized, dict):
+        raise ValueError("event details must be a JSON object")
+    canonical = canonical_json(normalized).decode("utf-8")
+    stored = json.dumps(normalized, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return normalized, stored, canonical

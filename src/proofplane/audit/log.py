@@ -17,7 +17,6 @@ of at most ~2·log2(n) ids, then a few hashes in memory.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +25,6 @@ from sqlalchemy import Connection, func, insert, select
 from sqlalchemy.orm import Session
 
 from proofplane.audit import merkle
-from proofplane.audit.canonical import AuditableEvent, entry_bytes
 from proofplane.errors import ProofplaneError
 from proofplane.store.tables import AuditHashRow
 
@@ -145,29 +143,13 @@ def sqlite_connection(db: Session | Connection) -> Any | None:
     return conn.connection.driver_connection
 
 
-def stored_entry_bytes(event: AuditableEvent) -> bytes:
-    """The entry bytes of an event as the database will give it back: details go through
-    the same JSON round trip the JSON column applies (tuples become lists, and so on)."""
-    details = event.details
-    if details:
-        normalized = json.loads(json.dumps(details))
-        if normalized != details:
-            return entry_bytes(_WithDetails(event, normalized))
-    return entry_bytes(event)
-
-
-@dataclass(slots=True)
-class _WithDetails:
-    _event: AuditableEvent
-    details: dict[str, object]
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._event, name)
-
-
 def tree_size(db: Session | Connection) -> int:
-    """The number of leaves in the stored tree."""
-    last = db.execute(select(func.max(AuditHashRow.id))).scalar()
+    """The number of leaves in the stored tree (one index seek: the largest id)."""
+    raw = sqlite_connection(db)
+    if raw is not None:
+        last = raw.execute("SELECT max(id) FROM audit_hashes").fetchone()[0]
+    else:
+        last = db.execute(select(func.max(AuditHashRow.id))).scalar()
     return 0 if last is None else size_from_count(last + 1)
 
 
@@ -223,9 +205,15 @@ def _fetch(db: Session | Connection, ids: Sequence[int]) -> dict[int, bytes]:
     if not ids:
         return {}
     wanted = set(ids)
-    rows = db.execute(
-        select(AuditHashRow.id, AuditHashRow.hash).where(AuditHashRow.id.in_(wanted))
-    ).all()
+    raw = sqlite_connection(db)
+    if raw is not None:
+        # one prepared statement per id count (sqlite3 caches them): point reads on the key
+        marks = ",".join("?" * len(wanted))
+        rows = raw.execute(f"SELECT id, hash FROM audit_hashes WHERE id IN ({marks})", [*wanted])
+    else:
+        rows = db.execute(
+            select(AuditHashRow.id, AuditHashRow.hash).where(AuditHashRow.id.in_(wanted))
+        ).all()
     found = {r[0]: bytes(r[1]) for r in rows}
     missing = wanted - found.keys()
     if missing:

@@ -118,12 +118,19 @@ def verify(
     ),
     trusted: str | None = KeyOpt,
     origin: str | None = typer.Option(None, "--origin", help="Expected origin line."),
+    workers: int | None = typer.Option(
+        None,
+        "--workers",
+        min=1,
+        help="With --db on SQLite: processes for the recomputation (default: one per CPU "
+        "for large logs).",
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Recompute the whole log from the events and check it against the newest signed
     checkpoint. Exits 1 naming the first index that does not match."""
     if db is not None:
-        report = _verify_db(db, _trusted_key(trusted), origin)
+        report = _verify_db(db, _trusted_key(trusted), origin, workers)
     else:
         report = _verify_server(ctx, _trusted_key(trusted), origin)
     if as_json:
@@ -139,7 +146,9 @@ def verify(
         )
 
 
-def _verify_db(url: str, trusted: str | None, origin: str | None) -> dict[str, Any]:
+def _verify_db(
+    url: str, trusted: str | None, origin: str | None, workers: int | None = None
+) -> dict[str, Any]:
     from proofplane.service import audit as audit_svc
     from proofplane.service.context import Store
 
@@ -152,7 +161,7 @@ def _verify_db(url: str, trusted: str | None, origin: str | None) -> dict[str, A
             vk = note.parse_verifier_key(trusted)
         store = Store(url)
         try:
-            return audit_svc.verify_log(store, vk, origin).to_dict()
+            return audit_svc.verify_log(store, vk, origin, workers=workers).to_dict()
         finally:
             store.dispose()
 

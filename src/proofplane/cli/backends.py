@@ -1,7 +1,7 @@
-"""``proofplane backends list`` and ``logs`` (for ``proofplane workloads logs NAME``).
+"""``proofplane backends list|jobs``, and ``logs`` (``proofplane workloads logs NAME``).
 
-``logs`` is a plain command function so the workloads group can register it
-(``app.command("logs")(backends.logs)`` in cli/workloads.py); ``backends`` has its own group.
+``logs`` and ``workload_jobs`` are plain functions: cli/workloads.py registers ``logs`` in the
+workloads group and shows the jobs in ``workloads show``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from rich.table import Table
 from proofplane.cli import render
 from proofplane.cli.client import segment
 from proofplane.cli.common import JsonOpt, client, fetch
+
+API = "/api/v1"
 
 app = typer.Typer(help="Execution backends: the engine that runs placed workloads.",
                   no_args_is_help=True)  # fmt: skip
@@ -42,7 +44,7 @@ def backends_table(items: list[dict[str, Any]]) -> Table:
 @app.command("list")
 def list_backends(ctx: typer.Context, as_json: bool = JsonOpt) -> None:
     """The configured engine (PROOFPLANE_BACKEND on the server), its health and options."""
-    data = fetch(ctx, "/backends")
+    data = fetch(ctx, f"{API}/backends")
     if as_json:
         render.print_json(data)
         return
@@ -53,12 +55,13 @@ def list_backends(ctx: typer.Context, as_json: bool = JsonOpt) -> None:
 def jobs(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="Workload name."),
-    tenant: str | None = typer.Option(None, "--tenant", help="When several tenants share it."),
+    tenant: str | None = typer.Option(
+        None, "--tenant", "-t", help="When several tenants share it."
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """A workload's engine jobs: backend, engine job id, last reported state."""
-    params = {"tenant": tenant} if tenant else None
-    data = client(ctx).get(f"/workloads/{segment(name)}/jobs", params=params)
+    data = workload_jobs(ctx, name, tenant)
     if as_json:
         render.print_json(data)
         return
@@ -76,25 +79,31 @@ def jobs(
     render.console().print(table)
 
 
+def workload_jobs(ctx: typer.Context, name: str, tenant: str | None) -> dict[str, Any]:
+    """GET /workloads/{name}/jobs: the workload's engine jobs, oldest first."""
+    with client(ctx) as api:
+        return api.get(  # type: ignore[no-any-return]
+            f"{API}/workloads/{segment(name)}/jobs", params={"tenant": tenant}
+        )
+
+
 def logs(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="Workload name."),
     stderr: bool = typer.Option(False, "--stderr", help="Show standard error, not output."),
     tail: int | None = typer.Option(None, "--tail", min=1, help="Only the last N bytes."),
-    tenant: str | None = typer.Option(None, "--tenant", help="When several tenants share it."),
+    tenant: str | None = typer.Option(
+        None, "--tenant", "-t", help="The workload's tenant, when several tenants use the name."
+    ),
 ) -> None:
     """Print the captured output of a workload's latest run (local executor)."""
-    params: dict[str, Any] = {"stream": "stderr" if stderr else "stdout"}
+    params: dict[str, Any] = {"stream": "stderr" if stderr else "stdout", "tenant": tenant}
     if tail:
         params["tail"] = tail
-    if tenant:
-        params["tenant"] = tenant
-    data = client(ctx).get(f"/workloads/{segment(name)}/logs", params=params)
+    with client(ctx) as api:
+        data = api.get(f"{API}/workloads/{segment(name)}/logs", params=params)
     if data["job_id"] is None:
         render.print_line(f"workload {name} has not run yet", "yellow")
         return
     sys.stdout.write(data["text"])
     sys.stdout.flush()
-
-
-app.command("logs")(logs)  # also ``proofplane backends logs NAME`` until workloads wires it

@@ -338,7 +338,41 @@ def workloads_table(workloads: Sequence[dict[str, Any]]) -> Table:
     return table
 
 
-def show_workload(w: dict[str, Any]) -> None:
+def command_summary(command: Sequence[str]) -> str:
+    """A command on one line: an inline script argument (``python3 -c "…"``) shows as its
+    first line and an ellipsis (``--json`` has it whole)."""
+    parts = []
+    for arg in command:
+        if "\n" in arg:
+            arg = arg.split("\n", 1)[0] + " …"
+        parts.append(f'"{arg}"' if " " in arg else arg)
+    return " ".join(parts)
+
+
+def engine_job(jobs: Sequence[dict[str, Any]]) -> Text:
+    """The latest engine job of a workload: ``local job ID (running: pid 42)``."""
+    if not jobs:
+        return text(None)
+    j = jobs[-1]
+    line = Text(f"{j['backend']} job {j['job_id']} (")
+    line.append(j["state"], JOB_STATE_STYLES.get(j["state"], ""))
+    line.append(f": {j['message']})" if j.get("message") else ")")
+    if len(jobs) > 1:
+        line.append(f"; {len(jobs) - 1} earlier job(s)", style="dim")
+    return line
+
+
+JOB_STATE_STYLES = {
+    "submitted": "yellow",
+    "running": "green",
+    "succeeded": "green",
+    "failed": "red",
+    "cancelled": "dim",
+}
+
+
+def show_workload(w: dict[str, Any], jobs: Sequence[dict[str, Any]] | None = None) -> None:
+    """One workload; ``jobs`` (GET /workloads/{name}/jobs) adds the engine job running it."""
     out = console()
     out.print(
         _kv(
@@ -350,7 +384,8 @@ def show_workload(w: dict[str, Any]) -> None:
                 ("request", text(request_summary(w.get("gpus") or {}))),
                 ("priority", text(w.get("priority"))),
                 ("tags", text(pairs(w.get("tags")))),
-                ("command", text(" ".join(w.get("command") or []))),
+                ("command", text(command_summary(w.get("command") or []))),
+                *([("engine", engine_job(jobs))] if jobs is not None else []),
                 ("created", text(timestamp(w.get("created_at")))),
                 ("updated", text(timestamp(w.get("updated_at")))),
             ],

@@ -7,12 +7,17 @@ Store errors become one message on stderr and exit status 1.
 ``PROOFPLANE_ADMIN_TOKEN`` set, a control plane without users gets an ``admin`` user holding
 that token; ``up`` always has one (a fresh random token unless the variable is set), shows it,
 and stores it in the CLI's credentials file so that the demo's commands work as they are.
+
+Both hand placed workloads to the execution engine (``PROOFPLANE_BACKEND``, the local executor
+by default). ``up`` reconciles with it every second and keeps the local executor's state next to
+its database; when it stops, it stops the demo's processes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import errno
+import shutil
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,6 +43,7 @@ from proofplane.cli import credentials, render
 from proofplane.cli.client import DEFAULT_SERVER, CliError, format_details
 from proofplane.errors import Conflict, ProofplaneError, ValidationFailed
 from proofplane.hardware.cluster_file import ClusterSpec, parse_cluster
+from proofplane.service import execution as execution_svc
 from proofplane.service.access import MAX_TOKEN_TTL, bootstrap_admin
 from proofplane.service.cluster import load_cluster
 from proofplane.service.context import Store
@@ -46,6 +52,7 @@ from proofplane.store.db import default_database_url
 
 DB_ENV = "PROOFPLANE_DATABASE_URL"
 DEFAULT_PORT = 8470
+DEMO_SYNC_SECONDS = 1.0  # `up`: how often the demo reconciles with its engine
 
 db_app = typer.Typer(help="Database schema migrations.", no_args_is_help=True)
 
@@ -172,6 +179,53 @@ def _fresh_demo_database() -> str:
     return f"sqlite:///{path}"
 
 
+def local_jobs_dir(url: str) -> Path | None:
+    """Where the local executor keeps its jobs for a SQLite database: next to the file
+    (``demo.db`` -> ``demo.db.jobs``), so each database has its own. None for other databases
+    (the executor's default, in the user data directory)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None
+    if parsed.get_backend_name() != "sqlite" or not parsed.database:
+        return None
+    if parsed.database == ":memory:" or parsed.database.startswith("file:"):
+        return None
+    return Path(f"{parsed.database}.jobs")
+
+
+def load_execution(url: str, *, demo: bool = False) -> config.ExecutionSettings:
+    """The execution settings from ``PROOFPLANE_*`` for a server on ``url``: the local
+    executor's state next to a SQLite database unless PROOFPLANE_LOCAL_STATE_DIR says where;
+    ``demo`` (``up``): reconciled every second unless PROOFPLANE_EXECUTION_SYNC_SECONDS says."""
+    try:
+        settings = config.execution_from_env()
+    except ValidationFailed as exc:
+        raise CliError(f"proofplane: invalid configuration: {exc.message}") from exc
+    if settings.backend == "local" and settings.local_state_dir is None:
+        jobs = local_jobs_dir(url)
+        if jobs is not None:
+            settings = dataclasses.replace(settings, local_state_dir=str(jobs))
+    if demo and settings.sync_interval_s is None:
+        settings = dataclasses.replace(settings, sync_interval_s=DEMO_SYNC_SECONDS)
+    return settings
+
+
+def _clear_jobs_dir(path: Path) -> None:
+    """Stop what a previous demo left running in its executor directory, then remove it (its
+    database is gone, so nothing else knows these jobs)."""
+    from proofplane.backends.local import LocalExecutor
+
+    if not path.exists():
+        return
+    old = LocalExecutor(path, kill_grace_s=1.0)
+    execution_svc.stop_jobs(old, old.adopt())
+    try:
+        shutil.rmtree(path)
+    except OSError as exc:
+        raise CliError(f"proofplane: cannot remove the old demo jobs in {path}: {exc}") from exc
+
+
 def load_settings() -> config.Settings:
     """The server settings from ``PROOFPLANE_*``; a malformed one is one error line (exit 1)."""
     try:
@@ -209,6 +263,7 @@ def _welcome(
     cluster: str,
     token: str | None,
     saved_in: str | None,
+    engine: str = "",
 ) -> Panel:
     env = [] if url == DEFAULT_SERVER else [f"export PROOFPLANE_SERVER={url}"]
     commands = [
@@ -217,6 +272,7 @@ def _welcome(
         "proofplane nodes list",
         "proofplane workloads list",
         "proofplane workloads show radiology-triage",
+        "proofplane workloads logs radiology-triage",
         f'curl -s -H "Authorization: Bearer $PROOFPLANE_TOKEN" {url}/api/v1/nodes',
         'proofplane nodes state fra-h100-01 failed --reason "PSU fault"',
         "proofplane events list --newest --action 'workload.*'",
@@ -231,6 +287,7 @@ def _welcome(
             f"{counts['tenants']} tenants, {counts['nodes']} nodes, "
             f"{counts['workloads']} workloads from {cluster}",
         ),
+        *([("engine", engine)] if engine else []),
     ):
         facts.append(f"{key:<10}", style="bold cyan")
         facts.append(f"{value}\n")
@@ -255,7 +312,7 @@ def _welcome(
     tries = Text("Try:\n", style="bold")
     for cmd in commands:
         tries.append(f"  {cmd}\n", style="green")
-    tries.append("\nCtrl-C stops the server.", style="dim")
+    tries.append("\nCtrl-C stops the server and the demo's processes.", style="dim")
     return Panel(
         Group(facts, access, tries),
         title="proofplane is up",
@@ -265,11 +322,42 @@ def _welcome(
     )
 
 
-def _serve(store: Store, host: str, port: int, settings: config.Settings) -> None:
+def _engine_line(store: Store) -> str:
+    """The welcome panel's line about the engine running the demo's workloads."""
+    backend = store.backend
+    if backend is None:
+        return ""
+    described = backend.describe()
+    where = described.get("state_dir")
+    live = len(execution_svc.live_job_ids(store, backend))
+    line = f"{backend.name}: {live} workload(s) dispatched"
+    return line + (f", processes' state and output in {where}" if where else "")
+
+
+def _serve(
+    store: Store,
+    host: str,
+    port: int,
+    settings: config.Settings,
+    execution: config.ExecutionSettings,
+    *,
+    stop_jobs: bool = False,
+) -> None:
+    """Serve until stopped; ``stop_jobs`` (``up``): then cancel the engine jobs still live."""
     try:
-        uvicorn.run(create_app(store, settings), host=host, port=port)
+        uvicorn.run(create_app(store, settings, execution), host=host, port=port)
     finally:
-        store.dispose()
+        try:
+            if stop_jobs and store.backend is not None:
+                backend = store.backend
+                with store_errors("cannot stop the demo's processes"):
+                    stopped = execution_svc.stop_jobs(
+                        backend, execution_svc.live_job_ids(store, backend)
+                    )
+                if stopped:
+                    render.print_line(f"stopped {len(stopped)} demo workload process(es)")
+        finally:
+            store.dispose()
 
 
 # --- commands ----------------------------------------------------------------------------------
@@ -286,6 +374,7 @@ def serve(
     without users gets an `admin` user holding that token (90 days)."""
     settings = load_settings()
     url = db or default_database_url()
+    execution = load_execution(url)
     check_port(host, port)
     store = open_store(url)
     installed = settings.admin_token is not None and bootstrap(store, settings.admin_token)
@@ -295,7 +384,7 @@ def serve(
     )
     if installed:
         render.print_line("created user admin with the PROOFPLANE_ADMIN_TOKEN token (90 days)")
-    _serve(store, host, port, settings)
+    _serve(store, host, port, settings, execution)
 
 
 def up(
@@ -323,10 +412,17 @@ def up(
     settings = dataclasses.replace(env_settings, admin_token=token, cookie_secure=False)
     spec, source = read_cluster(cluster)
     check_port(host, port)
+    execution = load_execution(db or f"sqlite:///{demo_database_path()}", demo=True)
     url = db if db is not None else _fresh_demo_database()
+    if db is None and execution.backend == "local" and execution.local_state_dir:
+        jobs_dir = Path(execution.local_state_dir)
+        if jobs_dir == local_jobs_dir(url):  # ours, not one PROOFPLANE_LOCAL_STATE_DIR named
+            _clear_jobs_dir(jobs_dir)
     store = open_store(url)
     try:
         with store_errors(f"cannot load {source}"):
+            # The demo's placed workloads start as the cluster loads (and stop if it fails).
+            store.backend = execution_svc.build_backend(execution)
             counts = load_cluster(store, SYSTEM, spec)
     except CliError as exc:
         store.dispose()
@@ -337,12 +433,26 @@ def up(
             )
         raise
     url_base = base_url(host, port)
-    installed = bootstrap(store, token)
-    saved_in = _save_demo_token(url_base, token) if installed else None
-    render.console().print(
-        _welcome(url_base, shown_url(url), counts, source, token if installed else None, saved_in)
-    )
-    _serve(store, host, port, settings)
+    try:
+        installed = bootstrap(store, token)
+        saved_in = _save_demo_token(url_base, token) if installed else None
+        render.console().print(
+            _welcome(
+                url_base,
+                shown_url(url),
+                counts,
+                source,
+                token if installed else None,
+                saved_in,
+                _engine_line(store),
+            )
+        )
+    except BaseException:
+        assert store.backend is not None
+        execution_svc.stop_jobs(store.backend, execution_svc.live_job_ids(store, store.backend))
+        store.dispose()
+        raise
+    _serve(store, host, port, settings, execution, stop_jobs=True)
 
 
 @db_app.command("upgrade")

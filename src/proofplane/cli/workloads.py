@@ -7,7 +7,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from proofplane.cli import render
+from proofplane.cli import backends, render
 from proofplane.cli.client import segment
 from proofplane.cli.common import (
     AllOpt,
@@ -138,12 +138,17 @@ def show(
     tenant: str | None = TenantOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Show one workload: where it was placed, or why it waits."""
+    """Show one workload: where it was placed and the engine job running it, or why it
+    waits."""
     workload = _call(ctx, "GET", name, tenant)
     if as_json:
         render.print_json(workload)
     else:
-        render.show_workload(workload)
+        jobs = backends.workload_jobs(ctx, name, workload["tenant"])["items"]
+        render.show_workload(workload, jobs)
+
+
+app.command("logs")(backends.logs)
 
 
 @app.command("cancel")

@@ -10,6 +10,7 @@ and call for another checkpoint, forever).
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import threading
 from collections.abc import Iterator
@@ -20,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import platformdirs
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from proofplane.access import Actor, Permission, authorize
 from proofplane.audit import bundle as bundle_mod
-from proofplane.audit import log, merkle, note
-from proofplane.audit.canonical import canonical_json, entry_bytes, fast_details_json
+from proofplane.audit import log, merkle, note, sqlite_verify
+from proofplane.audit.canonical import entry_bytes
 from proofplane.errors import NotFound, ProofplaneError, ValidationFailed
 from proofplane.service.context import Store
 from proofplane.service.events import event_from_row
@@ -292,13 +293,19 @@ def iter_leaf_hashes(store: Store, batch: int = 20_000) -> Iterator[tuple[int, b
             select(EventRow).order_by(EventRow.seq).execution_options(yield_per=batch)
         )
         for (row,) in result:
-            yield row.seq, merkle.leaf_hash(entry_bytes(event_from_row(row)))
+            try:
+                leaf = merkle.leaf_hash(entry_bytes(event_from_row(row)))
+            except (TypeError, ValueError):
+                leaf = UNREADABLE_LEAF
+            yield row.seq, leaf
+
+
+# The leaf of a row that is no event at all (unparseable details, a column of the wrong
+# type): no entry hashes to it, so the row is reported where it is, not crashed on.
+UNREADABLE_LEAF = hashlib.sha256(b"proofplane: unreadable event row").digest()
 
 
 def _sqlite_leaf_hashes(store: Store, batch: int) -> Iterator[tuple[int, bytes]]:
-    from proofplane.audit.canonical import _string as js
-    from proofplane.audit.merkle import leaf_hash
-
     raw = store.engine.raw_connection()
     try:
         cur = raw.cursor()
@@ -308,35 +315,30 @@ def _sqlite_leaf_hashes(store: Store, batch: int) -> Iterator[tuple[int, bytes]]
             "FROM events ORDER BY seq"
         )
         while rows := cur.fetchmany(batch):
-            for seq, ts, actor, action, ttype, tid, outcome, details in rows:
-                det = fast_details_json(details)
-                if det is None:
-                    import json
-
-                    det = canonical_json(json.loads(details)).decode()
-                # SQLAlchemy keeps SQLite datetimes as 'YYYY-MM-DD HH:MM:SS.ffffff' (UTC)
-                ts_text = ts.replace(" ", "T") + "Z" if len(ts) == 26 else _slow_ts(ts)
-                text = (
-                    f'{{"action":{js(action)},"actor":{js(actor)},"details":{det},'
-                    f'"outcome":{js(outcome)},"seq":{seq},"target_id":{js(tid)},'
-                    f'"target_type":{js(ttype)},"ts":"{ts_text}","v":1}}'
-                )
-                yield seq, leaf_hash(text.encode())
+            for row in rows:
+                try:
+                    leaf = sqlite_verify.exact_leaf(row)
+                except sqlite_verify.Unverifiable:
+                    leaf = UNREADABLE_LEAF
+                yield row[0], leaf
         cur.execute("COMMIT")
     finally:
         raw.close()
 
 
-def _slow_ts(ts: str) -> str:
-    from proofplane.audit.canonical import format_ts
-
-    return format_ts(datetime.fromisoformat(ts).replace(tzinfo=UTC))
-
-
-def verify_log(store: Store, verifier: note.VerifierKey, origin: str | None = None) -> VerifyReport:
+def verify_log(
+    store: Store,
+    verifier: note.VerifierKey,
+    origin: str | None = None,
+    *,
+    workers: int | None = None,
+) -> VerifyReport:
     """Recompute every leaf from the event rows and the tree from the leaves, and check it
     against the newest signed checkpoint and the stored Merkle log. Names the first index
-    that does not match. (No actor: this runs with direct database access, as an auditor.)"""
+    that does not match. (No actor: this runs with direct database access, as an auditor.)
+
+    On SQLite a fast pass runs first (``audit.sqlite_verify``, ``workers`` processes, default
+    one per CPU); only when it cannot prove the log whole does the exact pass below run."""
     with store.read() as s:
         cp_row = s.scalars(
             select(AuditCheckpointRow).order_by(AuditCheckpointRow.id.desc()).limit(1)
@@ -357,6 +359,10 @@ def verify_log(store: Store, verifier: note.VerifierKey, origin: str | None = No
             report.problems.append(f"the newest checkpoint does not verify: {exc}")
             return report
         report.checkpoint_size = cp.size
+    if cp is not None and cp.size <= stored_size:
+        fast = _fast_verify(store, stored_size, cp, workers)
+        if fast is not None:
+            return fast
 
     stack = _Stack()
     cp_root: bytes | None = None if cp is None or cp.size else merkle.EMPTY_ROOT
@@ -395,6 +401,29 @@ def verify_log(store: Store, verifier: note.VerifierKey, origin: str | None = No
     if cp is None:
         report.ok = report.ok and first_bad is None and stack.size == stored_size
     return report
+
+
+def _fast_verify(
+    store: Store, size: int, cp: note.Checkpoint, workers: int | None
+) -> VerifyReport | None:
+    """The fast pass (SQLite, ``audit.sqlite_verify``): a report when it proves the log
+    whole (exactly ``size`` events, seq 1..size, reproducing the signed checkpoint root and
+    the stored tree); None otherwise, and the exact pass then says what is wrong."""
+    path = store.engine.url.database
+    if store.engine.dialect.name != "sqlite" or not path:
+        return None
+    with store.read() as s:
+        lo_hi = tuple(s.execute(select(func.min(EventRow.seq), func.max(EventRow.seq))).one())
+        stored_root = log.root_at(s, size) if size else merkle.EMPTY_ROOT
+    if lo_hi != ((1, size) if size else (None, None)):
+        return None
+    try:
+        full, at, _slow = sqlite_verify.log_roots(path, size, [cp.size], workers=workers)
+    except sqlite_verify.Unverifiable:
+        return None
+    if full != stored_root or at.get(cp.size) != cp.root_hash:
+        return None
+    return VerifyReport(True, size, size, cp.size)
 
 
 def _locate(store: Store, upto: int, checkpoints: list[tuple[int, bytes, str]]) -> int | None:

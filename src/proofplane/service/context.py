@@ -11,7 +11,7 @@ import hashlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import Dialect, Engine, func, insert, select
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
@@ -24,6 +24,9 @@ from proofplane.errors import Conflict, Unavailable, ValidationFailed
 from proofplane.model import Outcome
 from proofplane.store.db import make_engine, read_session, write_session
 from proofplane.store.tables import EventRow
+
+if TYPE_CHECKING:
+    from proofplane.backends.base import Backend
 
 
 class NewEvent(NamedTuple):
@@ -48,6 +51,8 @@ _OUTCOMES = {o: o.value for o in Outcome}
 
 class Tx:
     """A write transaction in progress: the session, who acts, and when."""
+
+    backend: Backend | None = None  # the store's execution engine (service/execution.py)
 
     def __init__(self, session: Session, actor: Actor, now: datetime) -> None:
         self.session = session
@@ -92,7 +97,7 @@ class Tx:
 
     def _prepare(
         self, events: Iterable[NewEvent | tuple[Any, ...]]
-    ) -> list[tuple[str, str, str, str, dict[str, Any], str]]:
+    ) -> list[tuple[str, str, str, str, dict[str, Any], str, str]]:
         # pure and first: a refused event leaves the transaction's log state untouched
         out = []
         success = Outcome.SUCCESS.value
@@ -105,11 +110,13 @@ class Tx:
             else:
                 action, target_type, target_id, details = NewEvent(*e)[:4]
                 outcome = success
-            value, text = stored_details(details)
-            out.append((action, target_type, target_id, outcome, value, text))
+            value, stored, text = stored_details(details)
+            out.append((action, target_type, target_id, outcome, value, stored, text))
         return out
 
-    def _write(self, prepared: list[tuple[str, str, str, str, dict[str, Any], str]]) -> list[int]:
+    def _write(
+        self, prepared: list[tuple[str, str, str, str, dict[str, Any], str, str]]
+    ) -> list[int]:
         session = self.session
         if self._next_seq is None:
             last = session.scalar(select(func.max(EventRow.seq)))
@@ -131,15 +138,15 @@ class Tx:
         params: list[tuple[Any, ...]] = []
         leaves: list[bytes] = []
         sha = hashlib.sha256
-        for action, target_type, target_id, outcome, value, text in prepared:
+        for action, target_type, target_id, outcome, value, stored, text in prepared:
             entry = (
-                f"{head}{q(action)}{mid}{text},\"outcome\":{q(outcome)},\"seq\":{seq},"
+                f'{head}{q(action)}{mid}{text},"outcome":{q(outcome)},"seq":{seq},'
                 f'"target_id":{q(target_id)},"target_type":{q(target_type)}{tail}'
             )
             leaves.append(sha(b"\x00" + entry.encode("utf-8")).digest())
             row = (seq, ts_db, actor, action, target_type, target_id, outcome)
             if sqlite:
-                params.append((*row, text))  # details stored as their canonical JSON text
+                params.append((*row, stored))  # as a rule the canonical text itself
             else:
                 rows.append(dict(zip(_EVENT_COLUMNS, (*row, value), strict=True)))
             seq += 1
@@ -168,11 +175,15 @@ def _sqlite_ts(now: datetime, dialect: Dialect) -> str:
 
 
 class Store:
-    """The database a control plane instance works on."""
+    """The database a control plane instance works on, and the engine that runs its placed
+    workloads (``backend``; None: placements are decisions only, nothing is executed)."""
 
-    def __init__(self, url: str, engine: Engine | None = None) -> None:
+    def __init__(
+        self, url: str, engine: Engine | None = None, backend: Backend | None = None
+    ) -> None:
         self.url = url
         self.engine = engine or make_engine(url)
+        self.backend = backend
 
     @contextmanager
     def write(self, actor: Actor, now: datetime | None = None) -> Iterator[Tx]:
@@ -180,6 +191,7 @@ class Store:
         try:
             with session.begin():
                 tx = Tx(session, actor, now or datetime.now(UTC))
+                tx.backend = self.backend
                 yield tx
                 tx.finish()
         except IntegrityError as exc:

@@ -1,12 +1,20 @@
 """Execution: hand placed workloads to the engine and turn what the engine says into events.
 
-The engine is told about decisions; it never makes them. Three entry points:
+The engine is told about decisions; it never makes them. The store carries the engine
+(``Store.backend``, handed to every transaction as ``Tx.backend``; None: nothing is executed)
+and the flows call in here:
 
 * ``dispatch_placed(tx, backend, row)`` — right after a placement, in the placing
-  transaction. An unreachable engine puts the workload back to Pending with reason
-  ``backend_unavailable`` (retried by ``sync``); a job the engine rejects fails the workload
-  with the engine's message.
-* ``cancel(tx, backend, row)`` — in the cancel flow, before the placement is cleared.
+  transaction (``dispatch_new`` does it for every placed workload without a job: submit,
+  cancel, node state and certification flows call it). An unreachable engine puts the
+  workload back to Pending with reason ``backend_unavailable`` (retried by ``sync``); a job
+  the engine rejects fails the workload with the engine's message. A transaction that rolls
+  back after a dispatch cancels the job it started.
+* ``cancel(tx, backend, row)`` — in the cancel flow, before the placement is cleared, and on
+  every eviction (node failure, lost certification, preemption: ``scheduling._evict_row``).
+* ``node_state_changed(tx, node, before, after, reason)`` — drain the node in the engine when
+  it leaves service (cordoned, quarantined, failed, decommissioned), resume it when it is
+  admitted again; a failed drain is an event with outcome failure.
 * ``sync(store, backend)`` — the reconciliation pass (a background worker runs it): cancels
   engine jobs whose workload lost its placement (evictions from any flow), applies the
   engine's status changes, marks nodes the engine lost as failed, dispatches placed workloads
@@ -21,18 +29,20 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import event as sa_event
 from sqlalchemy import select
 
 from proofplane.access import SYSTEM, Actor, Permission, authorize
 from proofplane.backends.base import (
     Backend,
+    BackendError,
     BackendUnavailable,
     Change,
     ChangeKind,
@@ -110,10 +120,18 @@ def live_job(session: Any, row: WorkloadRow) -> ExecutionJobRow | None:
 
 
 def _finish(
-    tx: Tx, row: WorkloadRow, status: WorkloadStatus, reason: str | None, details: dict[str, Any]
+    tx: Tx,
+    row: WorkloadRow,
+    status: WorkloadStatus,
+    reason: str | None,
+    details: dict[str, Any],
+    view: ClusterView | None = None,
 ) -> None:
-    """A workload's run ended: terminal status, capacity released."""
+    """A workload's run ended: terminal status, capacity released (in ``view`` too, when the
+    caller places with one: its scheduler must not keep holding the capacity)."""
     had_capacity = row.placement is not None
+    if had_capacity and view is not None:
+        view.scheduler.release(row.id)
     row.placement = None
     row.status = status.value
     row.reason = reason
@@ -128,7 +146,7 @@ def _finish(
         details={"tenant": row.tenant.name, **details},
     )
     if had_capacity:
-        reschedule_pending(tx)
+        reschedule_pending(tx, view)
 
 
 def dispatch_placed(
@@ -169,8 +187,10 @@ def dispatch_placed(
             WorkloadStatus.FAILED,
             "job_rejected",
             {"message": exc.message, "backend": backend.name, "node": node},
+            view,
         )
         return None
+    _cancel_on_rollback(tx, backend, job_id)
     job_row = ExecutionJobRow(
         workload_id=row.id,
         backend=backend.name,
@@ -190,6 +210,58 @@ def dispatch_placed(
         details={"backend": backend.name, "job_id": job_id, "node": node},
     )
     return job_row
+
+
+def _cancel_on_rollback(tx: Tx, backend: Backend, job_id: str) -> None:
+    """The engine started a job in a transaction that may still fail: if it rolls back, no
+    row remembers the job, so stop it now rather than leave it running unknown."""
+
+    def undo(_session: Any) -> None:
+        try:
+            backend.cancel(job_id)
+        except BackendError as exc:  # nothing else can be done from here: say so
+            log.error("cannot cancel job %s after a rollback: %s", job_id, exc.message)
+
+    sa_event.listen(tx.session, "after_rollback", undo, once=True)
+
+
+def dispatch_new(tx: Tx, view: ClusterView | None = None) -> list[str]:
+    """Dispatch, with the transaction's engine (``Tx.backend``), every placed workload that
+    has a command and no live job: what this transaction placed, and anything an earlier flow
+    placed without dispatching. Returns the names dispatched; no engine: nothing."""
+    backend = tx.backend
+    if backend is None:
+        return []
+    has_job = (
+        select(ExecutionJobRow.id)
+        .where(
+            ExecutionJobRow.workload_id == WorkloadRow.id,
+            ExecutionJobRow.state.in_(LIVE_STATES),
+        )
+        .exists()
+    )
+    query = (
+        select(WorkloadRow)
+        .where(WorkloadRow.status == WorkloadStatus.PLACED.value, ~has_job)
+        .options(*WORKLOAD_LOAD)
+        .order_by(WorkloadRow.priority.desc(), WorkloadRow.created_at, WorkloadRow.id)
+    )
+    out: list[str] = []
+    seen: set[int] = set()
+    while True:  # a rejected job frees capacity that pending work may take: dispatch that too
+        rows = [r for r in tx.session.scalars(query) if r.id not in seen]
+        if not rows:
+            return out
+        for row in rows:
+            seen.add(row.id)
+            if row.command and dispatch_placed(tx, backend, row, view) is not None:
+                out.append(row.name)
+
+
+def cancel_engine_job(tx: Tx, row: WorkloadRow) -> None:
+    """``cancel`` with the transaction's engine, if it has one (evictions, cancel flow)."""
+    if tx.backend is not None:
+        cancel(tx, tx.backend, row)
 
 
 def cancel(tx: Tx, backend: Backend, row: WorkloadRow) -> None:
@@ -216,6 +288,28 @@ def cancel(tx: Tx, backend: Backend, row: WorkloadRow) -> None:
         row.name,
         details={"backend": job.backend, "job_id": job.job_id},
     )
+
+
+# Node states in which the engine must send no new work to the node.
+DRAINED_STATES = frozenset(
+    {NodeState.CORDONED, NodeState.QUARANTINED, NodeState.FAILED, NodeState.DECOMMISSIONED}
+)
+
+
+def node_state_changed(
+    tx: Tx, node: str, before: NodeState, after: NodeState, reason: str | None
+) -> bool | None:
+    """Tell the transaction's engine about a node's new state: drain it when it leaves
+    service, resume it when it is admitted again after a drain. Returns whether the engine
+    took it (False: recorded as a failure event), or None when there was nothing to tell."""
+    backend = tx.backend
+    if backend is None:
+        return None
+    if after in DRAINED_STATES:  # again from another drained state: the reason changes
+        return drain(tx, backend, node, reason or f"proofplane: node is {after.value}")
+    if after is NodeState.ADMITTED and before in DRAINED_STATES:
+        return resume(tx, backend, node)
+    return None
 
 
 def drain(tx: Tx, backend: Backend, node: str, reason: str) -> bool:
@@ -291,7 +385,11 @@ def _device_mismatch(tx: Tx, backend: Backend, row: WorkloadRow, change: Change)
 
 def _apply(tx: Tx, backend: Backend, job: ExecutionJobRow, change: Change) -> None:
     row = job.workload
-    details = {"backend": job.backend, "job_id": job.job_id, "message": change.message}
+    details: dict[str, Any] = {
+        "backend": job.backend,
+        "job_id": job.job_id,
+        "message": change.message,
+    }
     if change.kind is ChangeKind.RUNNING:
         devices = {k: list(v) for k, v in (change.devices or {}).items()} or None
         if devices and devices != job.devices:
@@ -335,6 +433,7 @@ def sync(store: Store, backend: Backend, now: datetime | None = None) -> SyncRep
     ``SyncReport.error`` and changes nothing; the next pass tries again."""
     report = SyncReport()
     with store.write(SYSTEM, now) as tx:
+        tx.backend = backend  # the flows this pass runs (node lost, retries) use this engine
         jobs = list(
             tx.session.scalars(
                 select(ExecutionJobRow)
@@ -394,6 +493,36 @@ def sync(store: Store, backend: Backend, now: datetime | None = None) -> SyncRep
             if row.status == WorkloadStatus.PLACED.value and dispatch_placed(tx, backend, row):
                 report.dispatched.append(row.name)
     return report
+
+
+def live_job_ids(store: Store, backend: Backend) -> list[str]:
+    """The engine job ids proofplane believes are live on ``backend``."""
+    with store.read() as session:
+        return list(
+            session.scalars(
+                select(ExecutionJobRow.job_id)
+                .where(
+                    ExecutionJobRow.state.in_(LIVE_STATES),
+                    ExecutionJobRow.backend == backend.name,
+                )
+                .order_by(ExecutionJobRow.id)
+            )
+        )
+
+
+def stop_jobs(backend: Backend, job_ids: Iterable[str]) -> list[str]:
+    """Cancel ``job_ids`` in the engine without touching the database (a demo that ends
+    stops its processes; the next ``sync`` on this database reports them cancelled).
+    Returns the ids the engine took; the others are logged."""
+    stopped = []
+    for job_id in job_ids:
+        try:
+            backend.cancel(job_id)
+        except BackendError as exc:
+            log.warning("cannot cancel job %s: %s", job_id, exc.message)
+            continue
+        stopped.append(job_id)
+    return stopped
 
 
 def jobs_of(store: Store, workload_id: int) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ from proofplane.model import (
     validate_name,
     validate_tags,
 )
+from proofplane.service import execution
 from proofplane.service.context import Store, Tx
 from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
 from proofplane.service.scheduling import ClusterView, evict, reschedule_pending
@@ -171,6 +172,7 @@ def change_node_state(tx: Tx, row: NodeRow, state: NodeState, reason: str | None
         row.name,
         details={"from": current.value, "to": state.value, "reason": reason},
     )
+    execution.node_state_changed(tx, row.name, current, state, reason)
     view = ClusterView(tx.session)
     if state not in KEEPS_WORK:
         for wl in _workloads_on(tx, row):
@@ -182,6 +184,7 @@ def change_node_state(tx: Tx, row: NodeRow, state: NodeState, reason: str | None
                 f"node {row.name} is {state.value}" + (f": {reason}" if reason else ""),
             )
     reschedule_pending(tx, view)
+    execution.dispatch_new(tx, view)
 
 
 def _workloads_on(tx: Tx, row: NodeRow) -> list[WorkloadRow]:
@@ -277,6 +280,7 @@ def _recheck_workloads(tx: Tx, row: NodeRow) -> None:
                 f"node {row.name} no longer certified for {lost}",
             )
     reschedule_pending(tx, view)
+    execution.dispatch_new(tx, view)
 
 
 def get_node(store: Store, actor: Actor, name: str) -> Node:

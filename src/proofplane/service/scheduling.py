@@ -41,11 +41,32 @@ class ClusterView:
     (see ``SchedulerCache``): the hot path of submitting work then reads no cluster state."""
 
     def __init__(self, session: Session) -> None:
+        # Loaded on first use: a flow that turns out to need no placement (no pending work,
+        # nothing to evict) does not pay for reading the whole cluster.
         self.session = session
+        self._scheduler: Scheduler | None = None
+        self._node_rows: NodeRows | None = None
+
+    @property
+    def scheduler(self) -> Scheduler:
+        if self._scheduler is None:
+            self._load()
+        assert self._scheduler is not None
+        return self._scheduler
+
+    @property
+    def node_rows(self) -> NodeRows:
+        if self._node_rows is None:
+            self._load()
+        assert self._node_rows is not None
+        return self._node_rows
+
+    def _load(self) -> None:
+        session = self.session
         rows = list(session.scalars(select(NodeRow).options(*NODE_LOAD).order_by(NodeRow.name)))
-        self.node_rows: NodeRows = NodeRows(session, {row.name: row.id for row in rows})
+        node_rows = NodeRows(session, {row.name: row.id for row in rows})
         for row in rows:
-            self.node_rows[row.name] = row
+            node_rows[row.name] = row
         nodes: list[Node] = [node_from_row(row) for row in rows]
         placed = session.scalars(
             select(WorkloadRow)
@@ -55,7 +76,8 @@ class ClusterView:
         )
         held = [held_of(w) for w in placed if w.placement is not None]
         quotas = {t.name: tenant_from_row(t).quota for t in session.scalars(select(TenantRow))}
-        self.scheduler = Scheduler(nodes, held, quotas)
+        self._scheduler = Scheduler(nodes, held, quotas)
+        self._node_rows = node_rows
 
     @classmethod
     def cached(cls, tx: Tx) -> ClusterView:
@@ -76,7 +98,9 @@ class NodeRows(dict[str, NodeRow]):
         self.ids = ids
 
     def __missing__(self, name: str) -> NodeRow:
-        row = self._session.get(NodeRow, self.ids[name], options=NODE_LOAD)
+        # The row alone (GPUs and certifications load lazily if a caller needs them): linking
+        # a placement to its node must not pay for the node's inventory.
+        row = self._session.get(NodeRow, self.ids[name])
         if row is None:  # pragma: no cover - the cache is checked against the event log
             raise KeyError(name)
         self[name] = row
@@ -109,14 +133,12 @@ class SchedulerCache:
 
     def view(self, session: Session) -> ClusterView:
         newest = session.scalar(select(func.max(EventRow.seq))) or 0
+        view = ClusterView(session)
         if self.scheduler is not None and self.version == newest:
-            view = ClusterView.__new__(ClusterView)
-            view.session = session
-            view.node_rows = NodeRows(session, self.node_ids)
-            view.scheduler = self.scheduler
+            view._scheduler = self.scheduler
+            view._node_rows = NodeRows(session, self.node_ids)
             self.hits += 1
         else:
-            view = ClusterView(session)
             self.loads += 1
         # Owned by this transaction until it ends; nobody else may see it meanwhile.
         self.scheduler, self.version, self.node_ids = view.scheduler, None, view.node_rows.ids
@@ -206,7 +228,7 @@ def _placement_json(p: Placement) -> dict[str, Any]:
 
 def _set_placement(tx: Tx, row: WorkloadRow, view: ClusterView, p: Placement) -> None:
     row.placement = PlacementRow(
-        node_id=view.node_rows[p.node].id,
+        node=view.node_rows[p.node],
         devices=devices_to_json(p.devices),
         members=members_to_json(p),
         placed_at=tx.now,
@@ -310,6 +332,10 @@ def _evict_row(
     tx: Tx, row: WorkloadRow, reason: str, message: str, extra: dict[str, Any] | None = None
 ) -> None:
     assert row.placement is not None
+    if tx.backend is not None:  # an evicted workload's engine job stops with its placement
+        from proofplane.service.execution import cancel_engine_job
+
+        cancel_engine_job(tx, row)
     nodes = list(placement_from_row(row.placement).nodes)
     row.placement = None
     row.status = WorkloadStatus.PENDING.value

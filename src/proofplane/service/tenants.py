@@ -9,9 +9,10 @@ from sqlalchemy import select
 from proofplane.access import Actor, Permission, authorize
 from proofplane.errors import Conflict, ValidationFailed
 from proofplane.model import ComplianceProfile, Quota, Tenant, validate_name, validate_tags
+from proofplane.service import execution
 from proofplane.service.context import Store, Tx
 from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
-from proofplane.service.scheduling import reschedule_pending
+from proofplane.service.scheduling import ClusterView, reschedule_pending
 from proofplane.store.repo import profile_to_json, tenant_from_row, tenant_row
 from proofplane.store.tables import TenantRow
 
@@ -158,5 +159,7 @@ def set_quota(store: Store, actor: Actor, name: str, quota: Quota) -> Tenant:
                 "after": {"gpus": quota.gpus, "mig_slices": quota.mig_slices},
             },
         )
-        reschedule_pending(tx)
+        view = ClusterView(tx.session)
+        reschedule_pending(tx, view)
+        execution.dispatch_new(tx, view)  # what the raised quota placed starts running now
         return tenant_from_row(row)

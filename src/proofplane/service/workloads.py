@@ -20,6 +20,7 @@ from proofplane.model import (
     validate_tags,
 )
 from proofplane.schedule.explain import explain_job
+from proofplane.service import execution
 from proofplane.service.context import Store, Tx
 from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
 from proofplane.service.scheduling import (
@@ -214,6 +215,7 @@ def insert_workload(tx: Tx, spec: WorkloadSpec, gpus: GpuRequest) -> WorkloadRow
         details["isolation_note"] = note
     tx.record("workload.submit", "workload", spec.name, details=details)
     schedule(tx, row, view)
+    execution.dispatch_new(tx, view)  # the row, and victims of a preemption placed elsewhere
     return row
 
 
@@ -232,6 +234,7 @@ def cancel_workload(
                 details={"workload": name, "status": status.value},
             )
         node = row.placement.node.name if row.placement else None
+        execution.cancel_engine_job(tx, row)
         row.placement = None
         row.status = WorkloadStatus.CANCELLED.value
         row.reason = "cancelled"
@@ -246,6 +249,7 @@ def cancel_workload(
         )
         if node is not None:
             reschedule_pending(tx)
+            execution.dispatch_new(tx)
         return workload_from_row(row)
 
 
