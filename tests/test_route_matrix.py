@@ -312,6 +312,40 @@ MATRIX: dict[tuple[str, str], Entry] = {
     ("POST", f"{API}/nodes/{{name}}/agent-credentials"): Entry(
         P.AGENT_CREDENTIALS, fixed(f"{API}/nodes/n1/agent-credentials", json={"ttl_days": 1}), 201
     ),
+    # attestation (issue 5): n1 has no TPM identity and its class no policy, so the agent
+    # routes answer their refusal codes; agents themselves are not matrix identities
+    ("POST", f"{API}/nodes/{{name}}/attestation/enroll"): Entry(
+        P.NODES_WRITE,
+        fixed(
+            f"{API}/nodes/n1/attestation/enroll", json={"ek_public": "AAAA", "ak_public": "AAAA"}
+        ),
+        422,
+    ),
+    ("POST", f"{API}/nodes/{{name}}/attestation/activate"): Entry(
+        P.NODES_WRITE, fixed(f"{API}/nodes/n1/attestation/activate", json={"secret": "AAAA"}), 409
+    ),
+    ("POST", f"{API}/nodes/{{name}}/attestation/nonce"): Entry(
+        P.NODES_WRITE, fixed(f"{API}/nodes/n1/attestation/nonce"), 409
+    ),
+    ("POST", f"{API}/nodes/{{name}}/attestation/evidence"): Entry(
+        P.NODES_WRITE,
+        fixed(f"{API}/nodes/n1/attestation/evidence", json={"nonce": "00" * 32, "evidence": {}}),
+        422,
+    ),
+    ("GET", f"{API}/nodes/{{name}}/attestation"): Entry(
+        P.NODES_READ, fixed(f"{API}/nodes/n1/attestation"), 200
+    ),
+    ("GET", f"{API}/nodes/{{name}}/evidence"): Entry(
+        P.AUDIT_READ, fixed(f"{API}/nodes/n1/evidence"), 200
+    ),
+    ("GET", f"{API}/attestation/policy"): Entry(
+        P.AUDIT_READ, fixed(f"{API}/attestation/policy"), 200
+    ),
+    ("PUT", f"{API}/attestation/policy"): Entry(
+        P.ATTEST_POLICY_WRITE,
+        fixed(f"{API}/attestation/policy", json={"policy": {"node_class": "matrix"}}),
+        200,
+    ),
     # workloads
     ("GET", f"{API}/workloads"): Entry(
         P.WORKLOADS_READ,
@@ -323,6 +357,15 @@ MATRIX: dict[tuple[str, str], Entry] = {
         P.WORKLOADS_WRITE,
         lambda _w, v, _i: Req(
             f"{API}/workloads", json={"name": "w-new", "tenant": v, "gpus": {"count": 1}}
+        ),
+        201,
+        tenant_target=True,
+    ),
+    ("POST", f"{API}/workloads/batch"): Entry(
+        P.WORKLOADS_WRITE,
+        lambda _w, v, _i: Req(
+            f"{API}/workloads/batch",
+            json={"items": [{"name": "w-new", "tenant": v, "gpus": {"count": 1}}]},
         ),
         201,
         tenant_target=True,
@@ -818,6 +861,10 @@ PROBES: dict[str, Probe] = {
     ),
     "submit-workload": Probe(
         "POST", lambda t: Req(f"{API}/workloads", json={"name": "w-new", "tenant": t})
+    ),
+    "submit-workloads-batch": Probe(
+        "POST",
+        lambda t: Req(f"{API}/workloads/batch", json={"items": [{"name": "w-new", "tenant": t}]}),
     ),
     "get-tenant": Probe("GET", lambda t: Req(f"{API}/tenants/{t}")),
     "get-user": Probe("GET", lambda t: Req(f"{API}/users/dev-{t}")),

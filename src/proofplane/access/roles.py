@@ -29,6 +29,7 @@ class Permission(StrEnum):
     AUDIT_CHECKPOINT = "audit:checkpoint"  # sign a checkpoint now
     SINKS_READ = "sinks:read"  # SIEM export sinks and their cursors
     SINKS_WRITE = "sinks:write"  # configure SIEM export sinks
+    ATTEST_POLICY_WRITE = "attest:policy-write"  # set node attestation policies (admin only)
 
 
 class Role(StrEnum):

@@ -15,6 +15,7 @@ from proofplane import __version__
 from proofplane.api import (
     errors,
     routes_access,
+    routes_attest,
     routes_audit,
     routes_backends,
     routes_oidc,
@@ -93,6 +94,7 @@ def create_app(
     app.include_router(routes_sinks.router)
     app.include_router(routes_audit.router)
     app.include_router(routes_backends.router)
+    app.include_router(routes_attest.router)
 
     @app.get("/healthz", tags=["health"], dependencies=[Depends(public)])
     def healthz() -> dict[str, str]:

@@ -1,6 +1,7 @@
 """Dependencies every route shares: the store, the settings, and access control.
 
 Every route declares exactly one access rule, through one of ``requires(permission)``,
+``agent_or(permission)`` (also a node's agent credential, for its own node),
 ``signed_in`` (any identity, for self-service), ``enrolling`` (also an MFA-enrollment session)
 or ``public``. The route-matrix test walks the application's routes and fails on a route that
 declares none.
@@ -70,6 +71,22 @@ def requires(permission: Permission) -> Callable[..., Actor]:
 
     @_marked(permission)
     def dependency(actor: Actor = Depends(current_actor)) -> Actor:
+        _not_enrolling(actor)
+        authorize(actor, permission)
+        return actor
+
+    return dependency
+
+
+def agent_or(permission: Permission) -> Callable[..., Actor]:
+    """A node's agent credential (which acts only for its own node: the service checks the
+    node), or anyone holding ``permission``. Declared as ``permission`` in the route matrix:
+    agents are not users and hold no role."""
+
+    @_marked(permission)
+    def dependency(actor: Actor = Depends(current_actor)) -> Actor:
+        if not actor.roles and actor.name.startswith("node:") and actor.token_id is not None:
+            return actor
         _not_enrolling(actor)
         authorize(actor, permission)
         return actor

@@ -248,6 +248,15 @@ class WorkloadIn(_In):
     command: list[str] = []
 
 
+class WorkloadBatchIn(_In):
+    items: list[WorkloadIn] = Field(
+        min_length=1,
+        max_length=1000,
+        description="up to 1000 workloads (the POST /workloads body each), submitted in one "
+        "transaction, all or nothing, and placed in this order",
+    )
+
+
 class CancelIn(_In):
     reason: str | None = Field(None, max_length=1000)
 
@@ -324,6 +333,10 @@ class WorkloadOut(BaseModel):
             created_at=w.created_at,
             updated_at=w.updated_at,
         )
+
+
+class WorkloadBatchOut(BaseModel):
+    items: list[WorkloadOut]
 
 
 class ExplanationOut(BaseModel):

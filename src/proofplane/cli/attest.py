@@ -1,5 +1,6 @@
-"""``proofplane attest …``: offline attestation tools (no server needed).
+"""``proofplane attest …``: offline attestation tools, and the server's policies.
 
+``attest policy show|set FILE`` reads and sets the server's attestation policies.
 ``attest eventlog FILE`` parses a binary TCG event log (SHA-1 or crypto-agile) and prints the
 replayed PCR values per bank; ``attest replay FILE`` re-verifies a stored evidence record and
 exits 1 when the verdict is a rejection.
@@ -15,7 +16,8 @@ from rich.table import Table
 from proofplane.attest import AttestError, load_record, replay_record
 from proofplane.attest import eventlog as el
 from proofplane.cli.client import CliError
-from proofplane.cli.render import console, print_json
+from proofplane.cli.common import fetch, send
+from proofplane.cli.render import console, print_json, print_line
 
 app = typer.Typer(help="Attestation: event logs and evidence, verified offline.",
                   no_args_is_help=True)  # fmt: skip
@@ -111,3 +113,54 @@ def replay_cmd(
             out.print("[yellow]  the recorded verdict differs from this replay[/]")
     if not verdict.ok or not agrees:
         raise typer.Exit(1)
+
+
+policy_app = typer.Typer(help="The server's attestation policies (one per node class).",
+                         no_args_is_help=True)  # fmt: skip
+app.add_typer(policy_app, name="policy")
+
+
+@policy_app.command("show")
+def policy_show(
+    ctx: typer.Context,
+    node_class: str | None = typer.Option(None, "--class", help="Only this node class."),
+    as_json: bool = typer.Option(False, "--json", help="Print the API's JSON."),
+) -> None:
+    """Show the attestation policies: node class, enforcement, hash and rules."""
+    items = fetch(ctx, "/api/v1/attestation/policy")["items"]
+    if node_class is not None:
+        items = [p for p in items if p["node_class"] == node_class]
+    if as_json:
+        print_json({"items": items})
+        return
+    if not items:
+        print_line("no attestation policy set (nodes cannot be attested)")
+    for p in items:
+        mode = "enforced" if p["enforce"] else "observe only"
+        print_line(f"class {p['node_class']}: {mode}, sha256 {p['policy_hash']}, "
+                   f"set by {p['updated_by']} at {p['updated_at']}")  # fmt: skip
+        print_json(p["policy"])
+
+
+@policy_app.command("set")
+def policy_set(
+    ctx: typer.Context,
+    file: Path = typer.Argument(..., help="A policy JSON document (its node_class is the key)."),
+    observe: bool = typer.Option(
+        False, "--observe", help="Record verdicts only: no admission or quarantine."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the API's JSON."),
+) -> None:
+    """Create or replace the policy of the node class the document names."""
+    import json
+
+    try:
+        doc = json.loads(_read(file))
+    except ValueError as exc:
+        raise CliError(f"proofplane: {file} is not JSON: {exc}", exit_code=EXIT_USAGE) from None
+    out = send(ctx, "PUT", "/api/v1/attestation/policy", {"policy": doc, "enforce": not observe})
+    if as_json:
+        print_json(out)
+    else:
+        print_line(f"policy for class {out['node_class']} set (sha256 {out['policy_hash']}, "
+                   f"{'enforced' if out['enforce'] else 'observe only'})")  # fmt: skip

@@ -14,6 +14,7 @@ from typer.core import TyperGroup
 
 from proofplane import __version__
 from proofplane.cli import (
+    agent,
     attest,
     audit,
     auth,
@@ -110,6 +111,7 @@ app.add_typer(audit.app, name="audit", rich_help_panel="Audit")
 app.add_typer(sinks.app, name="sinks", rich_help_panel="Audit")
 app.add_typer(sim.app, name="sim", rich_help_panel="Simulation")
 app.add_typer(attest.app, name="attest", rich_help_panel="Attestation")
+app.command("agent", rich_help_panel="Attestation")(agent.agent)
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from proofplane.cli.common import (
     CursorOpt,
     JsonOpt,
     LimitOpt,
+    client,
     fetch,
     parse_pairs,
     run_list,
@@ -190,3 +191,59 @@ def agent_credential(
         render.print_json(issued)
     else:
         render.issued_token(issued, f"agent credential for {name}")
+
+
+@app.command("attest")
+def attest_status(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Node name."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Show the node's TPM identity (EK hash, bound AK) and its latest attestation verdict."""
+    st = fetch(ctx, f"/api/v1/nodes/{segment(name)}/attestation")
+    if as_json:
+        render.print_json(st)
+        return
+    bound = f"AK {st['ak_name']} bound {st['bound_at']}" if st["bound"] else "no bound AK"
+    render.print_line(f"node {st['node']}: {st['state']}"
+                      + (f" ({st['state_reason']})" if st.get("state_reason") else ""))  # fmt: skip
+    render.print_line(f"  class {st['node_class']}; {bound}; EK sha256 {st['ek_sha256'] or '-'}")
+    latest = st.get("latest")
+    if latest is None:
+        render.print_line("  no attestation yet")
+        return
+    verdict = "ACCEPTED" if latest["ok"] else "REJECTED"
+    render.print_line(f"  latest: {verdict} at {latest['at']} (evidence {latest['id']}, "
+                      f"policy {latest['policy_id']})")  # fmt: skip
+    for reason in latest["reasons"]:
+        render.print_line(f"    {reason}: {latest['messages'].get(reason, '')}")
+    render.print_line(f"  evidence sha256 {latest['evidence_hash']}")
+
+
+@app.command("evidence")
+def evidence(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Node name."),
+    limit: int = typer.Option(20, "--limit", min=1, max=500),
+    save: Path | None = typer.Option(
+        None, "--save", help="Write the newest evidence record here (for 'attest replay')."
+    ),
+    as_json: bool = JsonOpt,
+) -> None:
+    """List the node's attestation attempts, newest first."""
+    with client(ctx) as api:
+        page = api.get(
+            f"/api/v1/nodes/{segment(name)}/evidence",
+            {"limit": limit, "records": "true" if (as_json or save) else "false"},
+        )
+    items = page["items"]
+    if save is not None and items:
+        save.write_text(json.dumps(items[0]["record"], indent=2), encoding="utf-8")
+    if as_json:
+        render.print_json(page)
+        return
+    for e in items:
+        verdict = "ok" if e["ok"] else "REJECTED " + ",".join(e["reasons"])
+        render.print_line(f"{e['id']:>6}  {e['at']}  {verdict}  {e['evidence_hash'][:16]}")
+    if not items:
+        render.print_line(f"node {name}: no attestation attempts")

@@ -144,6 +144,11 @@ def set_node_state(
     authorize(actor, Permission.NODES_WRITE)
     with store.write(actor) as tx:
         row = node_row(tx.session, name)
+        from proofplane.service.attestation import manual_admission_refused  # (import cycle)
+
+        refused = manual_admission_refused(tx, row, state)
+        if refused is not None:
+            raise InvalidState(refused, code="attestation_required", details={"node": name})
         change_node_state(tx, row, state, reason)
         return node_from_row(row)
 

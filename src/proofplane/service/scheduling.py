@@ -18,6 +18,7 @@ from sqlalchemy.pool import Pool
 
 from proofplane.model import IsolationLevel, Node, Outcome, Placement, WorkloadStatus
 from proofplane.schedule.engine import PREEMPTED, Held, Job, Repartition, Scheduler, pool_of
+from proofplane.schedule.engine import Outcome as Decision
 from proofplane.schedule.values import Request
 from proofplane.service.context import Tx
 from proofplane.store.repo import (
@@ -219,7 +220,7 @@ def decision_details(row: WorkloadRow) -> dict[str, object]:
     }
 
 
-def _placement_json(p: Placement) -> dict[str, Any]:
+def placement_json(p: Placement) -> dict[str, Any]:
     out: dict[str, Any] = {"node": p.node, "devices": devices_to_json(p.devices)}
     if p.members:
         out["members"] = members_to_json(p)
@@ -259,8 +260,15 @@ def _apply_repartition(tx: Tx, view: ClusterView, change: Repartition, row: Work
 def schedule(tx: Tx, row: WorkloadRow, view: ClusterView, *, preempt: bool = True) -> bool:
     """Try to place one pending workload; record the placement (with any repartitioning and
     preemption it took) or why it waits. Preempted workloads are offered capacity again."""
-    job = job_of(row)
-    outcome = view.scheduler.schedule(job, preempt=preempt)
+    outcome = view.scheduler.schedule(job_of(row), preempt=preempt)
+    return apply_outcome(tx, row, view, outcome, preempt=preempt)
+
+
+def apply_outcome(
+    tx: Tx, row: WorkloadRow, view: ClusterView, outcome: Decision, *, preempt: bool = True
+) -> bool:
+    """Persist one decision ``view.scheduler`` took for ``row`` (``schedule`` is this after
+    the decision; the batch submit decides first and persists the simple outcomes in bulk)."""
     if outcome.placement is not None:
         for change in outcome.repartitions:
             _apply_repartition(tx, view, change, row)
@@ -282,7 +290,7 @@ def schedule(tx: Tx, row: WorkloadRow, view: ClusterView, *, preempt: bool = Tru
         row.reason_details = None
         row.updated_at = tx.now
         tx.session.flush()
-        details: dict[str, Any] = {**decision_details(row), **_placement_json(placement)}
+        details: dict[str, Any] = {**decision_details(row), **placement_json(placement)}
         if outcome.preempted:
             details["preempted"] = [f"{v.tenant}/{v.name}" for v in outcome.preempted]
         if outcome.repartitions:

@@ -2,46 +2,64 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 
 from proofplane.access import Actor, Permission, authorize
-from proofplane.errors import Conflict, InvalidState, ValidationFailed
+from proofplane.errors import Conflict, InvalidState, NotFound, ProofplaneError, ValidationFailed
 from proofplane.hardware.skus import SKUS, get_sku
 from proofplane.model import (
     GpuRequest,
     IsolationLevel,
+    Outcome,
+    Placement,
     Tenant,
     Workload,
     WorkloadStatus,
     validate_name,
     validate_tags,
 )
+from proofplane.schedule.engine import Job
 from proofplane.schedule.explain import explain_job
+from proofplane.schedule.values import Request
 from proofplane.service import execution
-from proofplane.service.context import Store, Tx
+from proofplane.service.context import NewEvent, Store, Tx
 from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
 from proofplane.service.scheduling import (
     ClusterView,
+    apply_outcome,
     decision_details,
     job_of,
+    placement_json,
     reschedule_pending,
     schedule,
 )
 from proofplane.store.repo import (
     WORKLOAD_LOAD,
+    devices_to_json,
+    members_to_json,
     tenant_from_row,
     tenant_row,
     workload_from_row,
     workload_row,
 )
-from proofplane.store.tables import NodeRow, PlacementRow, TenantRow, WorkloadRow
+from proofplane.store.tables import (
+    NodeRow,
+    PlacementRow,
+    TenantRow,
+    WorkloadRow,
+    placement_nodes,
+)
 
 MAX_GPUS = 64  # per node
 MAX_GANG_NODES = 64
 MAX_COMMAND_ARGS = 256
+MAX_BATCH = 1000  # workloads in one submit_workloads call (one transaction)
+_IN_CHUNK = 500  # names per "IN (...)" query: well under every database's bound-parameter limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,14 +185,259 @@ def submit_workload(store: Store, actor: Actor, spec: WorkloadSpec) -> Workload:
     with a reason. Every check runs before anything is written."""
     authorize(actor, Permission.WORKLOADS_WRITE)
     authorize(actor, Permission.WORKLOADS_WRITE, tenant=spec.tenant)
+    gpus = _check_spec(spec)
+    with store.write(actor) as tx:
+        return workload_from_row(insert_workload(tx, spec, gpus))
+
+
+def _check_spec(spec: WorkloadSpec) -> GpuRequest:
     validate_name(spec.name, "workload")
     gpus = check_gpu_request(spec.gpus)
     if len(spec.command) > MAX_COMMAND_ARGS:
         raise ValidationFailed(
             f"command has more than {MAX_COMMAND_ARGS} arguments", code="validation_failed"
         )
+    return gpus
+
+
+@contextmanager
+def _item(index: int) -> Iterator[None]:
+    """Name the batch item an error is about: ``items[3]: …`` and ``details.index``."""
+    try:
+        yield
+    except ProofplaneError as exc:
+        exc.message = f"items[{index}]: {exc.message}"
+        exc.args = (exc.message,)
+        d = exc.details
+        exc.details = (
+            {"index": index, **d} if isinstance(d, dict) else {"index": index, "details": d}
+        )
+        raise
+
+
+def submit_workloads(store: Store, actor: Actor, specs: Sequence[WorkloadSpec]) -> list[Workload]:
+    """Accept many workloads in one transaction, all or nothing, and place them in order.
+
+    The same checks, decisions and events as ``submit_workload`` once per spec, in the given
+    order (a later item sees the capacity the earlier ones took); any refused item (its index
+    in the error: ``items[i]: …``, ``details.index``) refuses the batch and nothing is
+    written. A tenant the actor cannot see reads as a missing one (404), as for one submit.
+    (tenant, name) pairs must be unique within the batch."""
+    authorize(actor, Permission.WORKLOADS_WRITE)
+    if len(specs) > MAX_BATCH:
+        raise ValidationFailed(
+            f"a batch holds at most {MAX_BATCH} workloads, not {len(specs)}",
+            code="batch_too_large",
+            details={"items": len(specs), "max": MAX_BATCH},
+        )
+    items: list[tuple[WorkloadSpec, GpuRequest]] = []
+    first: dict[tuple[str, str], int] = {}
+    for i, spec in enumerate(specs):
+        with _item(i):
+            authorize(actor, Permission.WORKLOADS_WRITE, tenant=spec.tenant)
+            gpus = _check_spec(spec)
+            earlier = first.setdefault((spec.tenant, spec.name), i)
+            if earlier != i:
+                raise Conflict(
+                    f"workload {spec.name!r} of tenant {spec.tenant!r} is also items[{earlier}]",
+                    code="duplicate_in_batch",
+                    details={"workload": spec.name, "tenant": spec.tenant, "first": earlier},
+                )
+        items.append((spec, gpus))
+    if not items:
+        return []
     with store.write(actor) as tx:
-        return workload_from_row(insert_workload(tx, spec, gpus))
+        return insert_workloads(tx, items)
+
+
+def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -> list[Workload]:
+    """``insert_workload`` for many checked specs in one transaction, with the persistence
+    batched: one tenant query, one name-conflict query per 500 names, one flush for the
+    rows, the events of the plain outcomes (placed without preemption or repartitioning, or
+    pending) through ``Tx.record_many``, their placements and placement-node links as bulk
+    inserts. Any other outcome (preemption, repartitioning, an execution engine to dispatch
+    to) first writes what is buffered, then takes the one-workload path, so the events keep
+    the order and content that one ``insert_workload`` per spec would write."""
+    view = ClusterView.cached(tx)  # before anything is written (see ClusterView.cached)
+    session = tx.session
+    names = sorted({spec.tenant for spec, _ in items})
+    trows = {r.name: r for r in session.scalars(select(TenantRow).where(TenantRow.name.in_(names)))}
+    tenants = {name: tenant_from_row(r) for name, r in trows.items()}
+    by_id = {r.id: name for name, r in trows.items()}
+    wanted = {(spec.tenant, spec.name) for spec, _ in items}
+    taken: set[tuple[str, str]] = set()
+    wl_names = sorted({spec.name for spec, _ in items})
+    for at in range(0, len(wl_names), _IN_CHUNK):
+        query = select(WorkloadRow.tenant_id, WorkloadRow.name).where(
+            WorkloadRow.name.in_(wl_names[at : at + _IN_CHUNK]),
+            WorkloadRow.tenant_id.in_(list(by_id)),
+        )
+        for tenant_id, name in session.execute(query):
+            if (by_id[tenant_id], name) in wanted:
+                taken.add((by_id[tenant_id], name))
+    rows: list[WorkloadRow] = []
+    notes: list[str] = []
+    for i, (spec, gpus) in enumerate(items):
+        with _item(i):
+            tenant = tenants.get(spec.tenant)
+            if tenant is None:
+                raise NotFound(f"tenant {spec.tenant!r} not found", details={"tenant": spec.tenant})
+            tags, isolation, note = resolve(spec, tenant)
+            if (spec.tenant, spec.name) in taken:
+                raise Conflict(
+                    f"workload {spec.name!r} already exists in tenant {spec.tenant!r}",
+                    details={"workload": spec.name, "tenant": spec.tenant},
+                )
+        rows.append(_new_row(tx, spec, gpus, trows[spec.tenant], tags, isolation))
+        notes.append(note)
+    session.add_all(rows)
+    session.flush()  # one INSERT … RETURNING for the ids, in order
+
+    events: list[NewEvent] = []
+    placed: list[tuple[WorkloadRow, Placement]] = []
+    known: dict[int, Placement | None] = {}  # what each row got; valid while `exact`
+    exact = True
+
+    def write_buffered() -> None:
+        if events:
+            tx.record_many(events)
+            events.clear()
+        if placed:
+            _insert_placements(tx, view, placed)
+            placed.clear()
+
+    plain = tx.backend is None
+    for row, note, (spec, gpus) in zip(rows, notes, items, strict=True):
+        details = {
+            **decision_details(row),
+            "priority": spec.priority,
+            "command": list(spec.command),
+        }
+        if note:
+            details["isolation_note"] = note
+        events.append(NewEvent("workload.submit", "workload", row.name, details))
+        request = Request(row.name, spec.tenant, row.tags, IsolationLevel(row.isolation), gpus)
+        outcome = view.scheduler.schedule(Job(row.id, request, row.priority))
+        if plain and not outcome.preempted and not outcome.repartitions:
+            if outcome.placement is not None:
+                row.status = WorkloadStatus.PLACED.value
+                events.append(
+                    NewEvent(
+                        "workload.place",
+                        "workload",
+                        row.name,
+                        {**decision_details(row), **placement_json(outcome.placement)},
+                    )
+                )
+                placed.append((row, outcome.placement))
+            else:  # a new row: the pending reason is always news
+                row.reason = outcome.reason
+                row.reason_details = {
+                    "message": outcome.message,
+                    "rejections": outcome.rejections,
+                    **outcome.details,
+                }
+                events.append(
+                    NewEvent(
+                        "workload.pending",
+                        "workload",
+                        row.name,
+                        {**decision_details(row), "reason": row.reason, **row.reason_details},
+                        Outcome.FAILURE,
+                    )
+                )
+            known[row.id] = outcome.placement
+            continue
+        write_buffered()
+        exact = False  # a preemption may have moved any row: read them back at the end
+        apply_outcome(tx, row, view, outcome)
+        execution.dispatch_new(tx, view)
+    write_buffered()
+    session.flush()
+    if exact:
+        return [_workload_of(row, known[row.id]) for row in rows]
+    return [workload_from_row(row) for row in rows]
+
+
+def _new_row(
+    tx: Tx,
+    spec: WorkloadSpec,
+    gpus: GpuRequest,
+    trow: TenantRow,
+    tags: dict[str, str],
+    isolation: IsolationLevel,
+) -> WorkloadRow:
+    return WorkloadRow(
+        name=spec.name,
+        tenant=trow,
+        tags=tags,
+        isolation=isolation.value,
+        gpu_count=gpus.count,
+        gpu_model=gpus.model,
+        mig_profile=gpus.mig_profile,
+        share_milli=gpus.share_milli,
+        gpu_nodes=gpus.nodes,
+        priority=spec.priority,
+        command=list(spec.command),
+        status=WorkloadStatus.PENDING.value,
+        reason=None,
+        reason_details=None,
+        created_at=tx.now,
+        updated_at=tx.now,
+        placement=None,
+    )
+
+
+def _insert_placements(
+    tx: Tx, view: ClusterView, placed: list[tuple[WorkloadRow, Placement]]
+) -> None:
+    """The placements and their node links in two bulk inserts (no ORM objects: linking a
+    placement to its nodes must not load the node rows). The rows' ``placement`` attribute is
+    expired, so any later reader in this transaction loads what was written."""
+    ids = view.node_rows.ids
+    table = PlacementRow.__table__
+    params = [
+        {
+            "workload_id": row.id,
+            "node_id": ids[p.node],
+            "devices": devices_to_json(p.devices),
+            "members": members_to_json(p),
+            "placed_at": tx.now,
+        }
+        for row, p in placed
+    ]
+    result = tx.session.execute(
+        insert(table).returning(table.c.id, sort_by_parameter_order=True), params
+    )
+    links = [
+        {"placement_id": pid, "node_id": ids[n]}
+        for pid, (_row, p) in zip(result.scalars().all(), placed, strict=True)
+        for n in dict.fromkeys(p.nodes)
+    ]
+    tx.session.execute(insert(placement_nodes), links)
+    for row, _p in placed:
+        tx.session.expire(row, ["placement"])
+
+
+def _workload_of(row: WorkloadRow, placement: Placement | None) -> Workload:
+    """``workload_from_row`` with the placement this transaction wrote (not read back)."""
+    return Workload(
+        name=row.name,
+        tenant=row.tenant.name,
+        tags=dict(row.tags),
+        isolation=IsolationLevel(row.isolation),
+        gpus=GpuRequest(
+            row.gpu_count, row.gpu_model, row.mig_profile, row.share_milli, row.gpu_nodes
+        ),
+        priority=row.priority,
+        command=tuple(row.command),
+        status=WorkloadStatus(row.status),
+        reason=row.reason,
+        reason_details=row.reason_details,
+        placement=placement,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
 
 
 def insert_workload(tx: Tx, spec: WorkloadSpec, gpus: GpuRequest) -> WorkloadRow:

@@ -311,3 +311,68 @@ class ExecutionJobRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
     workload: Mapped[WorkloadRow] = relationship()
+
+
+class NodeAttestationRow(Base):
+    """A node's TPM identity (issue 5): the EK it enrolled with, the AK bound to it by
+    credential activation, the pending activation challenge (its secret kept only as a hash),
+    and what the last accepted quote showed (clock, for monotonicity)."""
+
+    __tablename__ = "node_attestation"
+    node_id: Mapped[int] = mapped_column(
+        ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
+    )
+    ek_public: Mapped[bytes] = mapped_column(LargeBinary)
+    ek_sha256: Mapped[str] = mapped_column(String(64), unique=True)  # one EK, one node
+    ek_cert_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    ak_public: Mapped[bytes] = mapped_column(LargeBinary)
+    ak_name: Mapped[str] = mapped_column(String(140))
+    challenge_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    challenge_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    bound_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    last_clock: Mapped[dict[str, Any] | None] = mapped_column(JsonType, nullable=True)
+    last_passed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    quarantined: Mapped[bool] = mapped_column(Boolean, default=False)  # by attestation
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class AttestationNonceRow(Base):
+    """A server nonce for one attestation round: single use, short expiry."""
+
+    __tablename__ = "attestation_nonces"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    nonce: Mapped[str] = mapped_column(String(64), unique=True)  # hex
+    issued_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    used_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class EvidenceRow(Base):
+    """Every attestation attempt: the evidence record (replayable offline) and its verdict."""
+
+    __tablename__ = "attestation_evidence"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    ok: Mapped[bool] = mapped_column(Boolean)
+    reasons: Mapped[list[str]] = mapped_column(JsonType)
+    evidence_hash: Mapped[str] = mapped_column(String(64))
+    policy_id: Mapped[str] = mapped_column(String(255))
+    policy_hash: Mapped[str] = mapped_column(String(64))
+    record: Mapped[dict[str, Any]] = mapped_column(JsonType)
+
+
+class AttestationPolicyRow(Base):
+    """The attestation policy of a node class (a node's ``node-class`` label, else
+    ``default``). ``enforce``: admission and quarantine release only by passing attestation."""
+
+    __tablename__ = "attestation_policies"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node_class: Mapped[str] = mapped_column(String(63), unique=True)
+    policy: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    policy_hash: Mapped[str] = mapped_column(String(64))
+    enforce: Mapped[bool] = mapped_column(Boolean)
+    updated_by: Mapped[str] = mapped_column(String(255))
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -1,0 +1,170 @@
+"""Attestation under /api/v1 (issue 5): enrollment, nonces, evidence, verdicts, policies.
+
+The agent routes (enroll, activate, nonce, evidence) accept a node's agent credential for its
+own node, or an identity holding ``nodes:write``. Evidence is auditor-readable; policies are
+set by admins (``attest:policy-write``). Binary fields travel as base64, nonces as hex.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+from pathlib import Path as FsPath
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Query, status
+from pydantic import BaseModel, Field
+
+from proofplane.access import Actor
+from proofplane.access import Permission as P
+from proofplane.api.deps import agent_or, get_store, requires
+from proofplane.api.schemas import ErrorResponse
+from proofplane.errors import ValidationFailed
+from proofplane.service import attestation as svc
+from proofplane.service.context import Store
+
+router = APIRouter(
+    prefix="/api/v1",
+    tags=["attestation"],
+    responses={
+        404: {"model": ErrorResponse},
+        409: {"model": ErrorResponse},
+        422: {"model": ErrorResponse},
+    },  # type: ignore[dict-item]
+)
+StoreDep = Annotated[Store, Depends(get_store)]
+NodeName = Annotated[str, Path(max_length=63)]
+Agent = Annotated[Actor, Depends(agent_or(P.NODES_WRITE))]
+B64 = Field(max_length=1 << 16)
+EK_CA_BUNDLE_ENV = "PROOFPLANE_EK_CA_BUNDLE"
+
+
+def _b64(value: str | None, field: str) -> bytes | None:
+    if value is None:
+        return None
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValidationFailed(f"{field} is not valid base64", code="invalid_base64",
+                               details={"field": field}) from None  # fmt: skip
+
+
+def _ca_bundle() -> bytes | None:
+    """The EK CA bundle (PEM) named by PROOFPLANE_EK_CA_BUNDLE; None: EK certificates are
+    recorded by hash but not chain-checked."""
+    path = os.environ.get(EK_CA_BUNDLE_ENV)
+    return FsPath(path).read_bytes() if path else None
+
+
+class EnrollIn(BaseModel):
+    ek_public: str = B64  # TPM2B_PUBLIC of the EK (tpm2_readpublic -f tss), base64
+    ak_public: str = B64  # TPM2B_PUBLIC of the AK, base64
+    ek_certificate: str | None = Field(None, max_length=1 << 16)  # DER or PEM, base64
+
+
+class ActivateIn(BaseModel):
+    secret: str = Field(max_length=128)  # what tpm2_activatecredential recovered, base64
+
+
+class EvidenceIn(BaseModel):
+    nonce: str = Field(min_length=2, max_length=128, pattern="^([0-9a-fA-F]{2})+$")
+    evidence: dict[str, Any]
+
+
+class PolicyIn(BaseModel):
+    policy: dict[str, Any]
+    enforce: bool = True
+
+
+@router.post("/nodes/{name}/attestation/enroll")
+def enroll(name: NodeName, body: EnrollIn, store: StoreDep, actor: Agent) -> dict[str, Any]:
+    """Start binding the node's AK to its EK: answers a MakeCredential challenge (the
+    tpm2-tools credential file, base64) for ``tpm2_activatecredential``."""
+    ek = _b64(body.ek_public, "ek_public")
+    ak = _b64(body.ak_public, "ak_public")
+    assert ek is not None and ak is not None
+    cert = _b64(body.ek_certificate, "ek_certificate")
+    ch = svc.enroll(store, actor, name, ek, ak, cert, ca_bundle=_ca_bundle())
+    return {
+        "node": ch.node,
+        "credential": base64.b64encode(ch.credential).decode("ascii"),
+        "ak_name": ch.ak_name,
+        "expires_at": ch.expires_at.isoformat(),
+    }
+
+
+@router.post("/nodes/{name}/attestation/activate")
+def activate(name: NodeName, body: ActivateIn, store: StoreDep, actor: Agent) -> dict[str, Any]:
+    """Finish binding with the secret ActivateCredential recovered."""
+    secret = _b64(body.secret, "secret")
+    assert secret is not None
+    return svc.activate(store, actor, name, secret)
+
+
+@router.post("/nodes/{name}/attestation/nonce", status_code=status.HTTP_201_CREATED)
+def nonce(name: NodeName, store: StoreDep, actor: Agent) -> dict[str, Any]:
+    """A single-use nonce for the next quote, and the PCRs the node's policy wants quoted."""
+    n = svc.issue_nonce(store, actor, name)
+    return {
+        "node": n.node,
+        "nonce": n.nonce.hex(),
+        "issued_at": n.issued_at.isoformat(),
+        "expires_at": n.expires_at.isoformat(),
+        "pcr_bank": n.pcr_bank,
+        "pcrs": list(n.pcrs),
+    }
+
+
+@router.post("/nodes/{name}/attestation/evidence")
+def evidence(name: NodeName, body: EvidenceIn, store: StoreDep, actor: Agent) -> dict[str, Any]:
+    """Submit one round's evidence. The answer is the verdict (``ok``, ``reasons``) and the
+    node's state after it; a rejection is a verdict too (200), stored with its evidence."""
+    ev = svc.parse_evidence(body.evidence)
+    out = svc.submit_evidence(store, actor, name, bytes.fromhex(body.nonce), ev)
+    return {
+        "node": out.node,
+        "evidence_id": out.evidence_id,
+        "verdict": out.verdict,
+        "state": out.state,
+        "state_reason": out.state_reason,
+    }
+
+
+@router.get("/nodes/{name}/attestation")
+def attestation(
+    name: NodeName, store: StoreDep, actor: Annotated[Actor, Depends(requires(P.NODES_READ))]
+) -> dict[str, Any]:
+    """The node's TPM identity (EK hash, AK name) and its latest verdict."""
+    return svc.attestation_status(store, actor, name)
+
+
+@router.get("/nodes/{name}/evidence")
+def node_evidence(
+    name: NodeName,
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.AUDIT_READ))],
+    limit: Annotated[int, Query(ge=1, le=500)] = 20,
+    records: bool = True,
+) -> dict[str, Any]:
+    """The node's attestation attempts, newest first, each with its evidence record
+    (``proofplane attest replay`` re-verifies one offline)."""
+    return {"items": svc.list_evidence(store, actor, name, limit=limit, records=records)}
+
+
+@router.get("/attestation/policy")
+def get_policies(
+    store: StoreDep, actor: Annotated[Actor, Depends(requires(P.AUDIT_READ))]
+) -> dict[str, Any]:
+    """Every node class's attestation policy, with its hash and whether it is enforced."""
+    return {"items": svc.list_policies(store, actor)}
+
+
+@router.put("/attestation/policy")
+def put_policy(
+    body: PolicyIn,
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.ATTEST_POLICY_WRITE))],
+) -> dict[str, Any]:
+    """Create or replace the policy of ``policy.node_class`` (default ``default``)."""
+    return svc.set_policy(store, actor, body.policy, enforce=body.enforce)

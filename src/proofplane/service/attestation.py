@@ -1,0 +1,608 @@
+"""Attestation and admission (issue 5): enrollment, nonces, evidence, quarantine, staleness.
+
+The thin shell around the pure verifier (``proofplane.attest``): each function checks who may
+act, loads what the server knows (bound AK, EK, nonce, previous clock, policy), calls the core,
+and stores the outcome with its event in one transaction.
+
+Flow of one node:
+
+1. ``enroll``: the agent sends its EK and AK public areas (and EK certificate). The AK must be
+   a restricted signing key made in the TPM; the EK must not belong to another node. The server
+   answers with a MakeCredential challenge; only the hash of its secret is kept.
+2. ``activate``: the agent returns the secret ActivateCredential recovered, proving that AK and
+   EK live in the same TPM. The AK is now bound.
+3. ``issue_nonce`` then ``submit_evidence``, every round. Under an enforcing policy a pass
+   admits a registered node and releases a quarantine that attestation imposed; a failure
+   quarantines the node (its work moves to compliant nodes through ``change_node_state``).
+4. ``check_stale``: nodes that have not passed within the grace period are quarantined.
+
+An agent credential (actor ``node:<name>``) acts only for its own node: any other node does not
+exist for it (404).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+
+from proofplane.access import Actor, Permission, authorize
+from proofplane.attest import AttestError, Evidence, Expected, Policy, PolicyError
+from proofplane.attest.credential import (
+    CredentialError,
+    make_credential,
+    tpm2_tools_credential_file,
+)
+from proofplane.attest.ekcert import verify_ek_certificate
+from proofplane.attest.record import EvidenceRecord, make_record
+from proofplane.attest.tpm import ClockInfo, parse_public
+from proofplane.attest.verifier import Verdict, check_ak, evidence_hash
+from proofplane.errors import Conflict, InvalidState, NotFound, ValidationFailed
+from proofplane.model import KEEPS_WORK, NodeState, Outcome
+from proofplane.service.context import Store, Tx
+from proofplane.service.nodes import change_node_state
+from proofplane.store.repo import node_row
+from proofplane.store.tables import (
+    AttestationNonceRow,
+    AttestationPolicyRow,
+    EvidenceRow,
+    NodeAttestationRow,
+    NodeRow,
+)
+
+NONCE_TTL = timedelta(minutes=2)
+CHALLENGE_TTL = timedelta(minutes=10)
+NODE_CLASS_LABEL = "node-class"
+DEFAULT_CLASS = "default"
+
+#: Reasons the service adds before the verifier runs (the verifier's own are ``REASONS``).
+SERVICE_REASONS: dict[str, str] = {
+    "nonce_unknown": "the quote names a nonce this server never issued to this node",
+    "nonce_replayed": "the nonce was already used by an earlier attestation round",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Challenge:
+    """What ``enroll`` returns: the tpm2-tools credential file for ActivateCredential."""
+
+    node: str
+    credential: bytes
+    expires_at: datetime
+    ak_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Nonce:
+    node: str
+    nonce: bytes
+    issued_at: datetime
+    expires_at: datetime
+    pcr_bank: str
+    pcrs: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AttestOutcome:
+    """What one evidence submission led to."""
+
+    node: str
+    evidence_id: int
+    verdict: dict[str, Any]
+    state: str
+    state_reason: str | None
+
+
+# --- who may act -----------------------------------------------------------------------------
+
+
+def agent_node(actor: Actor) -> str | None:
+    """The node an agent credential speaks for; None for every other identity."""
+    if not actor.roles and actor.name.startswith("node:"):
+        return actor.name.removeprefix("node:")
+    return None
+
+
+def _authorize_node(actor: Actor, name: str) -> None:
+    """An agent acts for its own node only (another node does not exist for it); anyone else
+    needs ``nodes:write``."""
+    own = agent_node(actor)
+    if own is not None:
+        if own != name:
+            raise NotFound(f"node {name!r} not found", details={"node": name})
+        return
+    authorize(actor, Permission.NODES_WRITE)
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def node_class(row: NodeRow) -> str:
+    return str((row.labels or {}).get(NODE_CLASS_LABEL, DEFAULT_CLASS))
+
+
+def _policy_row(session: Any, row: NodeRow) -> AttestationPolicyRow | None:
+    cls = node_class(row)
+    found = session.scalar(
+        select(AttestationPolicyRow).where(AttestationPolicyRow.node_class == cls)
+    )
+    if found is None and cls != DEFAULT_CLASS:
+        found = session.scalar(
+            select(AttestationPolicyRow).where(AttestationPolicyRow.node_class == DEFAULT_CLASS)
+        )
+    return found  # type: ignore[no-any-return]
+
+
+def _require_policy(session: Any, row: NodeRow) -> tuple[AttestationPolicyRow, Policy]:
+    prow = _policy_row(session, row)
+    if prow is None:
+        raise InvalidState(
+            f"no attestation policy for node class {node_class(row)!r} (nor 'default'): "
+            "an admin sets one with PUT /api/v1/attestation/policy",
+            code="attestation_policy_missing",
+            details={"node": row.name, "node_class": node_class(row)},
+        )
+    return prow, Policy.from_json(prow.policy)
+
+
+def _identity(session: Any, row: NodeRow) -> NodeAttestationRow | None:
+    return session.get(NodeAttestationRow, row.id)  # type: ignore[no-any-return]
+
+
+def _bound(session: Any, row: NodeRow) -> NodeAttestationRow:
+    ident = _identity(session, row)
+    if ident is None or ident.bound_at is None:
+        raise InvalidState(
+            f"node {row.name!r} has no bound attestation key: enroll and activate first",
+            code="not_enrolled",
+            details={"node": row.name},
+        )
+    return ident
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _public(blob: bytes, what: str) -> Any:
+    try:
+        return parse_public(blob)
+    except AttestError as exc:
+        raise ValidationFailed(
+            f"{what} is not a TPM2B_PUBLIC/TPMT_PUBLIC: {exc.message}",
+            code=f"{what}_invalid",
+        ) from None
+
+
+# --- enrollment ------------------------------------------------------------------------------
+
+
+def enroll(
+    store: Store,
+    actor: Actor,
+    name: str,
+    ek_public: bytes,
+    ak_public: bytes,
+    ek_certificate: bytes | None = None,
+    *,
+    ca_bundle: bytes | None = None,
+    now: datetime | None = None,
+) -> Challenge:
+    """Start binding the node's AK to its EK: check both keys, refuse an EK another node holds,
+    and return a MakeCredential challenge. With ``ca_bundle`` the EK certificate is required and
+    must chain to it and certify this EK."""
+    _authorize_node(actor, name)
+    _public(ek_public, "ek")
+    ak = _public(ak_public, "ak")
+    problem = check_ak(ak)
+    if problem:
+        raise ValidationFailed(
+            f"the AK is not an attestation key: {problem}", code="ak_attributes_invalid"
+        )
+    secret = secrets.token_bytes(32)
+    try:
+        blob, enc_secret = make_credential(ek_public, ak.name, secret, rng=os.urandom)
+    except CredentialError as exc:
+        raise ValidationFailed(
+            f"cannot challenge this EK: {exc.message}", code=exc.reason
+        ) from None
+    with store.write(actor, now) as tx:
+        if ca_bundle is not None:
+            if ek_certificate is None:
+                raise ValidationFailed(
+                    "an EK certificate is required (a CA bundle is configured)",
+                    code="ek_cert_missing",
+                )
+            try:
+                verify_ek_certificate(ek_certificate, ca_bundle, tx.now, ek_public=ek_public)
+            except AttestError as exc:
+                raise ValidationFailed(exc.message, code=exc.reason) from None
+        row = node_row(tx.session, name)
+        if NodeState(row.state) == NodeState.DECOMMISSIONED:
+            raise InvalidState(f"node {name!r} is decommissioned", code="node_decommissioned")
+        ek_hash = _sha256(ek_public)
+        other = tx.session.scalar(
+            select(NodeAttestationRow).where(NodeAttestationRow.ek_sha256 == ek_hash)
+        )
+        if other is not None and other.node_id != row.id:
+            raise Conflict(
+                "this EK is already enrolled for another node (a cloned TPM?)",
+                code="duplicate_ek",
+                details={"ek_sha256": ek_hash},
+            )
+        ident = _identity(tx.session, row)
+        if ident is not None and ident.bound_at is not None:
+            raise Conflict(
+                f"node {name!r} already has a bound attestation key",
+                code="already_enrolled",
+                details={"node": name, "ak_name": ident.ak_name},
+            )
+        if ident is None:
+            ident = NodeAttestationRow(node_id=row.id, created_at=tx.now, quarantined=False)
+            tx.session.add(ident)
+        ident.ek_public = ek_public
+        ident.ek_sha256 = ek_hash
+        ident.ek_cert_sha256 = None if ek_certificate is None else _sha256(ek_certificate)
+        ident.ak_public = ak_public
+        ident.ak_name = ak.name.hex()
+        ident.challenge_sha256 = _sha256(secret)
+        ident.challenge_expires_at = tx.now + CHALLENGE_TTL
+        ident.updated_at = tx.now
+        tx.session.flush()
+        tx.record(
+            "node.attest.enroll",
+            "node",
+            name,
+            details={
+                "ek_sha256": ek_hash,
+                "ek_cert_sha256": ident.ek_cert_sha256,
+                "ak_name": ident.ak_name,
+                "ek_cert_verified": ca_bundle is not None,
+            },
+        )
+        return Challenge(
+            name, tpm2_tools_credential_file(blob, enc_secret), ident.challenge_expires_at,
+            ident.ak_name,
+        )  # fmt: skip
+
+
+def activate(
+    store: Store, actor: Actor, name: str, secret: bytes, *, now: datetime | None = None
+) -> dict[str, Any]:
+    """Finish binding: the secret ActivateCredential recovered must match the challenge's."""
+    _authorize_node(actor, name)
+    with store.write(actor, now) as tx:
+        row = node_row(tx.session, name)
+        ident = _identity(tx.session, row)
+        if ident is None or ident.challenge_sha256 is None:
+            raise InvalidState(
+                f"node {name!r} has no pending enrollment challenge",
+                code="no_challenge",
+                details={"node": name},
+            )
+        assert ident.challenge_expires_at is not None
+        if tx.now > ident.challenge_expires_at:
+            raise InvalidState("the enrollment challenge expired: enroll again",
+                               code="challenge_expired")  # fmt: skip
+        if not hmac.compare_digest(_sha256(secret), ident.challenge_sha256):
+            raise ValidationFailed(
+                "the secret does not answer the challenge: the AK and EK are not in one TPM",
+                code="activation_failed",
+            )
+        ident.challenge_sha256 = None
+        ident.challenge_expires_at = None
+        ident.bound_at = tx.now
+        ident.updated_at = tx.now
+        tx.record(
+            "node.attest.bind",
+            "node",
+            name,
+            details={"ek_sha256": ident.ek_sha256, "ak_name": ident.ak_name},
+        )
+        return _status(tx.session, row)
+
+
+# --- rounds ----------------------------------------------------------------------------------
+
+
+def issue_nonce(store: Store, actor: Actor, name: str, now: datetime | None = None) -> Nonce:
+    """A fresh single-use nonce, and which PCRs the policy wants quoted."""
+    _authorize_node(actor, name)
+    with store.write(actor, now) as tx:
+        row = node_row(tx.session, name)
+        _bound(tx.session, row)
+        _prow, policy = _require_policy(tx.session, row)
+        nonce = secrets.token_bytes(32)
+        tx.session.add(
+            AttestationNonceRow(
+                node_id=row.id, nonce=nonce.hex(), issued_at=tx.now,
+                expires_at=tx.now + NONCE_TTL, used_at=None,
+            )
+        )  # fmt: skip
+        tx.record("node.attest.nonce", "node", name, details={"nonce": nonce.hex()})
+        pcrs = tuple(
+            sorted(
+                set(policy.required_pcrs)
+                | set(policy.golden_pcrs)
+                | (set(policy.eventlog_pcrs) if policy.require_eventlog else set())
+            )
+        )
+        return Nonce(name, nonce, tx.now, tx.now + NONCE_TTL, policy.pcr_bank, pcrs)
+
+
+def parse_evidence(data: Any) -> Evidence:
+    """Evidence from its JSON form; ValidationFailed(code='evidence_malformed') otherwise."""
+    try:
+        return Evidence.from_json(data)
+    except AttestError as exc:
+        raise ValidationFailed(exc.message, code="evidence_malformed") from None
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ValidationFailed(f"bad evidence: {exc}", code="evidence_malformed") from None
+
+
+def submit_evidence(
+    store: Store,
+    actor: Actor,
+    name: str,
+    nonce: bytes,
+    evidence: Evidence,
+    now: datetime | None = None,
+) -> AttestOutcome:
+    """Judge one round and act on the verdict. Every attempt is stored with its verdict and an
+    event carrying the evidence hash. Under an enforcing policy: pass → a registered node is
+    admitted, an attestation quarantine is released; fail → the node is quarantined with the
+    failing codes as reason and its work moves to compliant nodes (or waits, with a reason)."""
+    _authorize_node(actor, name)
+    with store.write(actor, now) as tx:
+        row = node_row(tx.session, name)
+        ident = _bound(tx.session, row)
+        prow, policy = _require_policy(tx.session, row)
+        nrow = tx.session.scalar(
+            select(AttestationNonceRow).where(
+                AttestationNonceRow.nonce == nonce.hex(), AttestationNonceRow.node_id == row.id
+            )
+        )
+        previous = None if ident.last_clock is None else ClockInfo.from_json(ident.last_clock)
+        issued_at = nrow.issued_at if nrow is not None else tx.now
+        expected = Expected(nonce, issued_at, ident.ak_public, ident.ek_public, previous)
+        if nrow is None or nrow.used_at is not None:
+            code = "nonce_unknown" if nrow is None else "nonce_replayed"
+            verdict = _refused(code, evidence, expected, policy)
+            record = EvidenceRecord(name, evidence, expected, policy, tx.now, verdict.to_json())
+        else:
+            nrow.used_at = tx.now  # single use, pass or fail
+            record, verdict = make_record(name, evidence, expected, policy, tx.now)
+        erow = EvidenceRow(
+            node_id=row.id, created_at=tx.now, ok=verdict.ok, reasons=list(verdict.reasons),
+            evidence_hash=verdict.evidence_hash, policy_id=policy.id,
+            policy_hash=policy.hash, record=record.to_json(),
+        )  # fmt: skip
+        tx.session.add(erow)
+        tx.session.flush()
+        tx.record(
+            "node.attest",
+            "node",
+            name,
+            outcome=Outcome.SUCCESS if verdict.ok else Outcome.FAILURE,
+            details={
+                "evidence_id": erow.id,
+                "evidence_hash": verdict.evidence_hash,
+                "policy_id": policy.id,
+                "policy_hash": policy.hash,
+                "ok": verdict.ok,
+                "reasons": list(verdict.reasons),
+                "enforce": prow.enforce,
+            },
+        )
+        ident.updated_at = tx.now
+        if verdict.ok:
+            assert verdict.clock is not None
+            ident.last_clock = verdict.clock.to_json()
+            ident.last_passed_at = tx.now
+            if prow.enforce:
+                _admit(tx, row, ident)
+        elif prow.enforce:
+            _quarantine(tx, row, ident, "attestation failed: " + ",".join(verdict.reasons))
+        return AttestOutcome(name, erow.id, verdict.to_json(), row.state, row.state_reason)
+
+
+def _refused(code: str, evidence: Evidence, expected: Expected, policy: Policy) -> Verdict:
+    try:
+        ehash = evidence_hash(evidence, expected)
+    except Exception:  # an unhashable evidence is still a refusal
+        ehash = ""
+    return Verdict(
+        ok=False, reasons=(code,), messages={code: SERVICE_REASONS[code]}, details={},
+        evidence_hash=ehash, policy_id=policy.id, policy_hash=policy.hash,
+    )  # fmt: skip
+
+
+def _admit(tx: Tx, row: NodeRow, ident: NodeAttestationRow) -> None:
+    state = NodeState(row.state)
+    if state == NodeState.REGISTERED or (state == NodeState.QUARANTINED and ident.quarantined):
+        ident.quarantined = False
+        change_node_state(tx, row, NodeState.ADMITTED, "attestation passed")
+
+
+def _quarantine(tx: Tx, row: NodeRow, ident: NodeAttestationRow, reason: str) -> None:
+    if NodeState(row.state) in (NodeState.QUARANTINED, NodeState.FAILED,
+                                NodeState.DECOMMISSIONED):  # fmt: skip
+        if NodeState(row.state) == NodeState.QUARANTINED and ident.quarantined:
+            row.state_reason = reason  # attestation's own quarantine: the latest failure
+        return
+    ident.quarantined = True
+    change_node_state(tx, row, NodeState.QUARANTINED, reason)
+
+
+def check_stale(
+    store: Store, actor: Actor, grace: timedelta, now: datetime | None = None
+) -> list[str]:
+    """Quarantine every node in service under an enforcing policy whose last passing
+    attestation is older than ``grace`` (or that never passed). Returns their names."""
+    authorize(actor, Permission.NODES_WRITE)
+    done: list[str] = []
+    with store.write(actor, now) as tx:
+        rows = tx.session.scalars(
+            select(NodeRow)
+            .where(NodeRow.state.in_([s.value for s in KEEPS_WORK]))
+            .order_by(NodeRow.name)
+        )
+        for row in list(rows):
+            prow = _policy_row(tx.session, row)
+            if prow is None or not prow.enforce:
+                continue
+            ident = _identity(tx.session, row)
+            last = None if ident is None else ident.last_passed_at
+            if last is not None and tx.now - last <= grace:
+                continue
+            if ident is None:
+                reason = "attestation stale: never attested"
+                change_node_state(tx, row, NodeState.QUARANTINED, reason)
+            else:
+                when = "never passed" if last is None else f"last pass {last.isoformat()}"
+                _quarantine(tx, row, ident, f"attestation stale: {when}")
+            done.append(row.name)
+    return done
+
+
+def manual_admission_refused(tx: Tx, row: NodeRow, target: NodeState) -> str | None:
+    """Why an operator may not move this node to ``target`` by hand (None: they may). Under an
+    enforcing policy a registered node is admitted only by attestation; a quarantine imposed
+    by attestation is released only by a fresh passing attestation."""
+    if target != NodeState.ADMITTED:
+        return None
+    ident = _identity(tx.session, row)
+    if NodeState(row.state) == NodeState.QUARANTINED and ident is not None and ident.quarantined:
+        return (
+            "the node was quarantined by attestation: only a fresh passing attestation releases it"
+        )
+    prow = _policy_row(tx.session, row)
+    if prow is not None and prow.enforce and NodeState(row.state) in (
+        NodeState.REGISTERED, NodeState.QUARANTINED
+    ):  # fmt: skip
+        return f"policy {prow.node_class!r} enforces attestation: the node is admitted by attesting"
+    return None
+
+
+# --- reads and policies ----------------------------------------------------------------------
+
+
+def _status(session: Any, row: NodeRow) -> dict[str, Any]:
+    ident = _identity(session, row)
+    latest = session.scalar(
+        select(EvidenceRow).where(EvidenceRow.node_id == row.id).order_by(EvidenceRow.id.desc())
+    )
+    return {
+        "node": row.name,
+        "state": row.state,
+        "state_reason": row.state_reason,
+        "node_class": node_class(row),
+        "enrolled": ident is not None,
+        "bound": ident is not None and ident.bound_at is not None,
+        "ek_sha256": None if ident is None else ident.ek_sha256,
+        "ak_name": None if ident is None else ident.ak_name,
+        "bound_at": None if ident is None or ident.bound_at is None else ident.bound_at.isoformat(),
+        "last_passed_at": None
+        if ident is None or ident.last_passed_at is None
+        else ident.last_passed_at.isoformat(),
+        "last_clock": None if ident is None else ident.last_clock,
+        "quarantined_by_attestation": bool(ident is not None and ident.quarantined),
+        "latest": None if latest is None else _evidence_summary(latest),
+    }
+
+
+def _evidence_summary(e: EvidenceRow) -> dict[str, Any]:
+    return {
+        "id": e.id,
+        "at": e.created_at.isoformat(),
+        "ok": e.ok,
+        "reasons": list(e.reasons),
+        "messages": dict((e.record.get("verdict") or {}).get("messages") or {}),
+        "evidence_hash": e.evidence_hash,
+        "policy_id": e.policy_id,
+        "policy_hash": e.policy_hash,
+    }
+
+
+def attestation_status(store: Store, actor: Actor, name: str) -> dict[str, Any]:
+    """The node's TPM identity and its latest verdict."""
+    authorize(actor, Permission.NODES_READ)
+    with store.read() as session:
+        return _status(session, node_row(session, name))
+
+
+def list_evidence(
+    store: Store, actor: Actor, name: str, *, limit: int = 20, records: bool = True
+) -> list[dict[str, Any]]:
+    """The node's attestation attempts, newest first, each with its replayable record."""
+    authorize(actor, Permission.AUDIT_READ)
+    if not 1 <= limit <= 500:
+        raise ValidationFailed("limit must be 1 to 500", code="invalid_limit")
+    with store.read() as session:
+        row = node_row(session, name)
+        rows = session.scalars(
+            select(EvidenceRow)
+            .where(EvidenceRow.node_id == row.id)
+            .order_by(EvidenceRow.id.desc())
+            .limit(limit)
+        )
+        return [{**_evidence_summary(e), **({"record": e.record} if records else {})} for e in rows]
+
+
+def list_policies(store: Store, actor: Actor) -> list[dict[str, Any]]:
+    authorize(actor, Permission.AUDIT_READ)
+    with store.read() as session:
+        rows = session.scalars(
+            select(AttestationPolicyRow).order_by(AttestationPolicyRow.node_class)
+        )
+        return [_policy_out(p) for p in rows]
+
+
+def _policy_out(p: AttestationPolicyRow) -> dict[str, Any]:
+    return {
+        "node_class": p.node_class,
+        "enforce": p.enforce,
+        "policy": p.policy,
+        "policy_hash": p.policy_hash,
+        "updated_by": p.updated_by,
+        "updated_at": p.updated_at.isoformat(),
+    }
+
+
+def set_policy(
+    store: Store, actor: Actor, policy: Mapping[str, Any], *, enforce: bool = True,
+    now: datetime | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Create or replace the policy of ``policy['node_class']`` (default ``default``)."""
+    authorize(actor, Permission.ATTEST_POLICY_WRITE)
+    try:
+        parsed = Policy.from_json(policy)
+    except PolicyError as exc:
+        raise ValidationFailed(exc.message, code=exc.reason) from None
+    doc = parsed.to_json()
+    with store.write(actor, now) as tx:
+        row = tx.session.scalar(
+            select(AttestationPolicyRow).where(AttestationPolicyRow.node_class == parsed.node_class)
+        )
+        before = None if row is None else row.policy_hash
+        if row is None:
+            row = AttestationPolicyRow(node_class=parsed.node_class)
+            tx.session.add(row)
+        row.policy, row.policy_hash, row.enforce = doc, parsed.hash, enforce
+        row.updated_by, row.updated_at = actor.name, tx.now
+        tx.session.flush()
+        tx.record(
+            "attest.policy.set",
+            "attestation_policy",
+            parsed.node_class,
+            details={"policy_id": parsed.id, "policy_hash": parsed.hash,
+                     "previous_hash": before, "enforce": enforce},
+        )  # fmt: skip
+        return _policy_out(row)

@@ -1,0 +1,238 @@
+"""``submit_workloads`` / ``POST /api/v1/workloads/batch``: many workloads in one transaction.
+
+The batch must write what the same specs submitted one by one write (rows, placements, the
+event sequence with preemptions and repartitions), refuse everything when one item is bad,
+and leave the scheduler cache agreeing with a fresh load."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from conftest import _admin, _pg_url, demo_text
+from proofplane.access import SYSTEM
+from proofplane.errors import Conflict, NotFound, ValidationFailed
+from proofplane.hardware.cluster_file import parse_cluster
+from proofplane.model import GpuRequest, Workload
+from proofplane.service import workloads as workloads_svc
+from proofplane.service.cluster import load_cluster
+from proofplane.service.context import Store
+from proofplane.service.scheduling import ClusterView, scheduler_cache
+from proofplane.service.workloads import WorkloadSpec
+from proofplane.store import migrate
+from proofplane.store.tables import EventRow, PlacementRow, WorkloadRow
+
+API = "/api/v1"
+TENANTS = ("st-marys-hospital", "nordbank", "berlin-telco", "paris-insurance", "research-lab")
+
+
+def _specs(seed: int, n: int, prefix: str = "b") -> list[WorkloadSpec]:
+    """A mix the demo cluster's tenants accept: whole GPUs, MIG (A100 and any), shares, with
+    priorities that make later items preempt earlier ones and MIG asks that repartition."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        tenant = rng.choice(TENANTS)
+        r = rng.random()
+        if tenant == "nordbank":
+            gpus = GpuRequest(rng.choice([1, 2, 8]))
+        elif tenant in ("st-marys-hospital", "berlin-telco") or r < 0.4:
+            profile = rng.choice(["1g.10gb", "3g.40gb", "2g.20gb", "1g.20gb"])
+            gpus = GpuRequest(rng.choice([1, 1, 2]), "A100-80GB", mig_profile=profile)
+        elif r < 0.7:
+            gpus = GpuRequest(rng.choice([1, 2, 4, 8]))
+        else:
+            gpus = GpuRequest(1, share_milli=rng.choice([250, 500]))
+        priority = rng.choice([0, 0, 10, 100])
+        out.append(WorkloadSpec(f"{prefix}{i:03d}", tenant, gpus=gpus, priority=priority))
+    return out
+
+
+@pytest.fixture
+def twin_url(db_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A second fresh database of the same kind as ``db_url``."""
+    if db_url.startswith("sqlite"):
+        url = f"sqlite:///{tmp_path / 'twin.db'}"
+        store = Store(url)
+        migrate.upgrade(store.engine)
+        store.dispose()
+        yield url
+        return
+    template = request.getfixturevalue("pg_template")
+    name = f"{db_url.rsplit('/', 1)[1]}_twin"
+    with _admin() as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    yield _pg_url(name)
+    with _admin() as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _load(url: str) -> Store:
+    store = Store(url)
+    load_cluster(store, SYSTEM, parse_cluster(demo_text()))
+    return store
+
+
+def _events(store: Store, after: int = 0) -> list[tuple[Any, ...]]:
+    with store.read() as session:
+        rows = session.scalars(select(EventRow).where(EventRow.seq > after).order_by(EventRow.seq))
+        return [(e.seq, e.action, e.target_type, e.target_id, e.outcome, e.details) for e in rows]
+
+
+def _count(store: Store, what: Any) -> int:
+    with store.read() as session:
+        return session.scalar(select(func.count()).select_from(what)) or 0
+
+
+def _plain(w: Workload) -> Workload:
+    return dataclasses.replace(w, created_at=None, updated_at=None)
+
+
+def _final(store: Store, specs: list[WorkloadSpec]) -> list[Workload]:
+    return [
+        _plain(workloads_svc.get_workload(store, SYSTEM, s.name, tenant=s.tenant)) for s in specs
+    ]
+
+
+def _fresh_equals_cache(store: Store) -> None:
+    cache = scheduler_cache(store.engine)
+    assert cache.scheduler is not None
+    with store.read() as session:
+        fresh = {k: h.placement for k, h in ClusterView(session).scheduler.held.items()}
+    assert {k: h.placement for k, h in cache.scheduler.held.items()} == fresh
+
+
+@pytest.mark.parametrize("seed", [2, 5])
+def test_a_batch_writes_what_one_by_one_writes(db_url: str, twin_url: str, seed: int) -> None:
+    one, many = _load(db_url), _load(twin_url)
+    try:
+        start = len(_events(one))
+        specs = _specs(seed, 60)
+        for spec in specs:
+            workloads_svc.submit_workload(one, SYSTEM, spec)
+        out = workloads_svc.submit_workloads(many, SYSTEM, specs)
+        events_one, events_many = _events(one, start), _events(many, start)
+        assert events_many == events_one
+        actions = {e[1] for e in events_one}
+        # the slow paths are exercised, not only the bulk one
+        assert {"workload.evict", "node.gpu.repartition", "workload.pending"} <= actions
+        # the batch answers each workload as the batch left it
+        assert [_plain(w) for w in out] == _final(many, specs) == _final(one, specs)
+        assert _count(many, PlacementRow) == _count(one, PlacementRow)
+        _fresh_equals_cache(many)
+        # and the cache keeps deciding like a fresh load afterwards
+        more = _specs(seed + 100, 20, prefix="m")
+        workloads_svc.submit_workloads(many, SYSTEM, more)
+        for spec in more:
+            workloads_svc.submit_workload(one, SYSTEM, spec)
+        assert _events(many, start) == _events(one, start)
+        _fresh_equals_cache(many)
+    finally:
+        one.dispose()
+        many.dispose()
+
+
+def test_a_plain_batch_answers_with_its_placements(demo: Store) -> None:
+    specs = [WorkloadSpec(f"p{i}", "research-lab", gpus=GpuRequest(1)) for i in range(10)]
+    out = workloads_svc.submit_workloads(demo, SYSTEM, specs)
+    assert all(w.placement is not None for w in out)
+    assert [_plain(w) for w in out] == _final(demo, specs)
+    _fresh_equals_cache(demo)
+
+
+def _nothing_written(store: Store, before: int, work: int) -> None:
+    assert len(_events(store)) == before
+    assert _count(store, WorkloadRow) == work
+
+
+@pytest.mark.parametrize(
+    ("bad", "error", "code"),
+    [
+        (WorkloadSpec("x", "no-such-tenant"), NotFound, "not_found"),
+        (WorkloadSpec("Bad Name!", "research-lab"), ValidationFailed, "invalid_name"),
+        (WorkloadSpec("x", "research-lab", gpus=GpuRequest(0)), ValidationFailed, None),
+        (WorkloadSpec("ok-0", "research-lab"), Conflict, "duplicate_in_batch"),
+        (WorkloadSpec("taken", "research-lab"), Conflict, "conflict"),
+        (
+            WorkloadSpec("x", "nordbank", gpus=GpuRequest(1, share_milli=500)),
+            ValidationFailed,
+            "isolation_conflict",
+        ),
+    ],
+)
+def test_one_bad_item_refuses_the_batch(
+    demo: Store, bad: WorkloadSpec, error: type[Exception], code: str | None
+) -> None:
+    workloads_svc.submit_workload(demo, SYSTEM, WorkloadSpec("taken", "research-lab"))
+    before, work = len(_events(demo)), _count(demo, WorkloadRow)
+    specs = [WorkloadSpec(f"ok-{i}", "research-lab") for i in range(3)]
+    specs.insert(2, bad)
+    with pytest.raises(error) as info:
+        workloads_svc.submit_workloads(demo, SYSTEM, specs)
+    exc = info.value
+    assert exc.message.startswith("items[2]: ") and exc.details["index"] == 2  # type: ignore[attr-defined]
+    if code is not None:
+        assert exc.code == code  # type: ignore[attr-defined]
+    _nothing_written(demo, before, work)
+    # a refused batch leaves a usable, correct cache
+    workloads_svc.submit_workloads(demo, SYSTEM, [WorkloadSpec("after", "research-lab")])
+    _fresh_equals_cache(demo)
+
+
+def test_the_same_name_in_two_tenants_is_two_workloads(demo: Store) -> None:
+    out = workloads_svc.submit_workloads(
+        demo,
+        SYSTEM,
+        [WorkloadSpec("same", "research-lab"), WorkloadSpec("same", "paris-insurance")],
+    )
+    assert [(w.tenant, w.name) for w in out] == [
+        ("research-lab", "same"),
+        ("paris-insurance", "same"),
+    ]
+
+
+def test_too_many_items(demo: Store) -> None:
+    specs = [WorkloadSpec(f"t{i}", "research-lab") for i in range(workloads_svc.MAX_BATCH + 1)]
+    with pytest.raises(ValidationFailed) as info:
+        workloads_svc.submit_workloads(demo, SYSTEM, specs)
+    assert info.value.code == "batch_too_large"
+
+
+# --- the API ---------------------------------------------------------------------------------
+
+
+def _item(name: str, tenant: str = "research-lab", **extra: Any) -> dict[str, Any]:
+    return {"name": name, "tenant": tenant, "gpus": {"count": 1}, **extra}
+
+
+@pytest.fixture
+def api(client: TestClient) -> TestClient:
+    return client
+
+
+def test_api_batch(api: TestClient, store: Store) -> None:
+    load_cluster(store, SYSTEM, parse_cluster(demo_text()))
+    r = api.post(f"{API}/workloads/batch", json={"items": [_item("a"), _item("batch")]})
+    assert r.status_code == 201, r.text
+    items = r.json()["items"]
+    assert [w["name"] for w in items] == ["a", "batch"]
+    assert all(w["status"] == "placed" and w["placement"] for w in items)
+    # a workload called "batch" is still read at its own path
+    assert api.get(f"{API}/workloads/batch").json()["name"] == "batch"
+    before = len(_events(store))
+    r = api.post(f"{API}/workloads/batch", json={"items": [_item("c"), _item("d", "ghost")]})
+    assert r.status_code == 404 and r.json()["error"]["details"]["index"] == 1
+    assert r.json()["error"]["message"] == "items[1]: tenant 'ghost' not found"
+    r = api.post(f"{API}/workloads/batch", json={"items": [_item("e"), _item("e")]})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "duplicate_in_batch"
+    r = api.post(f"{API}/workloads/batch", json={"items": [_item(f"n{i}") for i in range(1001)]})
+    assert r.status_code == 422
+    assert api.post(f"{API}/workloads/batch", json={"items": []}).status_code == 422
+    assert len(_events(store)) == before
