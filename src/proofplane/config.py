@@ -39,6 +39,28 @@ class Settings:
     cluster_id: str = "default"
     audit_checkpoint_interval_s: float | None = None
     audit_key_file: str | None = None
+    # Attestation (issue 5): a node under an enforcing policy whose last passing attestation is
+    # older than ``attest_grace_s`` is quarantined; the server looks every
+    # ``attest_stale_check_interval_s`` (None or 0: never). ``demo_attester`` = "simulated"
+    # (set by ``up`` only): enrollment from a software-key simulated attester is accepted and
+    # marked as simulated; otherwise (None) it is refused.
+    attest_grace_s: float = 900.0
+    attest_stale_check_interval_s: float | None = None
+    demo_attester: str | None = None
+
+
+DEMO_ATTESTERS = ("simulated",)
+
+
+def _seconds(env: dict[str, str], name: str, default: str, low: float, high: float) -> float:
+    raw = env.get(name, default)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not low <= value <= high:
+        raise ValidationFailed(f"{name} must be {low:g}..{high:g}", code="invalid_setting")
+    return value
 
 
 def _json(name: str, raw: str) -> Any:
@@ -108,7 +130,17 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
             "PROOFPLANE_CLUSTER_ID must be printable, without spaces or '+'",
             code="invalid_setting",
         )
+    grace_s = _seconds(env, "PROOFPLANE_ATTEST_GRACE_SECONDS", "900", 10, 7 * 86400)
+    stale_s = _seconds(env, "PROOFPLANE_ATTEST_STALE_CHECK_SECONDS", "30", 0, 3600)
+    demo_attester = env.get("PROOFPLANE_DEMO_ATTESTER", "").strip().lower() or None
+    if demo_attester is not None and demo_attester not in DEMO_ATTESTERS:
+        raise ValidationFailed(
+            "PROOFPLANE_DEMO_ATTESTER must be unset or 'simulated'", code="invalid_setting"
+        )
     return Settings(
+        attest_grace_s=grace_s,
+        attest_stale_check_interval_s=stale_s or None,
+        demo_attester=demo_attester,
         cluster_id=cluster_id,
         audit_checkpoint_interval_s=checkpoint_s or None,
         audit_key_file=env.get("PROOFPLANE_AUDIT_KEY_FILE") or None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from datetime import timedelta
 from pathlib import Path
 from threading import Thread
 
@@ -24,6 +25,7 @@ from proofplane.api import (
 from proofplane.api.deps import public
 from proofplane.api.routes import router
 from proofplane.config import ExecutionSettings, Settings
+from proofplane.service import attestation as attest_svc
 from proofplane.service import audit as audit_svc
 from proofplane.service import execution as execution_svc
 from proofplane.service import sinks as sinks_svc
@@ -69,7 +71,13 @@ def create_app(
                 store, app.state.audit_keys, settings.audit_checkpoint_interval_s
             ) as checkpointer,
             _execution(app, store, execution) as syncer,
+            attest_svc.stale_worker(
+                store,
+                settings.attest_stale_check_interval_s,
+                timedelta(seconds=settings.attest_grace_s),
+            ) as stale,
         ):
+            app.state.attest_stale_checker = stale
             app.state.siem_exporter = worker
             app.state.audit_checkpointer = checkpointer
             app.state.execution_sync = syncer

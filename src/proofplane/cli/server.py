@@ -47,6 +47,7 @@ from proofplane.service import execution as execution_svc
 from proofplane.service.access import MAX_TOKEN_TTL, bootstrap_admin
 from proofplane.service.cluster import load_cluster
 from proofplane.service.context import Store
+from proofplane.service.demo_attester import DemoAttester, load_attested_demo
 from proofplane.store import migrate
 from proofplane.store.db import default_database_url
 
@@ -342,11 +343,17 @@ def _serve(
     execution: config.ExecutionSettings,
     *,
     stop_jobs: bool = False,
+    attester: DemoAttester | None = None,
 ) -> None:
-    """Serve until stopped; ``stop_jobs`` (``up``): then cancel the engine jobs still live."""
+    """Serve until stopped; ``stop_jobs`` (``up``): then cancel the engine jobs still live;
+    ``attester`` (``up``): the demo's simulated agents keep attesting while it serves."""
     try:
+        if attester is not None:
+            attester.start()
         uvicorn.run(create_app(store, settings, execution), host=host, port=port)
     finally:
+        if attester is not None:
+            attester.stop()
         try:
             if stop_jobs and store.backend is not None:
                 backend = store.backend
@@ -406,10 +413,14 @@ def up(
     """Start the control plane with a demo cluster, on a fresh database, with a demo admin
     token (PROOFPLANE_ADMIN_TOKEN, or a fresh random one) stored for the CLI.
 
-    A demo on loopback: plain HTTP, so browser session cookies are not marked Secure."""
+    A demo on loopback: plain HTTP, so browser session cookies are not marked Secure. The demo
+    runs in demo-attester mode (PROOFPLANE_DEMO_ATTESTER=simulated): its nodes are admitted by
+    simulated TPM attesters through the real verifier, and one of them drifts."""
     env_settings = load_settings()
     token = env_settings.admin_token or new_token()
-    settings = dataclasses.replace(env_settings, admin_token=token, cookie_secure=False)
+    settings = dataclasses.replace(
+        env_settings, admin_token=token, cookie_secure=False, demo_attester="simulated"
+    )
     spec, source = read_cluster(cluster)
     check_port(host, port)
     execution = load_execution(db or f"sqlite:///{demo_database_path()}", demo=True)
@@ -423,7 +434,11 @@ def up(
         with store_errors(f"cannot load {source}"):
             # The demo's placed workloads start as the cluster loads (and stop if it fails).
             store.backend = execution_svc.build_backend(execution)
-            counts = load_cluster(store, SYSTEM, spec)
+            attester: DemoAttester | None = None
+            if settings.demo_attester == "simulated":
+                counts, attester = load_attested_demo(store, spec)
+            else:
+                counts = load_cluster(store, SYSTEM, spec)
     except CliError as exc:
         store.dispose()
         if db is not None and isinstance(exc.__cause__, Conflict):
@@ -452,7 +467,7 @@ def up(
         execution_svc.stop_jobs(store.backend, execution_svc.live_job_ids(store, store.backend))
         store.dispose()
         raise
-    _serve(store, host, port, settings, execution, stop_jobs=True)
+    _serve(store, host, port, settings, execution, stop_jobs=True, attester=attester)
 
 
 @db_app.command("upgrade")

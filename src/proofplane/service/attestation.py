@@ -24,16 +24,19 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import secrets
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
 
-from proofplane.access import Actor, Permission, authorize
+from proofplane.access import SYSTEM, Actor, Permission, authorize
 from proofplane.attest import AttestError, Evidence, Expected, Policy, PolicyError
 from proofplane.attest.credential import (
     CredentialError,
@@ -66,6 +69,8 @@ DEFAULT_CLASS = "default"
 SERVICE_REASONS: dict[str, str] = {
     "nonce_unknown": "the quote names a nonce this server never issued to this node",
     "nonce_replayed": "the nonce was already used by an earlier attestation round",
+    "simulated_attester_refused": "the node enrolled with a simulated (software-key) attester, "
+    "which this server accepts only in demo mode (PROOFPLANE_DEMO_ATTESTER=simulated)",
 }
 
 
@@ -194,11 +199,22 @@ def enroll(
     *,
     ca_bundle: bytes | None = None,
     now: datetime | None = None,
+    simulated: bool = False,
+    allow_simulated: bool = False,
 ) -> Challenge:
     """Start binding the node's AK to its EK: check both keys, refuse an EK another node holds,
     and return a MakeCredential challenge. With ``ca_bundle`` the EK certificate is required and
-    must chain to it and certify this EK."""
+    must chain to it and certify this EK.
+
+    ``simulated``: the keys are software keys of the demo's simulated attester; accepted only
+    with ``allow_simulated`` (the server's demo mode) and marked on the identity for good."""
     _authorize_node(actor, name)
+    if simulated and not allow_simulated:
+        raise InvalidState(
+            SERVICE_REASONS["simulated_attester_refused"],
+            code="simulated_attester_refused",
+            details={"node": name},
+        )
     _public(ek_public, "ek")
     ak = _public(ak_public, "ak")
     problem = check_ak(ak)
@@ -252,6 +268,7 @@ def enroll(
         ident.ek_cert_sha256 = None if ek_certificate is None else _sha256(ek_certificate)
         ident.ak_public = ak_public
         ident.ak_name = ak.name.hex()
+        ident.simulated = simulated
         ident.challenge_sha256 = _sha256(secret)
         ident.challenge_expires_at = tx.now + CHALLENGE_TTL
         ident.updated_at = tx.now
@@ -265,6 +282,7 @@ def enroll(
                 "ek_cert_sha256": ident.ek_cert_sha256,
                 "ak_name": ident.ak_name,
                 "ek_cert_verified": ca_bundle is not None,
+                **_sim(simulated),
             },
         )
         return Challenge(
@@ -304,7 +322,8 @@ def activate(
             "node.attest.bind",
             "node",
             name,
-            details={"ek_sha256": ident.ek_sha256, "ak_name": ident.ak_name},
+            details={"ek_sha256": ident.ek_sha256, "ak_name": ident.ak_name,
+                     **_sim(ident.simulated)},  # fmt: skip
         )
         return _status(tx.session, row)
 
@@ -354,11 +373,17 @@ def submit_evidence(
     nonce: bytes,
     evidence: Evidence,
     now: datetime | None = None,
+    *,
+    allow_simulated: bool = False,
 ) -> AttestOutcome:
     """Judge one round and act on the verdict. Every attempt is stored with its verdict and an
     event carrying the evidence hash. Under an enforcing policy: pass → a registered node is
     admitted, an attestation quarantine is released; fail → the node is quarantined with the
-    failing codes as reason and its work moves to compliant nodes (or waits, with a reason)."""
+    failing codes as reason and its work moves to compliant nodes (or waits, with a reason).
+
+    A node enrolled by a simulated attester is judged only with ``allow_simulated`` (demo
+    mode); otherwise its round is refused (``simulated_attester_refused``). Its records,
+    events and state reasons say ``simulated``."""
     _authorize_node(actor, name)
     with store.write(actor, now) as tx:
         row = node_row(tx.session, name)
@@ -372,7 +397,13 @@ def submit_evidence(
         previous = None if ident.last_clock is None else ClockInfo.from_json(ident.last_clock)
         issued_at = nrow.issued_at if nrow is not None else tx.now
         expected = Expected(nonce, issued_at, ident.ak_public, ident.ek_public, previous)
-        if nrow is None or nrow.used_at is not None:
+        simulated = bool(ident.simulated)
+        if simulated and not allow_simulated:
+            if nrow is not None and nrow.used_at is None:
+                nrow.used_at = tx.now
+            verdict = _refused("simulated_attester_refused", evidence, expected, policy)
+            record = EvidenceRecord(name, evidence, expected, policy, tx.now, verdict.to_json())
+        elif nrow is None or nrow.used_at is not None:
             code = "nonce_unknown" if nrow is None else "nonce_replayed"
             verdict = _refused(code, evidence, expected, policy)
             record = EvidenceRecord(name, evidence, expected, policy, tx.now, verdict.to_json())
@@ -382,7 +413,7 @@ def submit_evidence(
         erow = EvidenceRow(
             node_id=row.id, created_at=tx.now, ok=verdict.ok, reasons=list(verdict.reasons),
             evidence_hash=verdict.evidence_hash, policy_id=policy.id,
-            policy_hash=policy.hash, record=record.to_json(),
+            policy_hash=policy.hash, record={**record.to_json(), **_sim(simulated)},
         )  # fmt: skip
         tx.session.add(erow)
         tx.session.flush()
@@ -399,6 +430,7 @@ def submit_evidence(
                 "ok": verdict.ok,
                 "reasons": list(verdict.reasons),
                 "enforce": prow.enforce,
+                **_sim(simulated),
             },
         )
         ident.updated_at = tx.now
@@ -407,9 +439,12 @@ def submit_evidence(
             ident.last_clock = verdict.clock.to_json()
             ident.last_passed_at = tx.now
             if prow.enforce:
-                _admit(tx, row, ident)
+                _admit(tx, row, ident, "attestation passed" + _sim_note(simulated))
         elif prow.enforce:
-            _quarantine(tx, row, ident, "attestation failed: " + ",".join(verdict.reasons))
+            _quarantine(
+                tx, row, ident,
+                "attestation failed: " + ",".join(verdict.reasons) + _sim_note(simulated),
+            )  # fmt: skip
         return AttestOutcome(name, erow.id, verdict.to_json(), row.state, row.state_reason)
 
 
@@ -424,11 +459,20 @@ def _refused(code: str, evidence: Evidence, expected: Expected, policy: Policy) 
     )  # fmt: skip
 
 
-def _admit(tx: Tx, row: NodeRow, ident: NodeAttestationRow) -> None:
+def _sim(simulated: bool) -> dict[str, bool]:
+    """``{"simulated": True}`` for what a simulated attester produced (nothing otherwise)."""
+    return {"simulated": True} if simulated else {}
+
+
+def _sim_note(simulated: bool) -> str:
+    return " (simulated attester)" if simulated else ""
+
+
+def _admit(tx: Tx, row: NodeRow, ident: NodeAttestationRow, reason: str) -> None:
     state = NodeState(row.state)
     if state == NodeState.REGISTERED or (state == NodeState.QUARANTINED and ident.quarantined):
         ident.quarantined = False
-        change_node_state(tx, row, NodeState.ADMITTED, "attestation passed")
+        change_node_state(tx, row, NodeState.ADMITTED, reason)
 
 
 def _quarantine(tx: Tx, row: NodeRow, ident: NodeAttestationRow, reason: str) -> None:
@@ -448,6 +492,11 @@ def check_stale(
     attestation is older than ``grace`` (or that never passed). Returns their names."""
     authorize(actor, Permission.NODES_WRITE)
     done: list[str] = []
+    with store.read() as session:  # no enforcing policy: nothing to check, nothing to write
+        if session.scalar(
+            select(AttestationPolicyRow.node_class).where(AttestationPolicyRow.enforce.is_(True))
+        ) is None:
+            return done
     with store.write(actor, now) as tx:
         rows = tx.session.scalars(
             select(NodeRow)
@@ -470,6 +519,61 @@ def check_stale(
                 _quarantine(tx, row, ident, f"attestation stale: {when}")
             done.append(row.name)
     return done
+
+
+log = logging.getLogger(__name__)
+
+
+class StaleWorker:
+    """The server's staleness check: a thread that runs :func:`check_stale` every
+    ``interval_s`` with grace ``grace``. A pass that fails is logged and retried at the next
+    tick (the nodes it would have quarantined stay stale, so the next pass catches them)."""
+
+    def __init__(self, store: Store, *, interval_s: float, grace: timedelta) -> None:
+        self.store = store
+        self.interval_s = interval_s
+        self.grace = grace
+        self.quarantined: list[str] = []  # every node a pass quarantined, in order
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def run_once(self, now: datetime | None = None) -> list[str]:
+        done = check_stale(self.store, SYSTEM, self.grace, now)
+        self.quarantined.extend(done)
+        return done
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.run_once()
+            except Exception:  # keep checking; a failed pass never admits anything
+                log.exception("attestation staleness check failed")
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="attest-stale", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+@contextmanager
+def stale_worker(
+    store: Store, interval_s: float | None, grace: timedelta
+) -> Iterator[StaleWorker | None]:
+    """The staleness checker for the duration of the block (none when ``interval_s`` is
+    falsy). Without an enforcing attestation policy each pass is a single read."""
+    if not interval_s:
+        yield None
+        return
+    worker = StaleWorker(store, interval_s=interval_s, grace=grace)
+    worker.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
 
 
 def manual_admission_refused(tx: Tx, row: NodeRow, target: NodeState) -> str | None:
@@ -514,6 +618,7 @@ def _status(session: Any, row: NodeRow) -> dict[str, Any]:
         else ident.last_passed_at.isoformat(),
         "last_clock": None if ident is None else ident.last_clock,
         "quarantined_by_attestation": bool(ident is not None and ident.quarantined),
+        "simulated": bool(ident is not None and ident.simulated),
         "latest": None if latest is None else _evidence_summary(latest),
     }
 
@@ -528,6 +633,7 @@ def _evidence_summary(e: EvidenceRow) -> dict[str, Any]:
         "evidence_hash": e.evidence_hash,
         "policy_id": e.policy_id,
         "policy_hash": e.policy_hash,
+        "simulated": bool((e.record or {}).get("simulated", False)),
     }
 
 

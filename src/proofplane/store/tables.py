@@ -21,6 +21,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
@@ -333,6 +334,8 @@ class NodeAttestationRow(Base):
     last_clock: Mapped[dict[str, Any] | None] = mapped_column(JsonType, nullable=True)
     last_passed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     quarantined: Mapped[bool] = mapped_column(Boolean, default=False)  # by attestation
+    # enrolled by the demo's software-key attester: evidence proves nothing about hardware
+    simulated: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
