@@ -26,7 +26,7 @@ serve: setup
 # Installs the Debian packages and services the tests need, then lint + the whole suite.
 test: setup test-deps
 	$(BIN)/ruff check .
-	$(BIN)/pytest
+	$(BIN)/pytest -n auto --dist loadfile
 
 test-deps:
 	scripts/test-deps.sh

@@ -32,6 +32,11 @@ from proofplane.store import migrate
 
 PG_ADMIN = os.environ.get("PROOFPLANE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+# The CLI renders Rich tables to the width of the terminal; test output is no terminal, and
+# pytest-xdist workers get none of the parent's size either: pin a wide one so the assertions
+# on table cells do not depend on how the suite is run.
+os.environ["COLUMNS"] = "200"
+
 RUN_ID = uuid.uuid4().hex[:8]
 
 
