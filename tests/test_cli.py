@@ -1069,3 +1069,49 @@ def test_workloads_logs_and_the_engine_job_in_show(engine_server: tuple[str, Sto
     assert "has not run yet" in waiting.stdout
     missing = cli(url, "workloads", "logs", "no-such-workload")
     assert missing.exit_code == 1 and "not found" in missing.stderr.lower()
+
+
+def test_sigterm_stops_up_and_the_demo_processes(tmp_path: Path) -> None:
+    """A service manager stops `up` with SIGTERM: the demo's workload processes go with it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    port = free_port()
+    db = tmp_path / "demo.db"
+    env = {**os.environ, "HOME": str(tmp_path), "PROOFPLANE_DATABASE_URL": f"sqlite:///{db}"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "proofplane.cli.main",
+            "up",
+            "--port",
+            str(port),
+            "--db",
+            f"sqlite:///{db}",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "up did not start"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert "stopped 11 demo workload process(es)" in out

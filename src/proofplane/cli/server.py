@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import shutil
+import signal
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -335,6 +336,21 @@ def _engine_line(store: Store) -> str:
     return line + (f", processes' state and output in {where}" if where else "")
 
 
+def _sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _exit_on_sigterm() -> object:
+    """Make SIGTERM end the process through Python's exit path. uvicorn shuts down on it and
+    then raises the signal again; with the default handler that would kill the process before
+    ``_serve`` stops the demo's processes. Returns the previous handler (None: not the main
+    thread, nothing changed)."""
+    try:
+        return signal.signal(signal.SIGTERM, _sigterm)
+    except ValueError:
+        return None
+
+
 def _serve(
     store: Store,
     host: str,
@@ -347,11 +363,14 @@ def _serve(
 ) -> None:
     """Serve until stopped; ``stop_jobs`` (``up``): then cancel the engine jobs still live;
     ``attester`` (``up``): the demo's simulated agents keep attesting while it serves."""
+    previous = _exit_on_sigterm()
     try:
         if attester is not None:
             attester.start()
         uvicorn.run(create_app(store, settings, execution), host=host, port=port)
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)  # type: ignore[arg-type]
         if attester is not None:
             attester.stop()
         try:
