@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import secrets
 import shutil
 import statistics
@@ -38,6 +36,7 @@ from proofplane.attest import Evidence, Expected, Policy, verify
 from proofplane.attest import eventlog as el
 from proofplane.attest.facts import VerifierCache
 from proofplane.attest.simulate import SoftTpm
+from proofplane.machine import machine
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT / ".." / "shared" / "data" / "tcg-eventlogs"
@@ -59,28 +58,6 @@ INVENTORY = {
         for i in range(8)
     ],
 }  # fmt: skip
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        load = [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        load = None
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "load_avg": load,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
 
 
 def calibration_us() -> float:

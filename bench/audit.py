@@ -40,7 +40,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import random
 import sqlite3
 import statistics
@@ -56,32 +55,14 @@ from sqlalchemy import event
 
 from proofplane.access import SYSTEM
 from proofplane.audit import log, merkle, sqlite_verify
+from proofplane.machine import machine as common_machine
 from proofplane.service import audit as audit_svc
 from proofplane.service.context import Store
 from proofplane.store import migrate
 
 
 def machine() -> dict[str, Any]:
-    cpu = platform.processor() or None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        load = [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        load = None
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "load_avg": load,
-        "python": platform.python_version(),
-        "sqlite": sqlite3.sqlite_version,
-        "platform": platform.platform(),
-    }
+    return {**common_machine(), "sqlite": sqlite3.sqlite_version}
 
 
 def _store(path: Path, *, full_sync: bool) -> Store:

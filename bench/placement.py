@@ -35,8 +35,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import platform
 import random
 import statistics
 import sys
@@ -48,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from proofplane.hardware.skus import SKUS, layout_errors
+from proofplane.machine import machine
 from proofplane.model import (
     ComplianceProfile,
     Gpu,
@@ -237,34 +236,6 @@ def _peak_rss_mb() -> float | None:
         return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     except (ImportError, OSError):
         return None
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    try:
-        load = [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        load = None
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "cores_usable": usable,
-        "load_avg": load,
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-    }
 
 
 def _pct(sorted_ns: Sequence[int], q: float) -> float:

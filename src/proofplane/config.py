@@ -58,8 +58,9 @@ def _seconds(env: dict[str, str], name: str, default: str, low: float, high: flo
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not low <= value <= high:
-        raise ValidationFailed(f"{name} must be {low:g}..{high:g}", code="invalid_setting")
+    if not low <= value <= high:  # NaN fails this too
+        off = " (0: off)" if low == 0 else ""
+        raise ValidationFailed(f"{name} must be {low:g}..{high:g}{off}", code="invalid_setting")
     return value
 
 
@@ -105,25 +106,8 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         raise ValidationFailed(
             "PROOFPLANE_ADMIN_TOKEN must be 16..256 characters", code="invalid_setting"
         )
-    export = env.get("PROOFPLANE_SIEM_EXPORT_INTERVAL_SECONDS", "5")
-    try:
-        export_s = float(export)
-    except ValueError:
-        export_s = -1.0
-    if not 0 <= export_s <= 3600:
-        raise ValidationFailed(
-            "PROOFPLANE_SIEM_EXPORT_INTERVAL_SECONDS must be 0 (off)..3600", code="invalid_setting"
-        )
-    checkpoint = env.get("PROOFPLANE_AUDIT_CHECKPOINT_INTERVAL_SECONDS", "5")
-    try:
-        checkpoint_s = float(checkpoint)
-    except ValueError:
-        checkpoint_s = -1.0
-    if not 0 <= checkpoint_s <= 3600:
-        raise ValidationFailed(
-            "PROOFPLANE_AUDIT_CHECKPOINT_INTERVAL_SECONDS must be 0 (off)..3600",
-            code="invalid_setting",
-        )
+    export_s = _seconds(env, "PROOFPLANE_SIEM_EXPORT_INTERVAL_SECONDS", "5", 0, 3600)
+    checkpoint_s = _seconds(env, "PROOFPLANE_AUDIT_CHECKPOINT_INTERVAL_SECONDS", "5", 0, 3600)
     cluster_id = env.get("PROOFPLANE_CLUSTER_ID", "default")
     if not cluster_id or any(c in cluster_id for c in "+ \t\n") or not cluster_id.isprintable():
         raise ValidationFailed(
@@ -211,15 +195,7 @@ def execution_from_env(env: dict[str, str] | None = None) -> ExecutionSettings:
         raise ValidationFailed(
             "PROOFPLANE_K8S_PIN must be selector or nodeName", code="invalid_setting"
         )
-    sync = env.get("PROOFPLANE_EXECUTION_SYNC_SECONDS", "5")
-    try:
-        sync_s = float(sync)
-    except ValueError:
-        sync_s = -1.0
-    if not 0 <= sync_s <= 3600:
-        raise ValidationFailed(
-            "PROOFPLANE_EXECUTION_SYNC_SECONDS must be 0 (off)..3600", code="invalid_setting"
-        )
+    sync_s = _seconds(env, "PROOFPLANE_EXECUTION_SYNC_SECONDS", "5", 0, 3600)
     return ExecutionSettings(
         backend=backend,
         local_state_dir=env.get("PROOFPLANE_LOCAL_STATE_DIR") or None,

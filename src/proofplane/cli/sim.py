@@ -9,8 +9,6 @@ seed, and the discretised series 0..130 % like the paper's ``analysis_allo_discr
 from __future__ import annotations
 
 import json
-import os
-import platform
 import time
 from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
@@ -20,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from proofplane.machine import machine
 from proofplane.sim import loader
 from proofplane.sim import mig as mig_sim
 from proofplane.sim.runner import (
@@ -46,18 +45,6 @@ def sim() -> None:
 def _fail(message: str) -> typer.Exit:
     typer.echo(f"proofplane sim: {message}", err=True)
     return typer.Exit(EXIT_USAGE)
-
-
-def machine() -> dict[str, Any]:
-    """What the timings were taken on."""
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": platform.processor() or None,
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "cpu_count": os.cpu_count(),
-    }
 
 
 def _published_for(pods_path: Path, policies: list[str]) -> dict[str, float]:

@@ -452,25 +452,7 @@ def insert_workload(tx: Tx, spec: WorkloadSpec, gpus: GpuRequest) -> WorkloadRow
             f"workload {spec.name!r} already exists in tenant {spec.tenant!r}",
             details={"workload": spec.name, "tenant": spec.tenant},
         )
-    row = WorkloadRow(
-        name=spec.name,
-        tenant=trow,
-        tags=tags,
-        isolation=isolation.value,
-        gpu_count=gpus.count,
-        gpu_model=gpus.model,
-        mig_profile=gpus.mig_profile,
-        share_milli=gpus.share_milli,
-        gpu_nodes=gpus.nodes,
-        priority=spec.priority,
-        command=list(spec.command),
-        status=WorkloadStatus.PENDING.value,
-        reason=None,
-        reason_details=None,
-        created_at=tx.now,
-        updated_at=tx.now,
-        placement=None,
-    )
+    row = _new_row(tx, spec, gpus, trow, tags, isolation)
     tx.session.add(row)
     tx.session.flush()
     details = {**decision_details(row), "priority": spec.priority, "command": list(spec.command)}
