@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import Pool
 
-from proofplane.model import IsolationLevel, Node, Outcome, Placement, WorkloadStatus
+from proofplane.model import GpuRequest, IsolationLevel, Node, Outcome, Placement, WorkloadStatus
 from proofplane.schedule.engine import PREEMPTED, Held, Job, Repartition, Scheduler, pool_of
 from proofplane.schedule.engine import Outcome as Decision
 from proofplane.schedule.values import Request
@@ -204,20 +204,27 @@ def job_of(row: WorkloadRow) -> Job:
 
 def decision_details(row: WorkloadRow) -> dict[str, object]:
     """What drove a decision, as every placement event states it (NIST AU-3 'what and why')."""
+    return decision_fields(
+        row.tenant.name,
+        row.tags,
+        row.isolation,
+        GpuRequest(row.gpu_count, row.gpu_model, row.mig_profile, row.share_milli, row.gpu_nodes),
+    )
+
+
+def decision_fields(
+    tenant: str, tags: dict[str, str], isolation: str, g: GpuRequest
+) -> dict[str, object]:
+    """``decision_details`` from the values of a workload row not loaded as an ORM object."""
     gpus: dict[str, object] = {
-        "count": row.gpu_count,
-        "model": row.gpu_model,
-        "mig_profile": row.mig_profile,
-        "share_milli": row.share_milli,
+        "count": g.count,
+        "model": g.model,
+        "mig_profile": g.mig_profile,
+        "share_milli": g.share_milli,
     }
-    if row.gpu_nodes > 1:
-        gpus["nodes"] = row.gpu_nodes
-    return {
-        "tenant": row.tenant.name,
-        "tags": dict(row.tags),
-        "isolation": row.isolation,
-        "gpus": gpus,
-    }
+    if g.nodes > 1:
+        gpus["nodes"] = g.nodes
+    return {"tenant": tenant, "tags": dict(tags), "isolation": isolation, "gpus": gpus}
 
 
 def placement_json(p: Placement) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import bindparam, insert, select, update
 
 from proofplane.access import Actor, Permission, authorize
 from proofplane.errors import Conflict, InvalidState, NotFound, ProofplaneError, ValidationFailed
@@ -33,6 +33,7 @@ from proofplane.service.scheduling import (
     ClusterView,
     apply_outcome,
     decision_details,
+    decision_fields,
     job_of,
     placement_json,
     reschedule_pending,
@@ -275,7 +276,7 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
         for tenant_id, name in session.execute(query):
             if (by_id[tenant_id], name) in wanted:
                 taken.add((by_id[tenant_id], name))
-    rows: list[WorkloadRow] = []
+    values: list[dict[str, Any]] = []
     notes: list[str] = []
     for i, (spec, gpus) in enumerate(items):
         with _item(i):
@@ -288,17 +289,27 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
                     f"workload {spec.name!r} already exists in tenant {spec.tenant!r}",
                     details={"workload": spec.name, "tenant": spec.tenant},
                 )
-        rows.append(_new_row(tx, spec, gpus, trows[spec.tenant], tags, isolation))
+        values.append(_row_values(tx, spec, gpus, trows[spec.tenant].id, tags, isolation))
         notes.append(note)
-    session.add_all(rows)
-    session.flush()  # one INSERT … RETURNING for the ids, in order
+    # Core, not ORM objects: one INSERT … RETURNING for the ids, in order. The rows are not in
+    # the session; a path that needs one as an object loads it (``session.get``).
+    table = WorkloadRow.__table__
+    ids: list[int] = list(
+        session.execute(
+            insert(table).returning(table.c.id, sort_by_parameter_order=True), values
+        ).scalars()
+    )
 
     events: list[NewEvent] = []
-    placed: list[tuple[WorkloadRow, Placement]] = []
-    known: dict[int, Placement | None] = {}  # what each row got; valid while `exact`
+    placed: list[tuple[int, Placement]] = []
+    updates: list[dict[str, Any]] = []  # status/reason of the plain outcomes, one executemany
+    known: dict[int, tuple[Placement | None, dict[str, Any]]] = {}  # valid while `exact`
     exact = True
 
     def write_buffered() -> None:
+        if updates:
+            session.execute(_SET_OUTCOME, updates)
+            updates.clear()
         if events:
             tx.record_many(events)
             events.clear()
@@ -307,136 +318,157 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
             placed.clear()
 
     plain = tx.backend is None
-    for row, note, (spec, gpus) in zip(rows, notes, items, strict=True):
-        details = {
-            **decision_details(row),
-            "priority": spec.priority,
-            "command": list(spec.command),
-        }
+    for wid, v, note, (spec, gpus) in zip(ids, values, notes, items, strict=True):
+        name = v["name"]
+        fields = decision_fields(spec.tenant, v["tags"], v["isolation"], gpus)
+        details = {**fields, "priority": spec.priority, "command": v["command"]}
         if note:
             details["isolation_note"] = note
-        events.append(NewEvent("workload.submit", "workload", row.name, details))
-        request = Request(row.name, spec.tenant, row.tags, IsolationLevel(row.isolation), gpus)
-        outcome = view.scheduler.schedule(Job(row.id, request, row.priority))
+        events.append(NewEvent("workload.submit", "workload", name, details))
+        request = Request(name, spec.tenant, v["tags"], IsolationLevel(v["isolation"]), gpus)
+        outcome = view.scheduler.schedule(Job(wid, request, spec.priority))
         if plain and not outcome.preempted and not outcome.repartitions:
             if outcome.placement is not None:
-                row.status = WorkloadStatus.PLACED.value
+                change = {"b_id": wid, "b_status": WorkloadStatus.PLACED.value,
+                          "b_reason": None, "b_details": None}  # fmt: skip
                 events.append(
                     NewEvent(
                         "workload.place",
                         "workload",
-                        row.name,
-                        {**decision_details(row), **placement_json(outcome.placement)},
+                        name,
+                        {**fields, **placement_json(outcome.placement)},
                     )
                 )
-                placed.append((row, outcome.placement))
+                placed.append((wid, outcome.placement))
             else:  # a new row: the pending reason is always news
-                row.reason = outcome.reason
-                row.reason_details = {
+                reason_details = {
                     "message": outcome.message,
                     "rejections": outcome.rejections,
                     **outcome.details,
                 }
+                change = {"b_id": wid, "b_status": WorkloadStatus.PENDING.value,
+                          "b_reason": outcome.reason, "b_details": reason_details}  # fmt: skip
                 events.append(
                     NewEvent(
                         "workload.pending",
                         "workload",
-                        row.name,
-                        {**decision_details(row), "reason": row.reason, **row.reason_details},
+                        name,
+                        {**fields, "reason": outcome.reason, **reason_details},
                         Outcome.FAILURE,
                     )
                 )
-            known[row.id] = outcome.placement
+            updates.append(change)
+            known[wid] = (outcome.placement, change)
             continue
         write_buffered()
         exact = False  # a preemption may have moved any row: read them back at the end
+        row = session.get(WorkloadRow, wid)
+        assert row is not None  # inserted above, in this transaction
         apply_outcome(tx, row, view, outcome)
         execution.dispatch_new(tx, view)
     write_buffered()
-    session.flush()
     if exact:
-        return [_workload_of(row, known[row.id]) for row in rows]
-    return [workload_from_row(row) for row in rows]
+        return [
+            _workload_of(spec, v, *known[wid])
+            for wid, v, (spec, _g) in zip(ids, values, items, strict=True)
+        ]
+    session.flush()
+    loaded = {
+        r.id: r
+        for r in session.scalars(
+            select(WorkloadRow)
+            .where(WorkloadRow.id.in_(ids))
+            .options(*WORKLOAD_LOAD)
+            .execution_options(populate_existing=True)
+        )
+    }
+    return [workload_from_row(loaded[wid]) for wid in ids]
 
 
-def _new_row(
+_WL = WorkloadRow.__table__
+_SET_OUTCOME = (
+    update(_WL)
+    .where(_WL.c.id == bindparam("b_id"))
+    .values(status=bindparam("b_status"), reason=bindparam("b_reason"),
+            reason_details=bindparam("b_details"))
+)  # fmt: skip
+
+
+def _row_values(
     tx: Tx,
     spec: WorkloadSpec,
     gpus: GpuRequest,
-    trow: TenantRow,
+    tenant_id: int,
     tags: dict[str, str],
     isolation: IsolationLevel,
-) -> WorkloadRow:
-    return WorkloadRow(
-        name=spec.name,
-        tenant=trow,
-        tags=tags,
-        isolation=isolation.value,
-        gpu_count=gpus.count,
-        gpu_model=gpus.model,
-        mig_profile=gpus.mig_profile,
-        share_milli=gpus.share_milli,
-        gpu_nodes=gpus.nodes,
-        priority=spec.priority,
-        command=list(spec.command),
-        status=WorkloadStatus.PENDING.value,
-        reason=None,
-        reason_details=None,
-        created_at=tx.now,
-        updated_at=tx.now,
-        placement=None,
-    )
+) -> dict[str, Any]:
+    """The columns of a new workload row: pending, no reason yet."""
+    return {
+        "name": spec.name,
+        "tenant_id": tenant_id,
+        "tags": tags,
+        "isolation": isolation.value,
+        "gpu_count": gpus.count,
+        "gpu_model": gpus.model,
+        "mig_profile": gpus.mig_profile,
+        "share_milli": gpus.share_milli,
+        "gpu_nodes": gpus.nodes,
+        "priority": spec.priority,
+        "command": list(spec.command),
+        "status": WorkloadStatus.PENDING.value,
+        "reason": None,
+        "reason_details": None,
+        "created_at": tx.now,
+        "updated_at": tx.now,
+    }
 
 
-def _insert_placements(
-    tx: Tx, view: ClusterView, placed: list[tuple[WorkloadRow, Placement]]
-) -> None:
+def _insert_placements(tx: Tx, view: ClusterView, placed: list[tuple[int, Placement]]) -> None:
     """The placements and their node links in two bulk inserts (no ORM objects: linking a
-    placement to its nodes must not load the node rows). The rows' ``placement`` attribute is
-    expired, so any later reader in this transaction loads what was written."""
+    placement to its nodes must not load the node rows)."""
     ids = view.node_rows.ids
     table = PlacementRow.__table__
     params = [
         {
-            "workload_id": row.id,
+            "workload_id": wid,
             "node_id": ids[p.node],
             "devices": devices_to_json(p.devices),
             "members": members_to_json(p),
             "placed_at": tx.now,
         }
-        for row, p in placed
+        for wid, p in placed
     ]
     result = tx.session.execute(
         insert(table).returning(table.c.id, sort_by_parameter_order=True), params
     )
     links = [
         {"placement_id": pid, "node_id": ids[n]}
-        for pid, (_row, p) in zip(result.scalars().all(), placed, strict=True)
+        for pid, (_wid, p) in zip(result.scalars().all(), placed, strict=True)
         for n in dict.fromkeys(p.nodes)
     ]
     tx.session.execute(insert(placement_nodes), links)
-    for row, _p in placed:
-        tx.session.expire(row, ["placement"])
 
 
-def _workload_of(row: WorkloadRow, placement: Placement | None) -> Workload:
-    """``workload_from_row`` with the placement this transaction wrote (not read back)."""
+def _workload_of(
+    spec: WorkloadSpec, v: dict[str, Any], placement: Placement | None, change: dict[str, Any]
+) -> Workload:
+    """The workload a batch item became, from what this transaction wrote (not read back)."""
     return Workload(
-        name=row.name,
-        tenant=row.tenant.name,
-        tags=dict(row.tags),
-        isolation=IsolationLevel(row.isolation),
+        name=v["name"],
+        tenant=spec.tenant,
+        tags=dict(v["tags"]),
+        isolation=IsolationLevel(v["isolation"]),
         gpus=GpuRequest(
-            row.gpu_count, row.gpu_model, row.mig_profile, row.share_milli, row.gpu_nodes
+            v["gpu_count"], v["gpu_model"], v["mig_profile"], v["share_milli"], v["gpu_nodes"]
         ),
-        priority=row.priority,
-        command=tuple(row.command),
-        status=WorkloadStatus(row.status),
-        reason=row.reason,
-        reason_details=row.reason_details,
+        priority=v["priority"],
+        command=tuple(v["command"]),
+        status=WorkloadStatus(change["b_status"]),
+        reason=change["b_reason"],
+        reason_details=change["b_details"],
         placement=placement,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
+        created_at=v["created_at"],
+        updated_at=v["updated_at"],
     )
 
 
@@ -452,7 +484,9 @@ def insert_workload(tx: Tx, spec: WorkloadSpec, gpus: GpuRequest) -> WorkloadRow
             f"workload {spec.name!r} already exists in tenant {spec.tenant!r}",
             details={"workload": spec.name, "tenant": spec.tenant},
         )
-    row = _new_row(tx, spec, gpus, trow, tags, isolation)
+    v = _row_values(tx, spec, gpus, trow.id, tags, isolation)
+    del v["tenant_id"]
+    row = WorkloadRow(tenant=trow, **v)
     tx.session.add(row)
     tx.session.flush()
     details = {**decision_details(row), "priority": spec.priority, "command": list(spec.command)}
