@@ -4,6 +4,8 @@ The server and helpers are test_cli's (one server for this module)."""
 
 from __future__ import annotations
 
+import json
+
 from test_cli import as_json, cli, config_dir, ok, server  # noqa: F401 - fixtures
 
 DEMO = {
@@ -75,3 +77,60 @@ def test_gang_submit_and_quota(server: str) -> None:  # noqa: F811
     assert result.exit_code == 1 and "not_found" in result.output
     result = cli(server, "tenants", "quota", "research-lab", "--gpus", "-1")
     assert result.exit_code == 2
+
+
+def test_submit_batch(server: str, tmp_path) -> None:  # noqa: F811
+    from proofplane.cli.main import app
+    from test_cli import ADMIN_TOKEN, no_traceback, runner
+
+    lines = [
+        {"name": "batch-a", "tenant": "research-lab", "gpus": {"share_milli": 250}},
+        {"name": "batch-b", "tenant": "st-marys-hospital", "gpus": {"mig_profile": "1g.10gb"}},
+        {"name": "batch-c", "tenant": "research-lab", "gpus": {"count": 64, "model": "B200"}},
+    ]
+    jsonl = tmp_path / "jobs.jsonl"
+    jsonl.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    out = ok(cli(server, "workloads", "submit-batch", str(jsonl))).stdout
+    assert "batch-a" in out and "batch-b" in out and "3 submitted: 2 placed, 1 pending" in out
+    b = as_json(cli(server, "workloads", "show", "batch-b", "--json"))
+    assert b["status"] == "placed" and b["tags"]["hipaa"] == "true"  # the tenant's profile
+    c = as_json(cli(server, "workloads", "show", "batch-c", "--json"))
+    assert c["status"] == "pending" and c["reason"]
+
+    # a JSON document from standard input, --json output in item order
+    doc = {"items": [{"name": "batch-d", "tenant": "research-lab", "gpus": {"share_milli": 100}}]}
+    result = runner.invoke(
+        app,
+        ["--server", server, "--token", ADMIN_TOKEN, "workloads", "submit-batch", "-", "--json"],
+        input=json.dumps(doc),
+    )
+    assert [w["name"] for w in json.loads(ok(result).stdout)["items"]] == ["batch-d"]
+
+    # all or nothing: a refused item (a duplicate of an existing name) writes nothing
+    bad = [{"name": "batch-e", "tenant": "research-lab", "gpus": {"share_milli": 100}},
+           {"name": "batch-a", "tenant": "research-lab", "gpus": {"share_milli": 100}}]  # fmt: skip
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    result = cli(server, "workloads", "submit-batch", str(tmp_path / "bad.json"))
+    assert result.exit_code == 1 and "items[1]" in result.output and "conflict" in result.output
+    no_traceback(result)
+    assert cli(server, "workloads", "show", "batch-e").exit_code == 1  # not found: not written
+
+    # bad files: usage errors (exit 2), nothing sent
+    cases = {
+        "broken.jsonl": '{"name": "x"}\n{not json\n',
+        "empty.json": "[]",
+        "scalar.json": "42",
+        "noitems.json": '{"workloads": []}',
+        "huge.json": json.dumps([{"name": f"w{i}", "tenant": "research-lab"} for i in range(1001)]),
+    }
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+        result = cli(server, "workloads", "submit-batch", str(tmp_path / name))
+        assert result.exit_code == 2, (name, result.output)
+        no_traceback(result)
+    def batch(name: str) -> str:
+        return cli(server, "workloads", "submit-batch", str(tmp_path / name)).output
+
+    assert "line 2" in batch("broken.jsonl") and "at most 1000" in batch("huge.json")
+    result = cli(server, "workloads", "submit-batch", str(tmp_path / "missing.json"))
+    assert result.exit_code == 2 and "cannot read" in result.output

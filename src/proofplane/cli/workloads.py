@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import typer
 from rich.table import Table
 
 from proofplane.cli import backends, render
-from proofplane.cli.client import segment
+from proofplane.cli.client import CliError, segment
 from proofplane.cli.common import (
     AllOpt,
     CursorOpt,
@@ -104,6 +107,75 @@ def submit(
         render.print_json(workload)
     else:
         render.workload_outcome(workload, "submitted")
+
+
+MAX_BATCH = 1000  # the API's bound on one batch (one transaction)
+
+
+def _read_batch(path: str) -> list[Any]:
+    """Workload objects from a JSON file (``{"items": [...]}`` or a list) or JSON Lines (one
+    object per line); ``-`` reads standard input."""
+    where = "standard input" if path == "-" else path
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"proofplane: cannot read {where}: {exc}", exit_code=2) from exc
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        doc = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                doc.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise CliError(
+                    f"proofplane: {where} line {n} is not JSON: {exc.msg}", exit_code=2
+                ) from exc
+    if isinstance(doc, dict):
+        if not isinstance(doc.get("items"), list):
+            raise CliError(f'proofplane: {where}: an object needs an "items" list', exit_code=2)
+        doc = doc["items"]
+    if not isinstance(doc, list):
+        raise CliError(f"proofplane: {where}: expected a list of workloads", exit_code=2)
+    if not doc:
+        raise CliError(f"proofplane: {where} holds no workloads", exit_code=2)
+    if len(doc) > MAX_BATCH:
+        raise CliError(
+            f"proofplane: {where} holds {len(doc)} workloads; one batch (one transaction) "
+            f"holds at most {MAX_BATCH}: split the file",
+            exit_code=2,
+        )
+    return doc
+
+
+@app.command("submit-batch")
+def submit_batch(
+    ctx: typer.Context,
+    path: str = typer.Argument(
+        ...,
+        help='JSON file ({"items": [...]} or a list) or JSON Lines, one workload each, in the '
+        "body shape of POST /api/v1/workloads; '-' reads standard input.",
+    ),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Submit up to 1000 workloads in one transaction: all are accepted (placed in file order,
+    or pending with a reason) or none is, and the error names the refused item.
+
+    Example: proofplane workloads submit-batch jobs.jsonl
+    """
+    items = _read_batch(path)
+    out = send(ctx, "POST", "/api/v1/workloads/batch", {"items": items})
+    if as_json:
+        render.print_json(out)
+        return
+    workloads = out["items"]
+    render.console().print(render.workloads_table(workloads))
+    placed = sum(1 for w in workloads if w.get("placement"))
+    render.console().print(
+        f"{len(workloads)} submitted: {placed} placed, {len(workloads) - placed} pending"
+    )
 
 
 @app.command("list")
