@@ -322,3 +322,136 @@ def test_ek_certificate_chain(node: Node, tpm_template: Path):
         .sign(key, hashes.SHA256())
     )  # fmt: skip
     assert reason(ca_bundle=other.public_bytes(serialization.Encoding.PEM)) == "ek_cert_untrusted"
+
+
+# --- MakeCredential to an ECC EK ----------------------------------------------------------------
+ECC_EK_P256 = "0x81010010"  # tpm2_createek -G ecc: the low-range P-256 template (L-2)
+ECC_EK_P384 = "0x81010016"  # swtpm_setup's own ECC EK: the high-range P-384 template (H-3)
+
+
+@pytest.fixture(scope="module")
+def ecc_node(tpm_template: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A TPM with two ECC EKs (P-256 made here, swtpm's P-384) and an ECC AK under each."""
+    tpm = SwtpmNode.start(tpm_template, tmp_path_factory.mktemp("ecc-node"))
+    try:
+        tpm.tool("tpm2_createek", "-G", "ecc", "-c", ECC_EK_P256)
+        for ek, ak in ((ECC_EK_P256, "0x81010011"), (ECC_EK_P384, "0x81010012")):
+            ctx = str(tpm.workdir / f"ak-{ak}.ctx")
+            tpm.tool("tpm2_createak", "-C", ek, "-c", ctx, "-G", "ecc", "-g", "sha256",
+                     "-s", "ecdsa")  # fmt: skip
+            tpm.tool("tpm2_evictcontrol", "-C", "o", "-c", ctx, ak)
+        yield tpm
+    finally:
+        tpm.stop()
+
+
+@pytest.mark.parametrize(
+    ("ek", "ak", "curve", "name_alg"),
+    [(ECC_EK_P256, "0x81010011", 0x0003, 0x000B), (ECC_EK_P384, "0x81010012", 0x0004, 0x000C)],
+)
+def test_make_credential_to_an_ecc_ek_is_activated_by_the_real_tpm(
+    ecc_node: SwtpmNode, ek: str, ak: str, curve: int, name_alg: int
+):
+    from proofplane.attest.credential import make_credential, tpm2_tools_credential_file
+    from proofplane.attest.tpm import TPM_ALG_ECC, parse_public
+    from proofplane.cli.agent import Tpm, TpmError
+
+    ek_public = ecc_node.read_public(ek)
+    parsed = parse_public(ek_public)
+    assert (parsed.type, parsed.curve, parsed.name_alg) == (TPM_ALG_ECC, curve, name_alg)
+    agent_tpm = Tpm(ecc_node.env["TPM2TOOLS_TCTI"], ecc_node.workdir)
+    secret = secrets.token_bytes(32)
+    blob, enc = make_credential(ek_public, parse_public(ecc_node.read_public(ak)).name, secret)
+    # the encrypted secret is the ephemeral public point: TPM2B(TPMS_ECC_POINT) on the curve
+    size = len(parsed.x)
+    assert len(enc) == 2 + 2 + size + 2 + size
+    # the agent's activation satisfies both the low-range (PolicySecret) and the high-range
+    # (PolicyOR of PolicySecret and PolicyAuthorizeNV) EK policy
+    assert agent_tpm.activate(tpm2_tools_credential_file(blob, enc), ak, ek) == secret
+    # a credential made for another AK's name cannot be activated with this AK
+    rogue = parse_public(ecc_node.read_public(AK_HANDLES["rogue"])).name
+    blob, enc = make_credential(ek_public, rogue, secret)
+    with pytest.raises(TpmError):
+        agent_tpm.activate(tpm2_tools_credential_file(blob, enc), ak, ek)
+
+
+def test_the_agent_sends_the_ecc_ek_certificate(ecc_node: SwtpmNode, tpm_template: Path):
+    from proofplane.attest.ekcert import verify_ek_certificate
+    from proofplane.cli.agent import Tpm
+
+    agent_tpm = Tpm(ecc_node.env["TPM2TOOLS_TCTI"], ecc_node.workdir)
+    ek_public = ecc_node.read_public(ECC_EK_P384)
+    cert = agent_tpm.ek_certificate(ek_public)  # NV 0x01c00016, not the RSA one at 0x01c00002
+    assert cert is not None and cert != ecc_node.ek_certificate()
+    root = (tpm_template / "ca" / "swtpm-localca-rootca-cert.pem").read_bytes()
+    inter = (tpm_template / "ca" / "issuercert.pem").read_bytes()
+    verify_ek_certificate(cert, root, datetime.now(UTC), intermediates=[inter],
+                          ek_public=ek_public)  # fmt: skip
+    # the P-256 EK made by tpm2_createek has no certificate: the first one found is sent, and
+    # the server reports the mismatch (ek_cert_key_mismatch) when it checks certificates
+    assert agent_tpm.ek_certificate(ecc_node.read_public(ECC_EK_P256)) == cert
+
+
+def test_make_credential_ecc_is_deterministic_given_rng():
+    import random
+
+    from proofplane.attest.credential import make_credential
+    from proofplane.attest.tpm import parse_public
+
+    ek = _ecc_ek(ec.generate_private_key(ec.SECP256R1()).public_key())
+    name = parse_public(marshal_public_from_key(ec.generate_private_key(ec.SECP256R1())
+                                                .public_key())).name  # fmt: skip
+
+    def rng(seed: int):
+        r = random.Random(seed)
+        return lambda n: r.randbytes(n)
+
+    assert make_credential(ek, name, b"s" * 32, rng=rng(1)) == make_credential(
+        ek, name, b"s" * 32, rng=rng(1)
+    )
+    assert make_credential(ek, name, b"s" * 32, rng=rng(1)) != make_credential(
+        ek, name, b"s" * 32, rng=rng(2)
+    )
+
+
+def _ecc_ek(key: ec.EllipticCurvePublicKey, *, curve: int | None = None,
+            x: bytes | None = None) -> bytes:  # fmt: skip
+    """TPMT_PUBLIC of an ECC EK (default L-2 template attributes, AES-128-CFB)."""
+    import struct
+
+    from proofplane.attest import tpm
+
+    size = (key.curve.key_size + 7) // 8
+    nums = key.public_numbers()
+    attrs = (tpm.FIXED_TPM | tpm.FIXED_PARENT | tpm.SENSITIVE_DATA_ORIGIN | tpm.ADMIN_WITH_POLICY
+             | tpm.RESTRICTED | tpm.DECRYPT)  # fmt: skip
+    curve_id = curve if curve is not None else {256: 3, 384: 4, 521: 5}[key.curve.key_size]
+    px = x if x is not None else nums.x.to_bytes(size, "big")
+    return (
+        struct.pack(">HHI", tpm.TPM_ALG_ECC, tpm.TPM_ALG_SHA256, attrs)
+        + struct.pack(">H", 0)
+        + struct.pack(">HHH", tpm.TPM_ALG_AES, 128, tpm.TPM_ALG_CFB)
+        + struct.pack(">HHH", tpm.TPM_ALG_NULL, curve_id, tpm.TPM_ALG_NULL)
+        + struct.pack(">H", len(px)) + px
+        + struct.pack(">H", size) + nums.y.to_bytes(size, "big")
+    )  # fmt: skip
+
+
+def test_make_credential_refuses_bad_ecc_eks():
+    from proofplane.attest.credential import CredentialError, make_credential
+
+    key = ec.generate_private_key(ec.SECP256R1()).public_key()
+    name = b"\x00\x0b" + bytes(32)
+
+    def reason(ek: bytes) -> str:
+        with pytest.raises(CredentialError) as exc:
+            make_credential(ek, name, b"s" * 32)
+        return exc.value.reason
+
+    make_credential(_ecc_ek(key), name, b"s" * 32)  # the good one works
+    assert reason(_ecc_ek(key, curve=0x0010)) == "ek_unsupported"  # BN P-256
+    assert reason(_ecc_ek(key, curve=0x0020)) == "ek_unsupported"  # SM2 P-256
+    # x moved by one: (x + 1, y) is not on the curve
+    x = (key.public_numbers().x + 1).to_bytes(32, "big")
+    assert reason(_ecc_ek(key, x=x)) == "ek_invalid"
+    assert reason(_ecc_ek(key)[:-5]) == "ek_invalid"  # truncated public area

@@ -230,3 +230,52 @@ def test_admission_quarantine_and_release(tpm: SwtpmNode, tmp_path: Path) -> Non
     stale = svc.check_stale(store, SYSTEM, timedelta(minutes=10), now=later)
     assert stale == ["gpu-b", "gpu-c"]  # gpu-a is already quarantined
     store.dispose()
+
+
+def test_ecc_ek_enrollment_with_the_nvml_inventory(tpm: SwtpmNode, tmp_path: Path) -> None:
+    """A node whose AK lives under its ECC EK (swtpm's high-range P-384 EK) enrolls through the
+    ECDH MakeCredential; the agent reads its GPUs through NVML (an NVML-shaped fake here) and
+    the server's VBIOS/driver allow-list judges them; without NVML the round fails closed."""
+    import pynvml
+
+    from proofplane.cli.agent import gpu_inventory
+    from test_nvml import FakeNvml, h100_node
+
+    ecc_ek, ecc_ak = "0x81010016", "0x81010012"
+    ctx = str(tmp_path / "ak.ctx")
+    tpm.tool("tpm2_createak", "-C", ecc_ek, "-c", ctx, "-G", "ecc", "-g", "sha256", "-s", "ecdsa")
+    tpm.tool("tpm2_evictcontrol", "-C", "o", "-c", ctx, ecc_ak)
+    log = boot_log()
+    measure(tpm, log)
+    store = Store(f"sqlite:///{tmp_path / 'pp.db'}")
+    migrate.upgrade(store.engine)
+    bootstrap_admin(store, ADMIN)
+    from proofplane.api.app import create_app
+
+    gpus = FakeNvml(h100_node())
+    with TestClient(
+        create_app(store), raise_server_exceptions=False,
+        headers={"Authorization": f"Bearer {ADMIN}"},
+    ) as admin:  # fmt: skip
+        ok(admin.post(f"{API}/nodes", json=node_body("gpu-e")), 201)
+        ok(admin.put(f"{API}/attestation/policy", json={"policy": golden_policy(log)}))
+        token = ok(admin.post(f"{API}/nodes/gpu-e/agent-credentials", json={}), 201)["token"]
+        hw = Tpm(tpm.env["TPM2TOOLS_TCTI"], tpm.workdir)
+        api = agent_client(admin, token)
+
+        def round_(nvml_module: Any) -> dict[str, Any]:
+            return attest_once(api, "gpu-e", hw, ak=ecc_ak, ek=ecc_ek, eventlog=log,
+                               inventory=gpu_inventory(None, nvml_module))  # fmt: skip
+
+        first = round_(gpus)
+        assert first["verdict"]["ok"], first["verdict"]
+        assert first["state"] == "admitted"
+        # a GPU reflashed with a VBIOS off the allow-list quarantines the node
+        gpus.gpus[3].vbios = "96.00.30.00.01"
+        second = round_(gpus)
+        assert second["verdict"]["reasons"] == ["vbios_not_allowed"]
+        assert second["state"] == "quarantined"
+        # no NVML on the node: no inventory is sent, and the policy needs one
+        gone = FakeNvml([], init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+        assert round_(gone)["verdict"]["reasons"] == ["inventory_missing"]
+    store.dispose()

@@ -14,17 +14,27 @@ For an RSA EK (the common case; nameAlg SHA-256, AES-128-CFB symmetric):
     outerHMAC   HMAC(hmacKey, encIdentity ‖ name(AK))
     credential  TPM2B_ID_OBJECT(TPM2B_DIGEST(outerHMAC) ‖ encIdentity)
 
-ECC EKs (ECDH seed) are not supported yet: :class:`CredentialError` says so.
+For an ECC EK (Part 1 §24.4 and Annex C.6.4, "Secret Sharing" with one-pass ECDH) only the
+seed differs; everything from symKey on is the same:
+
+    d_e, Q_e    ephemeral key pair on the EK's curve (fresh for every credential)
+    Z           x-coordinate of d_e · Q_ek, padded to the curve's size
+    seed        KDFe(nameAlg, Z, "IDENTITY\\0", Q_e.x, Q_ek.x, |H| * 8)
+    secret_enc  TPMS_ECC_POINT(Q_e)
+
+NIST P-256, P-384 and P-521 EKs are supported; other curves (BN, SM2) raise
+:class:`CredentialError`, as does an EK whose point is not on its curve.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 import struct
 from collections.abc import Callable
 
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 try:  # cryptography >= 47 moved CFB to the "decrepit" module
@@ -33,7 +43,7 @@ except ImportError:  # pragma: no cover - older cryptography
     from cryptography.hazmat.primitives.ciphers.modes import CFB  # type: ignore[no-redef]
 
 from proofplane.attest import tpm
-from proofplane.attest.errors import AttestError
+from proofplane.attest.errors import AttestError, TpmStructError
 
 TOOLS_MAGIC = 0xBADCC0DE  # tpm2-tools' credential file header (tpm2_makecredential -o)
 TOOLS_VERSION = 1
@@ -57,6 +67,78 @@ def kdfa(hash_alg: int, key: bytes, label: bytes, context_u: bytes, context_v: b
     return bytes(out[: (bits + 7) // 8])
 
 
+#: Group orders of the curves an ECC EK may use (SEC 2 / FIPS 186-4), for the ephemeral scalar.
+_CURVE_ORDERS = {
+    tpm.TPM_ECC_NIST_P256: int(
+        "ffffffff00000000ffffffffffffffffbce6faada7179e84f3b9cac2fc632551", 16
+    ),
+    tpm.TPM_ECC_NIST_P384: int(
+        "ffffffffffffffffffffffffffffffffffffffffffffffffc7634d81f4372ddf"
+        "581a0db248b0a77aecec196accc52973",
+        16,
+    ),
+    tpm.TPM_ECC_NIST_P521: int(
+        "01ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff"
+        "fa51868783bf2f966b7fcc0148f709a5d03bb5c9b8899c47aebb6fb71e91386409",
+        16,
+    ),
+}
+
+
+def kdfe(hash_alg: int, z: bytes, use: bytes, party_u: bytes, party_v: bytes,
+         bits: int) -> bytes:  # fmt: skip
+    """KDFe (SP 800-56A concatenation KDF), as TPM 2.0 Part 1 §11.4.10.3 defines it:
+    H(counter ‖ Z ‖ use ‖ PartyUInfo ‖ PartyVInfo) for counter = 1, 2, …, truncated to ``bits``.
+    ``use`` is given without its terminating zero byte; it is added here."""
+    name = tpm.hash_name(hash_alg)
+    out = bytearray()
+    counter = 1
+    while len(out) * 8 < bits:
+        h = hashlib.new(name, struct.pack(">I", counter) + z + use + b"\0" + party_u + party_v)
+        out += h.digest()
+        counter += 1
+    return bytes(out[: (bits + 7) // 8])
+
+
+def _rsa_seed(ek: tpm.Public, digest_size: int, rng: Callable[[int], bytes]) -> tuple[bytes, bytes]:
+    """(seed, TPM2B_ENCRYPTED_SECRET contents) for an RSA EK: OAEP with label "IDENTITY"."""
+    key = ek.public_key()
+    assert isinstance(key, rsa.RSAPublicKey)
+    h = tpm.crypto_hash(ek.name_alg)
+    seed = rng(digest_size)
+    enc_seed = key.encrypt(
+        seed, padding.OAEP(mgf=padding.MGF1(h), algorithm=h, label=b"IDENTITY\0")
+    )
+    return seed, enc_seed
+
+
+def _ecc_seed(ek: tpm.Public, digest_size: int, rng: Callable[[int], bytes]) -> tuple[bytes, bytes]:
+    """(seed, TPMS_ECC_POINT of the ephemeral key) for an ECC EK: one-pass ECDH + KDFe."""
+    order = _CURVE_ORDERS.get(ek.curve)
+    if order is None:
+        raise CredentialError(
+            f"the EK's curve 0x{ek.curve:04x} is not supported (NIST P-256/384/521 only)",
+            reason="ek_unsupported",
+        )
+    try:
+        ek_key = ek.public_key()
+    except TpmStructError as exc:
+        raise CredentialError(f"the EK is not a valid ECC key: {exc.message}",
+                              reason="ek_invalid") from None  # fmt: skip
+    assert isinstance(ek_key, ec.EllipticCurvePublicKey)
+    size = (ek_key.curve.key_size + 7) // 8
+    # the ephemeral scalar from rng: 64 extra bits make the reduction's bias negligible
+    # (FIPS 186-4 B.4.1); rng stays the only source of randomness, so tests are deterministic
+    scalar = int.from_bytes(rng(size + 8), "big") % (order - 1) + 1
+    ephemeral = ec.derive_private_key(scalar, ek_key.curve)
+    z = ephemeral.exchange(ec.ECDH(), ek_key)  # x-coordinate of d_e·Q_ek, padded to size
+    pub = ephemeral.public_key().public_numbers()
+    qx, qy = pub.x.to_bytes(size, "big"), pub.y.to_bytes(size, "big")
+    seed = kdfe(ek.name_alg, z, b"IDENTITY", qx, ek.x, digest_size * 8)
+    point = struct.pack(">H", len(qx)) + qx + struct.pack(">H", len(qy)) + qy
+    return seed, point
+
+
 def make_credential(
     ek_public: bytes, ak_name: bytes, secret: bytes, *, rng: Callable[[int], bytes] = os.urandom
 ) -> tuple[bytes, bytes]:
@@ -64,10 +146,14 @@ def make_credential(
 
     ``rng`` is injectable so tests can be deterministic; production uses ``os.urandom``.
     """
-    ek = tpm.parse_public(ek_public)
-    if ek.type != tpm.TPM_ALG_RSA:
+    try:
+        ek = tpm.parse_public(ek_public)
+    except TpmStructError as exc:
+        raise CredentialError(f"the EK public area is invalid: {exc.message}",
+                              reason="ek_invalid") from None  # fmt: skip
+    if ek.type not in (tpm.TPM_ALG_RSA, tpm.TPM_ALG_ECC):
         raise CredentialError(
-            "only RSA EKs are supported for MakeCredential", reason="ek_unsupported"
+            "only RSA and ECC EKs are supported for MakeCredential", reason="ek_unsupported"
         )
     if ek.symmetric != tpm.TPM_ALG_AES or ek.sym_mode != tpm.TPM_ALG_CFB:
         raise CredentialError(
@@ -78,13 +164,10 @@ def make_credential(
     digest_size = tpm.HASH_ALGS[ek.name_alg][1]
     if len(secret) > digest_size:
         raise CredentialError(f"the secret is longer than {digest_size} bytes")
-    key = ek.public_key()
-    assert isinstance(key, rsa.RSAPublicKey)
-    h = tpm.crypto_hash(ek.name_alg)
-    seed = rng(digest_size)
-    enc_seed = key.encrypt(
-        seed, padding.OAEP(mgf=padding.MGF1(h), algorithm=h, label=b"IDENTITY\0")
-    )
+    if ek.type == tpm.TPM_ALG_RSA:
+        seed, enc_seed = _rsa_seed(ek, digest_size, rng)
+    else:
+        seed, enc_seed = _ecc_seed(ek, digest_size, rng)
     sym_key = kdfa(ek.name_alg, seed, b"STORAGE", ak_name, b"", ek.sym_bits)
     plain = struct.pack(">H", len(secret)) + secret
     enc = Cipher(algorithms.AES(sym_key), CFB(bytes(16))).encryptor()
