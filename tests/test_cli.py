@@ -340,6 +340,7 @@ def test_tenants_list_and_create(server: str) -> None:
             "exclusive-gpu",
             "--rule",
             "pci-dss=isolated:dedicated-node",
+            "--no-co-residency",
             "--json",
         )
     )
@@ -347,6 +348,7 @@ def test_tenants_list_and_create(server: str) -> None:
         "required_tags": {"pci-dss": "isolated"},
         "min_isolation": "exclusive-gpu",
         "isolation_rules": {"pci-dss=isolated": "dedicated-node"},
+        "co_residency": False,
     }
     shown = ok(cli(server, "tenants", "show", "cli-bank")).stdout
     assert "a bank" in shown and "exclusive-gpu" in shown

@@ -234,6 +234,84 @@ def test_idle_mig_gpu_is_repartitioned_and_the_change_recorded(client: TestClien
     assert changes[0]["details"]["for_workload"] == "lab/small"
 
 
+# --- GPU co-residency --------------------------------------------------------------------------
+
+
+def gpu_of(client: TestClient, name: str) -> int | None:
+    w = client.get(f"{API}/workloads/{name}").json()
+    return w["placement"]["devices"][0]["gpu_index"] if w["placement"] else None
+
+
+def test_a_tenant_refusing_co_residency_never_shares_a_physical_gpu(client: TestClient) -> None:
+    tenant(client, "clinic", co_residency=False)
+    tenant(client, "lab")
+    tenant(client, "lab2")
+    admitted_node(client, "m", gpus=2, mig=2)  # both GPUs: 3g.40gb@0 + 3g.40gb@4
+    assert submit(client, "lab-1", "lab", gpus={"mig_profile": "3g.40gb"})["status"] == "placed"
+    shared = gpu_of(client, "lab-1")
+    c1 = submit(client, "clinic-1", "clinic", gpus={"mig_profile": "3g.40gb"})
+    assert c1["status"] == "placed" and c1["co_residency"] is False
+    assert gpu_of(client, "clinic-1") != shared  # not beside lab's slice
+    # two tenants that both allow it share a GPU; the clinic's own work shares its own
+    assert submit(client, "lab2-1", "lab2", gpus={"mig_profile": "3g.40gb"})["status"] == "placed"
+    assert gpu_of(client, "lab2-1") == shared
+    assert submit(client, "clinic-2", "clinic", gpus={"mig_profile": "3g.40gb"})["status"] == (
+        "placed"
+    )
+    assert gpu_of(client, "clinic-2") == gpu_of(client, "clinic-1")
+    # the node is full; freeing the clinic's GPU lets nobody else in while one slice is held
+    assert client.post(f"{API}/workloads/clinic-2/cancel", json={}).status_code == 200
+    w = submit(client, "lab-2", "lab", gpus={"mig_profile": "3g.40gb"})
+    assert w["status"] == "pending" and w["reason"] == "insufficient_capacity"
+    # when lab's GPU empties, a waiting clinic workload takes it (never the one lab2 holds)
+    c3 = submit(client, "clinic-3", "clinic", gpus={"mig_profile": "3g.40gb"})
+    assert c3["status"] == "placed" and gpu_of(client, "clinic-3") == gpu_of(client, "clinic-1")
+    c4 = submit(client, "clinic-4", "clinic", gpus={"mig_profile": "3g.40gb"})
+    assert c4["status"] == "pending"
+    # lab's freed slot goes to lab's own waiting work first; once both other tenants are gone
+    # from that GPU, the clinic's waiting workload takes it
+    assert client.post(f"{API}/workloads/lab-1/cancel", json={}).status_code == 200
+    assert gpu_of(client, "lab-2") == shared
+    assert client.get(f"{API}/workloads/clinic-4").json()["status"] == "pending"
+    for name in ("lab-2", "lab2-1"):
+        assert client.post(f"{API}/workloads/{name}/cancel", json={}).status_code == 200
+    placed = client.get(f"{API}/workloads/clinic-4").json()
+    assert placed["status"] == "placed" and gpu_of(client, "clinic-4") == shared
+    # the decision events say what constrained them
+    ev = [e for e in events(client, "workload.place") if e["target_id"] == "clinic-1"]
+    assert ev[0]["details"]["co_residency"] is False
+    ev = [e for e in events(client, "workload.place") if e["target_id"] == "lab-1"]
+    assert "co_residency" not in ev[0]["details"]
+
+
+def test_co_residency_holds_for_gpu_shares_and_batches(client: TestClient) -> None:
+    tenant(client, "clinic", co_residency=False)
+    tenant(client, "lab")
+    admitted_node(client, "p", gpus=2)
+    items = [
+        {"name": "lab-a", "tenant": "lab", "gpus": {"share_milli": 300}},
+        {"name": "clinic-a", "tenant": "clinic", "gpus": {"share_milli": 300}},
+        {"name": "lab-b", "tenant": "lab", "gpus": {"share_milli": 300}},
+        {"name": "clinic-b", "tenant": "clinic", "gpus": {"share_milli": 300}},
+        {"name": "lab-c", "tenant": "lab", "gpus": {"share_milli": 500}},
+    ]
+    r = client.post(f"{API}/workloads/batch", json={"items": items})
+    assert r.status_code == 201, r.text
+    got = {w["name"]: w for w in r.json()["items"]}
+    gpu = {n: w["placement"]["devices"][0]["gpu_index"] for n, w in got.items() if w["placement"]}
+    assert gpu["lab-a"] == gpu["lab-b"] != gpu["clinic-a"] == gpu["clinic-b"]
+    # lab's GPU has 400 milli left and the clinic's GPU is closed to lab
+    assert got["lab-c"]["status"] == "pending"
+
+
+def test_bad_co_residency_input(client: TestClient, store: Store) -> None:
+    before = counts(store)
+    for bad in ("no", 0, None, [False]):
+        r = client.post(f"{API}/tenants", json={"name": "t", "profile": {"co_residency": bad}})
+        error(r, 422, "validation_failed")
+    assert counts(store) == before
+
+
 # --- explain -----------------------------------------------------------------------------------
 
 

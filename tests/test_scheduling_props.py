@@ -154,7 +154,10 @@ class Harness:
         if kind == "submit":
             (g, iso), tenant, tags, prio = op[1:]
             self.seq += 1
-            job = Job(self.seq, Request(f"w{self.seq}", tenant, tags, iso, g), prio)
+            # the first tenant's profile refuses GPU co-residency
+            private = tenant == TENANTS[0]
+            req = Request(f"w{self.seq}", tenant, tags, iso, g, co_residency=not private)
+            job = Job(self.seq, req, prio)
             self.jobs[self.seq] = job
             self.run(job)
         elif kind == "cancel":
@@ -196,6 +199,7 @@ class Harness:
         share: Counter = Counter()
         tenants: dict[str, set[str]] = {}
         dedicated: dict[str, str] = {}
+        on_gpu: dict[tuple[str, int], set[tuple[str, bool]]] = {}  # slices and shares
         used: dict[str, Cost] = {}
         for key, h in s.held.items():
             job = self.jobs[key]
@@ -212,6 +216,9 @@ class Harness:
                 gpus = {g.index: g for g in node.gpus}
                 for d in part.devices:
                     gpu = gpus[d.gpu_index]
+                    if d.mig_profile is not None or d.share_milli is not None:
+                        holder = (h.tenant, job.request.co_residency)
+                        on_gpu.setdefault((part.node, d.gpu_index), set()).add(holder)
                     if d.mig_profile is not None:
                         assert gpu.mig_enabled
                         assert any(
@@ -231,6 +238,9 @@ class Harness:
         assert not set(whole) & set(share), "a whole GPU also shared"
         for name, owner in dedicated.items():
             assert tenants[name] == {owner}, "dedicated node shared"
+        for where, holders in on_gpu.items():
+            if len({t for t, _ in holders}) > 1:
+                assert all(co for _, co in holders), f"co-residency refused but shared: {where}"
         for node in nodes.values():
             for gpu in node.gpus:
                 if gpu.mig_enabled:
@@ -247,7 +257,7 @@ class Harness:
 
 
 @settings(
-    max_examples=80,
+    max_examples=250,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

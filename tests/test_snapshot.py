@@ -12,7 +12,7 @@ Every search strategy is forced in turn through ``Tuning``.
 from __future__ import annotations
 
 import random
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -122,7 +122,9 @@ def request_st(draw, nodes: list[Node]) -> Request:
             )
         )
         iso = draw(st.sampled_from(list(IsolationLevel)))
-    return Request("w", tenant, tags, iso, g)
+    return Request(
+        "w", tenant, tags, iso, g, co_residency=draw(st.sampled_from([True] * 2 + [False]))
+    )
 
 
 @st.composite
@@ -147,6 +149,7 @@ def arbitrary_allocation_st(draw) -> Allocation:
         draw(st.sampled_from(TENANTS)),
         draw(st.sampled_from(list(IsolationLevel))),
         Placement(node, devices),
+        draw(st.booleans()),
     )
 
 
@@ -220,9 +223,10 @@ class SnapshotMachine(RuleBasedStateMachine):
             if got.placement is not None:
                 key = self.next_key
                 self.next_key += 1
-                self._reserve(
-                    key, Allocation(req.workload, req.tenant, req.isolation, got.placement)
+                alloc = Allocation(
+                    req.workload, req.tenant, req.isolation, got.placement, req.co_residency
                 )
+                self._reserve(key, alloc)
         self._check(data)
 
     @rule(data=st.data(), alloc=arbitrary_allocation_st())
@@ -292,6 +296,20 @@ def _random_node(rng: random.Random, name: str) -> Node:
     return Node(name, "r", "z", certifications=certs, state=state, gpus=tuple(gpus))
 
 
+def assert_co_residency(allocs: Iterable[Allocation]) -> None:
+    """No physical GPU holds slices or shares of two tenants unless both allow it."""
+    on_gpu: dict[tuple[str, int], list[Allocation]] = {}
+    for a in allocs:
+        for d in a.placement.devices:
+            if d.mig_start is not None or d.share_milli is not None:
+                on_gpu.setdefault((a.placement.node, d.gpu_index), []).append(a)
+    for where, holders in on_gpu.items():
+        for a in holders:
+            for b in holders:
+                if a.tenant != b.tenant:
+                    assert a.co_residency and b.co_residency, (where, a, b)
+
+
 def _random_request(rng: random.Random, i: int) -> Request:
     tags: dict[str, str] = {}
     if rng.random() < 0.3:
@@ -312,7 +330,10 @@ def _random_request(rng: random.Random, i: int) -> Request:
     else:
         g = GpuRequest(1, model, share_milli=rng.choice([100, 250, 500, 750]))
         iso = IsolationLevel.SHARED
-    return Request(f"w{i}", rng.choice(TENANTS + ["t4", "t5"]), tags, iso, g)
+    tenant = rng.choice(TENANTS + ["t4", "t5"])
+    # t4 refuses co-residency for all its work; others now and then for one workload
+    private = tenant == "t4" or rng.random() < 0.05
+    return Request(f"w{i}", tenant, tags, iso, g, co_residency=not private)
 
 
 @pytest.mark.parametrize("tuning", sorted(TUNINGS))
@@ -331,9 +352,12 @@ def test_large_cluster_stream_matches_reference(tuning: str, seed: int) -> None:
         assert got == reference_place(req, nodes.values(), allocs.values()), (i, req)
         if got.placement is not None:
             placed += 1
-            alloc = Allocation(req.workload, req.tenant, req.isolation, got.placement)
+            alloc = Allocation(
+                req.workload, req.tenant, req.isolation, got.placement, req.co_residency
+            )
             snap.reserve(i, alloc)
             allocs[i] = alloc
+            assert_co_residency(allocs.values())
         else:
             pending += 1
         if allocs and rng.random() < 0.15:
@@ -422,7 +446,8 @@ def test_churn_with_dedicated_tenants_models_and_certification_changes() -> None
         else:
             g = GpuRequest(1, model, share_milli=rng.choice([100, 300, 500, 900]))
             iso = IsolationLevel.DEDICATED_NODE if rng.random() < 0.15 else IsolationLevel.SHARED
-        return Request(f"w{i}", rng.choice([*TENANTS, "t4", "t5", "t6"]), tags, iso, g)
+        tenant = rng.choice([*TENANTS, "t4", "t5", "t6"])
+        return Request(f"w{i}", tenant, tags, iso, g, co_residency=tenant not in ("t1", "t6"))
 
     for tuning in sorted(TUNINGS):
         nodes = {f"node-{i:03d}": node(f"node-{i:03d}") for i in range(90)}
@@ -435,7 +460,9 @@ def test_churn_with_dedicated_tenants_models_and_certification_changes() -> None
             assert got == reference_place(req, nodes.values(), allocs.values()), (tuning, i)
             if got.placement is not None:
                 placed += 1
-                alloc = Allocation(req.workload, req.tenant, req.isolation, got.placement)
+                alloc = Allocation(
+                    req.workload, req.tenant, req.isolation, got.placement, req.co_residency
+                )
                 snap.reserve(i, alloc)
                 allocs[i] = alloc
             else:

@@ -66,7 +66,9 @@ TenantQuery = Annotated[
 
 
 def _profile(p: ProfileIn) -> ComplianceProfile:
-    return ComplianceProfile(dict(p.required_tags), p.min_isolation, dict(p.isolation_rules))
+    return ComplianceProfile(
+        dict(p.required_tags), p.min_isolation, dict(p.isolation_rules), p.co_residency
+    )
 
 
 # --- tenants -----------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from proofplane.model import (
     Event,
@@ -72,6 +72,11 @@ class ProfileIn(_In):
     min_isolation: IsolationLevel = IsolationLevel.SHARED
     isolation_rules: dict[str, IsolationLevel] = Field(
         {}, description='tag → minimum isolation, e.g. {"pci-dss=isolated": "dedicated-node"}'
+    )
+    co_residency: StrictBool = Field(
+        True,
+        description="false: the tenant's MIG slices and GPU shares never share a physical GPU "
+        "with another tenant's",
     )
 
 
@@ -309,6 +314,7 @@ class WorkloadOut(BaseModel):
     placement: PlacementOut | None
     created_at: datetime | None
     updated_at: datetime | None
+    co_residency: bool
 
     @classmethod
     def of(cls, w: Workload) -> WorkloadOut:
@@ -332,6 +338,7 @@ class WorkloadOut(BaseModel):
             placement=PlacementOut.of(w.placement) if w.placement else None,
             created_at=w.created_at,
             updated_at=w.updated_at,
+            co_residency=w.co_residency,
         )
 
 

@@ -258,6 +258,12 @@ def _rules(profile: dict[str, Any]) -> str:
     return ", ".join(f"{k} → {v}" for k, v in sorted(profile.get("isolation_rules", {}).items()))
 
 
+def _co_residency(profile: dict[str, Any]) -> str:
+    if profile.get("co_residency", True):
+        return "allowed with tenants that allow it"
+    return "refused: its MIG slices and shares have physical GPUs to themselves"
+
+
 def tenants_table(tenants: Sequence[dict[str, Any]]) -> Table:
     table = _table(
         "NAME",
@@ -298,6 +304,7 @@ def show_tenant(tenant: dict[str, Any]) -> None:
                 ("required tags", text(pairs(profile.get("required_tags")))),
                 ("min isolation", text(profile.get("min_isolation"))),
                 ("isolation rules", text(_rules(profile))),
+                ("GPU co-residency", text(_co_residency(profile))),
                 ("quota", text(quota_summary(tenant.get("quota")))),
                 ("created", text(timestamp(tenant.get("created_at")))),
                 ("updated", text(timestamp(tenant.get("updated_at")))),

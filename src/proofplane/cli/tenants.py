@@ -93,12 +93,19 @@ def create_tenant(
         "--rule",
         help="key=value:LEVEL raises the floor for workloads with that tag; repeatable.",
     ),
+    co_residency: bool = typer.Option(
+        True,
+        "--co-residency/--no-co-residency",
+        help="--no-co-residency: the tenant's MIG slices and GPU shares never share a physical "
+        "GPU with another tenant's.",
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Create a tenant with a compliance profile."""
     profile: dict[str, object] = {
         "required_tags": parse_pairs(require, "--require"),
         "isolation_rules": parse_rules(rule),
+        "co_residency": co_residency,
     }
     if min_isolation is not None:
         profile["min_isolation"] = min_isolation.value

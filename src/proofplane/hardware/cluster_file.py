@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from proofplane.errors import ValidationFailed
 from proofplane.model import (
@@ -41,6 +41,7 @@ class _Profile(_Strict):
     required_tags: dict[str, str] = {}
     min_isolation: IsolationLevel = IsolationLevel.SHARED
     isolation_rules: dict[str, IsolationLevel] = {}
+    co_residency: StrictBool = True
 
 
 class _Tenant(_Strict):
@@ -205,6 +206,7 @@ def parse_cluster(text: str) -> ClusterSpec:
                     dict(t.profile.required_tags),
                     t.profile.min_isolation,
                     dict(t.profile.isolation_rules),
+                    t.profile.co_residency,
                 ),
             )
             for t in c.tenants

@@ -39,11 +39,15 @@ class ComplianceProfile:
     ``required_tags`` are added to every workload of the tenant (a HIPAA tenant cannot submit a
     workload that forgets ``hipaa=true``). ``min_isolation`` is the floor for every workload;
     ``isolation_rules`` raise the floor per tag (``{"pci-dss=isolated": "dedicated-node"}``).
+    ``co_residency`` False: the tenant's MIG instances and GPU shares go only on physical GPUs
+    no other tenant uses, and no other tenant's join them (other tenants' slices may share a
+    GPU only when both tenants' profiles allow it). Resolved into each workload at submit.
     """
 
     required_tags: dict[str, str] = field(default_factory=dict)
     min_isolation: IsolationLevel = IsolationLevel.SHARED
     isolation_rules: dict[str, IsolationLevel] = field(default_factory=dict)
+    co_residency: bool = True
 
     def minimum_for(self, tags: dict[str, str]) -> IsolationLevel:
         """The isolation floor for a workload carrying ``tags``."""

@@ -115,3 +115,4 @@ class Workload:
     reason_details: dict[str, Any] | None = None
     created_at: datetime | None = None
     updated_at: datetime | None = None
+    co_residency: bool = True  # may its MIG slice or share sit on a GPU with other tenants'?

@@ -92,6 +92,7 @@ class Held:
     priority: int
     pool: Pool
     placement: Placement
+    co_residency: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +175,9 @@ class Scheduler:
         self.release(h.key)
         self._held[h.key] = h
         for i, part in enumerate(h.placement.parts):
-            self.snapshot.reserve((h.key, i), Allocation(h.name, h.tenant, h.isolation, part))
+            self.snapshot.reserve(
+                (h.key, i), Allocation(h.name, h.tenant, h.isolation, part, h.co_residency)
+            )
         cost = sum((device_cost(p.devices) for p in h.placement.parts), Cost())
         self._used[h.tenant] = self.used(h.tenant) + cost
 
@@ -304,7 +307,14 @@ class Scheduler:
     def _placed(self, job: Job, placement: Placement, message: str) -> Outcome:
         req = job.request
         held = Held(
-            job.key, req.workload, req.tenant, req.isolation, job.priority, job.pool, placement
+            job.key,
+            req.workload,
+            req.tenant,
+            req.isolation,
+            job.priority,
+            job.pool,
+            placement,
+            req.co_residency,
         )
         self.hold(held)
         return Outcome(placement, None, message)

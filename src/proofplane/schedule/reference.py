@@ -29,6 +29,7 @@ from proofplane.schedule.values import (
     Allocation,
     Decision,
     Request,
+    gpu_conflict,
 )
 
 
@@ -39,6 +40,9 @@ class _Usage:
     shares: Counter[int] = field(default_factory=Counter)
     tenants: set[str] = field(default_factory=set)
     dedicated_to: str | None = None
+    # GPU index → tenant holding a slice or share of it → whether all it holds there allows
+    # co-residency
+    holders: dict[int, dict[str, bool]] = field(default_factory=dict)
 
     def idle(self, gpu: Gpu) -> bool:
         if gpu.index in self.whole or self.shares[gpu.index]:
@@ -54,6 +58,9 @@ def _usage(allocations: Iterable[Allocation]) -> dict[str, _Usage]:
         if alloc.isolation is IsolationLevel.DEDICATED_NODE:
             u.dedicated_to = alloc.tenant
         for dev in alloc.placement.devices:
+            if dev.mig_start is not None or dev.share_milli is not None:
+                on_gpu = u.holders.setdefault(dev.gpu_index, {})
+                on_gpu[alloc.tenant] = on_gpu.get(alloc.tenant, True) and alloc.co_residency
             if dev.mig_start is not None:
                 u.mig.add((dev.gpu_index, dev.mig_start))
             elif dev.share_milli is not None:
@@ -67,13 +74,17 @@ def _model_ok(gpu: Gpu, req: Request) -> bool:
     return req.gpus.model is None or gpu.model == req.gpus.model
 
 
+def _open(gpu: Gpu, u: _Usage, req: Request) -> bool:
+    return not gpu_conflict(req.tenant, req.co_residency, u.holders.get(gpu.index))
+
+
 def _fit(node: Node, u: _Usage, req: Request) -> tuple[PlacedDevice, ...] | None:
     g = req.gpus
     if g.mig_profile is not None:
         free = [
             (gpu, inst)
             for gpu in node.gpus
-            if gpu.mig_enabled and _model_ok(gpu, req)
+            if gpu.mig_enabled and _model_ok(gpu, req) and _open(gpu, u, req)
             for inst in gpu.mig_instances
             if inst.profile == g.mig_profile and (gpu.index, inst.start) not in u.mig
         ]
@@ -91,7 +102,11 @@ def _fit(node: Node, u: _Usage, req: Request) -> tuple[PlacedDevice, ...] | None
         if not gpu.mig_enabled and _model_ok(gpu, req) and gpu.index not in u.whole
     ]
     if g.share_milli is not None:
-        fits = [gpu for gpu in plain if u.shares[gpu.index] + g.share_milli <= FULL_GPU_MILLI]
+        fits = [
+            gpu
+            for gpu in plain
+            if u.shares[gpu.index] + g.share_milli <= FULL_GPU_MILLI and _open(gpu, u, req)
+        ]
         if not fits:
             return None
         best = min(fits, key=lambda gpu: (FULL_GPU_MILLI - u.shares[gpu.index], gpu.index))

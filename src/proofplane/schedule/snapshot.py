@@ -162,7 +162,10 @@ def _node_info(node: Node, intern: dict) -> _NodeInfo:
 class _Usage:
     """What the allocations on one node hold, by reference count (release undoes reserve)."""
 
-    __slots__ = ("busy", "dedicated", "keys", "mig", "shares", "tenants", "whole")
+    __slots__ = (
+        "busy", "dedicated", "gpu_private", "gpu_tenants", "keys", "mig", "shares", "tenants",
+        "whole",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.whole: dict[int, int] = {}  # GPU index → holders
@@ -172,14 +175,23 @@ class _Usage:
         self.tenants: dict[str, int] = {}  # tenant → allocations
         self.dedicated: dict[Hashable, str] = {}  # key → tenant, for dedicated-node holders
         self.keys: dict[Hashable, None] = {}  # allocations here, in reservation order
+        # GPU index → tenant → holders of a MIG instance or share on it (co-residency rule);
+        # gpu_private: the same for holders that do not allow co-residency
+        self.gpu_tenants: dict[int, dict[str, int]] = {}
+        self.gpu_private: dict[int, dict[str, int]] = {}
 
     def add(self, key: Hashable, alloc: Allocation) -> None:
         self.keys[key] = None
-        self.tenants[alloc.tenant] = self.tenants.get(alloc.tenant, 0) + 1
+        tenant = alloc.tenant
+        self.tenants[tenant] = self.tenants.get(tenant, 0) + 1
         if alloc.isolation is _DEDICATED:
-            self.dedicated[key] = alloc.tenant
+            self.dedicated[key] = tenant
         for dev in alloc.placement.devices:
             idx = dev.gpu_index
+            if dev.mig_start is not None or dev.share_milli is not None:
+                _count_holder(self.gpu_tenants, idx, tenant, 1)
+                if not alloc.co_residency:
+                    _count_holder(self.gpu_private, idx, tenant, 1)
             if dev.mig_start is not None:
                 slot = (idx, dev.mig_start)
                 n = self.mig.get(slot, 0)
@@ -197,6 +209,10 @@ class _Usage:
         self.dedicated.pop(key, None)
         for dev in alloc.placement.devices:
             idx = dev.gpu_index
+            if dev.mig_start is not None or dev.share_milli is not None:
+                _count_holder(self.gpu_tenants, idx, alloc.tenant, -1)
+                if not alloc.co_residency:
+                    _count_holder(self.gpu_private, idx, alloc.tenant, -1)
             if dev.mig_start is not None:
                 if _decrement(self.mig, (idx, dev.mig_start), 1) == 0:
                     _decrement(self.busy, idx, 1)
@@ -217,6 +233,32 @@ class _Usage:
 _NO_USAGE = _Usage()  # stands in for a node nothing is reserved on; never mutated
 
 
+def _count_holder(index: dict[int, dict[str, int]], gpu: int, tenant: str, by: int) -> None:
+    per = index.get(gpu)
+    if per is None:
+        index[gpu] = {tenant: by}
+        return
+    left = per.get(tenant, 0) + by
+    if left:
+        per[tenant] = left
+    else:
+        del per[tenant]
+        if not per:
+            del index[gpu]
+
+
+def _blocked_gpus(u: _Usage, req: Request) -> set[int] | None:
+    """GPUs of the node the co-residency rule closes to ``req`` (``values.gpu_conflict``):
+    with co-residency, those holding a slice or share of another tenant that refuses it;
+    without, those holding any other tenant's. None when there are none (the common case)."""
+    src = u.gpu_tenants if not req.co_residency else u.gpu_private
+    if not src:
+        return None
+    tenant = req.tenant
+    out = {i for i, ts in src.items() if any(t != tenant for t in ts)}
+    return out or None
+
+
 def _decrement(counts: dict, key: Hashable, by: int) -> int:
     left = counts.get(key, 0) - by  # shares: a 0-milli holder may find its GPU at 0 already
     if left:
@@ -227,14 +269,18 @@ def _decrement(counts: dict, key: Hashable, by: int) -> int:
 
 
 def _signature(info: _NodeInfo, u: _Usage) -> Signature:
+    """Idle GPUs, and per class the capacity a request that allows co-residency, of a tenant
+    holding nothing that refuses it, could take (GPUs with a holder refusing co-residency
+    count as full); other requests are answered by exact scans (``ClusterSnapshot.place``)."""
     whole, shares, busy, mig = u.whole, u.shares, u.busy, u.mig
+    private = u.gpu_private
     idle = 0
     for i in info.indexes:
         if i not in whole and i not in busy and not shares.get(i):
             idle += 1
     caps: dict[ClassKey, tuple[int, int]] = {}
     for i, whole_keys, share_keys in info.plain_keys:
-        if i in whole:
+        if i in whole or (private and i in private):
             continue
         held = shares.get(i, 0)
         room = FULL_GPU_MILLI - held
@@ -249,6 +295,8 @@ def _signature(info: _NodeInfo, u: _Usage) -> Signature:
             for k in whole_keys:
                 caps[k] = (caps.get(k, _NONE)[0] + 1, 0)
     for i, groups in info.mig_gpus:
+        if private and i in private:
+            continue
         if i in busy:  # some instance on it is held: count the free ones, all warm
             for ks, slots in groups:
                 n = 0
@@ -345,11 +393,14 @@ def _fit(info: _NodeInfo, u: _Usage, req: Request) -> tuple[PlacedDevice, ...] |
         # Pack: prefer GPUs that already carry work, so whole GPUs stay free; then the lowest
         # GPU index and start.
         slots, busy = u.mig, u.busy
+        blocked = _blocked_gpus(u, req) or _EMPTY_INTS
         if g.count == 1:  # the common case: one pass, no sort
             pick = None
             pick_key = None
             for gpu, inst, slot in info.mig.get(g.mig_profile, ()):
                 if slot in slots or (model is not None and gpu.model != model):
+                    continue
+                if slot[0] in blocked:
                     continue
                 k = (-busy.get(slot[0], 0), slot[0], slot[1])
                 if pick_key is None or k < pick_key:
@@ -363,7 +414,9 @@ def _fit(info: _NodeInfo, u: _Usage, req: Request) -> tuple[PlacedDevice, ...] |
         free = [
             (gpu, inst)
             for gpu, inst, slot in info.mig.get(g.mig_profile, ())
-            if (model is None or gpu.model == model) and slot not in slots
+            if (model is None or gpu.model == model)
+            and slot not in slots
+            and slot[0] not in blocked
         ]
         if len(free) < g.count:
             return None
@@ -377,9 +430,10 @@ def _fit(info: _NodeInfo, u: _Usage, req: Request) -> tuple[PlacedDevice, ...] |
         need = g.share_milli
         best: Gpu | None = None
         best_key = None
+        closed = _blocked_gpus(u, req) or _EMPTY_INTS
         for gpu in info.plain:
             i = gpu.index
-            if i in whole or (model is not None and gpu.model != model):
+            if i in whole or (model is not None and gpu.model != model) or i in closed:
                 continue
             held = shares.get(i, 0)
             if held + need > FULL_GPU_MILLI:
@@ -451,12 +505,15 @@ class ClusterSnapshot:
         self._occupied: set[str] = set()  # nodes with at least one allocation
         self._sole: dict[str, set[str]] = {}  # tenant → nodes it is the only tenant of
         self._tenancy_state: dict[str, tuple[str | None, str | None]] = {}  # (owner, sole)
+        self._private: dict[str, int] = {}  # tenant → allocations refusing co-residency
         # Bulk load: usage first, then every node is indexed once.
         for node in nodes:
             self._set_info(node)
         for key, alloc in (allocations or {}).items():
             self._allocs[key] = alloc
             self._usage.setdefault(alloc.placement.node, _Usage()).add(key, alloc)
+            if not alloc.co_residency:
+                self._private[alloc.tenant] = self._private.get(alloc.tenant, 0) + 1
         for name in self._info.keys() | self._usage.keys():
             self._reindex(name)
 
@@ -506,6 +563,8 @@ class ClusterSnapshot:
         if key in self._allocs:
             self.release(key)
         self._allocs[key] = allocation
+        if not allocation.co_residency:
+            self._private[allocation.tenant] = self._private.get(allocation.tenant, 0) + 1
         node = allocation.placement.node
         u = self._usage.get(node)
         if u is None:
@@ -518,6 +577,8 @@ class ClusterSnapshot:
         alloc = self._allocs.pop(key, None)
         if alloc is None:
             return None
+        if not alloc.co_residency:
+            _decrement(self._private, alloc.tenant, 1)
         node = alloc.placement.node
         u = self._usage[node]
         u.remove(key, alloc)
@@ -644,7 +705,12 @@ class ClusterSnapshot:
         best: _Best | None = None
         if compliant:
             cls = _request_class(req)
-            if cls is None:
+            if cls is None or (
+                (not req.co_residency or req.tenant in self._private)
+                and (req.gpus.mig_profile is not None or req.gpus.share_milli is not None)
+            ):
+                # the signatures describe what a request allowing co-residency, of a tenant
+                # holding nothing that refuses it, can take; anyone else is scanned exactly
                 best = self._scan_exact(req, compliant)
             elif req.isolation is _DEDICATED:
                 best = self._place_dedicated(req, cls, compliant)
@@ -897,6 +963,7 @@ class ClusterSnapshot:
 
 
 _EMPTY: frozenset[str] = frozenset()
+_EMPTY_INTS: frozenset[int] = frozenset()
 _NO_TENANCY: tuple[None, None] = (None, None)
 
 

@@ -20,11 +20,16 @@ COMPLIANCE_FILTERS = frozenset({"node_not_admitted", "missing_certification"})
 
 @dataclass(frozen=True, slots=True)
 class Request:
+    """``co_residency`` False: this workload's MIG instance or GPU share goes only on a GPU
+    no other tenant uses, and no other tenant joins that GPU while it holds it (see
+    ``gpu_conflict``)."""
+
     workload: str
     tenant: str
     tags: Mapping[str, str]
     isolation: IsolationLevel
     gpus: GpuRequest
+    co_residency: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +40,21 @@ class Allocation:
     tenant: str
     isolation: IsolationLevel
     placement: Placement
+    co_residency: bool = True
+
+
+def gpu_conflict(tenant: str, co_residency: bool, holders: Mapping[str, bool] | None) -> bool:
+    """The co-residency rule for one physical GPU (MIG instances and shares; whole GPUs are
+    never shared). ``holders`` maps each tenant holding a slice or share of the GPU to whether
+    all its holdings there allow co-residency. A request of ``tenant`` may join the GPU only if
+    every other tenant on it allows co-residency and the request does too: its own tenant's
+    holdings never block it."""
+    if not holders:
+        return False
+    for other, allows in holders.items():
+        if other != tenant and not (allows and co_residency):
+            return True
+    return False
 
 
 @dataclass(frozen=True, slots=True)

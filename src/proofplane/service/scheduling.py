@@ -190,6 +190,7 @@ def held_of(row: WorkloadRow) -> Held:
         row.priority,
         pool_of(row.tags),
         placement_from_row(row.placement),
+        row.co_residency,
     )
 
 
@@ -197,7 +198,7 @@ def job_of(row: WorkloadRow) -> Job:
     wl = workload_from_row(row)
     return Job(
         row.id,
-        Request(wl.name, wl.tenant, wl.tags, wl.isolation, wl.gpus),
+        Request(wl.name, wl.tenant, wl.tags, wl.isolation, wl.gpus, wl.co_residency),
         wl.priority,
     )
 
@@ -209,13 +210,15 @@ def decision_details(row: WorkloadRow) -> dict[str, object]:
         row.tags,
         row.isolation,
         GpuRequest(row.gpu_count, row.gpu_model, row.mig_profile, row.share_milli, row.gpu_nodes),
+        row.co_residency,
     )
 
 
 def decision_fields(
-    tenant: str, tags: dict[str, str], isolation: str, g: GpuRequest
+    tenant: str, tags: dict[str, str], isolation: str, g: GpuRequest, co_residency: bool = True
 ) -> dict[str, object]:
-    """``decision_details`` from the values of a workload row not loaded as an ORM object."""
+    """``decision_details`` from the values of a workload row not loaded as an ORM object.
+    ``co_residency`` is stated when it constrained the decision (False)."""
     gpus: dict[str, object] = {
         "count": g.count,
         "model": g.model,
@@ -224,7 +227,12 @@ def decision_fields(
     }
     if g.nodes > 1:
         gpus["nodes"] = g.nodes
-    return {"tenant": tenant, "tags": dict(tags), "isolation": isolation, "gpus": gpus}
+    out: dict[str, object] = {
+        "tenant": tenant, "tags": dict(tags), "isolation": isolation, "gpus": gpus
+    }  # fmt: skip
+    if not co_residency:
+        out["co_residency"] = False
+    return out
 
 
 def placement_json(p: Placement) -> dict[str, Any]:

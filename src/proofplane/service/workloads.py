@@ -289,7 +289,11 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
                     f"workload {spec.name!r} already exists in tenant {spec.tenant!r}",
                     details={"workload": spec.name, "tenant": spec.tenant},
                 )
-        values.append(_row_values(tx, spec, gpus, trows[spec.tenant].id, tags, isolation))
+        values.append(
+            _row_values(
+                tx, spec, gpus, trows[spec.tenant].id, tags, isolation, tenant.profile.co_residency
+            )
+        )
         notes.append(note)
     # Core, not ORM objects: one INSERT … RETURNING for the ids, in order. The rows are not in
     # the session; a path that needs one as an object loads it (``session.get``).
@@ -320,12 +324,16 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
     plain = tx.backend is None
     for wid, v, note, (spec, gpus) in zip(ids, values, notes, items, strict=True):
         name = v["name"]
-        fields = decision_fields(spec.tenant, v["tags"], v["isolation"], gpus)
+        fields = decision_fields(
+            spec.tenant, v["tags"], v["isolation"], gpus, v["co_residency"]
+        )
         details = {**fields, "priority": spec.priority, "command": v["command"]}
         if note:
             details["isolation_note"] = note
         events.append(NewEvent("workload.submit", "workload", name, details))
-        request = Request(name, spec.tenant, v["tags"], IsolationLevel(v["isolation"]), gpus)
+        request = Request(
+            name, spec.tenant, v["tags"], IsolationLevel(v["isolation"]), gpus, v["co_residency"]
+        )
         outcome = view.scheduler.schedule(Job(wid, request, spec.priority))
         if plain and not outcome.preempted and not outcome.repartitions:
             if outcome.placement is not None:
@@ -401,6 +409,7 @@ def _row_values(
     tenant_id: int,
     tags: dict[str, str],
     isolation: IsolationLevel,
+    co_residency: bool,
 ) -> dict[str, Any]:
     """The columns of a new workload row: pending, no reason yet."""
     return {
@@ -420,6 +429,7 @@ def _row_values(
         "reason_details": None,
         "created_at": tx.now,
         "updated_at": tx.now,
+        "co_residency": co_residency,
     }
 
 
@@ -469,6 +479,7 @@ def _workload_of(
         placement=placement,
         created_at=v["created_at"],
         updated_at=v["updated_at"],
+        co_residency=v["co_residency"],
     )
 
 
@@ -476,7 +487,8 @@ def insert_workload(tx: Tx, spec: WorkloadSpec, gpus: GpuRequest) -> WorkloadRow
     # The view first: a cached scheduler is current only before this transaction writes.
     view = ClusterView.cached(tx)
     trow = tenant_row(tx.session, spec.tenant)
-    tags, isolation, note = resolve(spec, tenant_from_row(trow))
+    tenant = tenant_from_row(trow)
+    tags, isolation, note = resolve(spec, tenant)
     if tx.session.scalar(
         select(WorkloadRow.id).where(WorkloadRow.name == spec.name, WorkloadRow.tenant == trow)
     ):
@@ -484,7 +496,7 @@ def insert_workload(tx: Tx, spec: WorkloadSpec, gpus: GpuRequest) -> WorkloadRow
             f"workload {spec.name!r} already exists in tenant {spec.tenant!r}",
             details={"workload": spec.name, "tenant": spec.tenant},
         )
-    v = _row_values(tx, spec, gpus, trow.id, tags, isolation)
+    v = _row_values(tx, spec, gpus, trow.id, tags, isolation, tenant.profile.co_residency)
     del v["tenant_id"]
     row = WorkloadRow(tenant=trow, **v)
     tx.session.add(row)

@@ -37,6 +37,7 @@ def profile_to_json(profile: ComplianceProfile) -> dict[str, Any]:
         "required_tags": dict(profile.required_tags),
         "min_isolation": profile.min_isolation.value,
         "isolation_rules": {k: v.value for k, v in profile.isolation_rules.items()},
+        "co_residency": profile.co_residency,
     }
 
 
@@ -45,6 +46,7 @@ def profile_from_json(data: dict[str, Any]) -> ComplianceProfile:
         required_tags=dict(data.get("required_tags", {})),
         min_isolation=IsolationLevel(data.get("min_isolation", "shared")),
         isolation_rules={k: IsolationLevel(v) for k, v in data.get("isolation_rules", {}).items()},
+        co_residency=bool(data.get("co_residency", True)),
     )
 
 
@@ -148,6 +150,7 @@ def workload_from_row(row: WorkloadRow) -> Workload:
         placement=placement_from_row(row.placement) if row.placement else None,
         created_at=row.created_at,
         updated_at=row.updated_at,
+        co_residency=row.co_residency,
     )
 
 

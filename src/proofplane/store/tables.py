@@ -22,6 +22,7 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
     false,
+    true,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
@@ -140,6 +141,9 @@ class WorkloadRow(Base):
     reason_details: Mapped[dict[str, Any] | None] = mapped_column(JsonType, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # False: its MIG slice or share shares a physical GPU with no other tenant (the tenant's
+    # profile at submit time)
+    co_residency: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
 
     tenant: Mapped[TenantRow] = relationship()
     placement: Mapped[PlacementRow | None] = relationship(
