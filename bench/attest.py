@@ -11,7 +11,13 @@ Timed: ``verify(evidence, expected, policy, now)`` for every recorded round, one
 and check the AK, verify the signature, parse TPMS_ATTEST, nonce/freshness/clock, PCR digest,
 golden PCRs, parse + replay the whole event log and compare with the quote, Secure Boot and
 boot-application allow-lists, GPU VBIOS/driver allow-list, and the SHA-256 evidence hash.
-Nothing is cached between verdicts. ``verdicts_per_s`` is the median over ``--rounds`` passes.
+Nothing is cached between verdicts: every verdict parses the AK and EK, and parses and replays
+its whole event log (the verifier's fused pass, ``proofplane.attest.facts.analyze_eventlog``).
+The only things kept across calls are compiled formats, never a result: the struct layout of an
+event for a given Spec ID algorithm list (as ``re`` keeps compiled patterns) and the parsed
+driver-version strings of the policy check. ``verdicts_per_s`` is the median over ``--rounds``
+passes; ``cached_eventlog`` is the same run with a ``VerifierCache`` (facts memoized by the
+log's SHA-256, AKs by their bytes).
 
     .venv/bin/python bench/attest.py --json [--quick]
 """
@@ -34,7 +40,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from proofplane.attest import Evidence, Expected, Policy, verify
 from proofplane.attest import eventlog as el
-from proofplane.attest.facts import VerifierCache
+from proofplane.attest.facts import VerifierCache, analyze_eventlog
 from proofplane.attest.simulate import SoftTpm
 from proofplane.machine import machine
 
@@ -175,11 +181,19 @@ def run(rounds: list[Round], passes: int) -> dict[str, Any]:
                 raise SystemExit(f"recorded evidence did not verify: {v.reasons} {v.messages}")
     rates, wall, lat = _timed(rounds, passes, None)
     c_rates, c_wall, c_lat = _timed(rounds, passes, cache)
-    # where the time goes (one pass each): event log parse + replay alone
-    t = time.perf_counter()
-    for ev, *_ in rounds:
-        el.replay(el.parse_eventlog(ev.eventlog or b""), ["sha256"])
-    eventlog_us = (time.perf_counter() - t) / len(rounds) * 1e6
+    # where the time goes (best of the passes): the event-log facts a verdict computes (the
+    # verifier's fused parse + replay + decode, analyze_eventlog), and the rich parser that
+    # `proofplane attest eventlog` uses (parse_eventlog builds every Event; replay)
+    facts_us = rich_us = float("inf")
+    for _ in range(passes):
+        t = time.perf_counter()
+        for ev, _exp, pol, _now in rounds:
+            analyze_eventlog(ev.eventlog or b"", pol.pcr_bank)
+        facts_us = min(facts_us, (time.perf_counter() - t) / len(rounds) * 1e6)
+        t = time.perf_counter()
+        for ev, *_ in rounds:
+            el.replay(el.parse_eventlog(ev.eventlog or b""), ["sha256"])
+        rich_us = min(rich_us, (time.perf_counter() - t) / len(rounds) * 1e6)
 
     def pct(xs: list[int], q: float) -> float:
         return round(xs[min(len(xs) - 1, int(len(xs) * q))] / 1000, 1)
@@ -199,7 +213,11 @@ def run(rounds: list[Round], passes: int) -> dict[str, Any]:
             "note": "same checks; event-log facts memoized by the log's SHA-256 (a node's boot "
             "log is the same bytes every round until it reboots)",
         },
-        "eventlog_parse_replay_us": round(eventlog_us, 1),
+        "eventlog_facts_us": round(facts_us, 1),
+        "eventlog_parse_replay_us": round(rich_us, 1),
+        "eventlog_note": "per verdict, best pass: eventlog_facts_us is the event-log share of a "
+        "verdict (fused parse + replay + policy facts); eventlog_parse_replay_us the rich "
+        "parser (an Event per event) + replay that the CLI uses",
     }
 
 

@@ -7,11 +7,12 @@ import hashlib
 import os
 import re
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from proofplane.attest import AttestError
@@ -227,3 +228,172 @@ def test_fused_scan_equals_general_parser_on_mutated_logs(data: st.DataObject):
         blob = blob[: data.draw(st.integers(0, len(blob)))]
     for bank in ("sha1", "sha256"):
         assert analyze_eventlog(bytes(blob), bank) == analyze_eventlog_general(bytes(blob), bank)
+
+
+# --- the verifier's fused scan against the rich parser, field by field ----------------------------
+# analyze_eventlog (what verify() runs on every verdict) takes _scan_regular when the log is a
+# regular crypto-agile one and the general parser (parse_eventlog + replay, what the CLI and
+# tpm2_eventlog comparisons use) otherwise. Equal facts are only meaningful where the fast path
+# actually answered, so these tests also count how often it did.
+_FIELDS = ("pcr", "type", "count", "alg", "digest", "size", "data")
+_VALUES = (0, 1, 3, 4, 7, 9, 0x0B, 0x0C, 0x17, 0x20, 0x80, 0xFF, 0xFFFF, 0x80000001, 0x80000003,
+           0xFFFFFFFF)  # fmt: skip
+_REAL = {p.name: p.read_bytes() for p in ALL_LOGS}
+
+
+def _event_offsets(blob: bytes) -> list[tuple[int, el.Event]]:
+    """(offset, event) of every event after the Spec ID one, from the rich parser's output."""
+    log = el.parse_eventlog(blob)
+    pos = 32 + len(log.events[0].data)
+    out = []
+    for ev in log.events[1:]:
+        out.append((pos, ev))
+        pos += 12 + sum(2 + len(d) for d in ev.digests.values()) + 4 + len(ev.data)
+    return out
+
+
+def _agree(blob: bytes, banks: tuple[str, ...] = ("sha1", "sha256")) -> bool:
+    """Both paths give identical facts (or the same error) in every bank; True when the fast
+    path answered in one of them."""
+    answered = False
+    for bank in banks:
+        general = analyze_eventlog_general(blob, bank, "x")
+        try:
+            fast = _scan_regular(blob, bank, "x")
+        except Exception:  # analyze_eventlog takes the general parser then, as for None
+            fast = None
+        assert analyze_eventlog(blob, bank, "x") == general
+        if fast is not None:
+            answered = True
+            assert general.error is None, general.error
+            assert fast == general
+            log = el.parse_eventlog(blob)
+            assert fast.replayed == el.replay(log, [bank])[bank]
+            assert fast.events == len(log.events)
+            assert fast.secure_boot == el.secure_boot_state(log)
+    return answered
+
+
+@pytest.mark.parametrize("path", ALL_LOGS, ids=lambda p: p.name)
+def test_fast_and_rich_paths_agree_on_every_real_log(path: Path):
+    blob = path.read_bytes()
+    regular = path.name != "p511.bin"  # p511 has sha256-only events: the general parser's job
+    for bank in ("sha1", "sha256", "sha384"):
+        facts = analyze_eventlog(blob, bank)
+        general = analyze_eventlog_general(blob, bank)
+        assert facts == general
+        log = el.parse_eventlog(blob)
+        if bank in log.banks:
+            assert facts.error is None and facts.replayed == el.replay(log, [bank])[bank]
+            assert (_scan_regular(blob, bank, "") is not None) == regular
+        else:
+            assert facts.error is not None and facts.error[0] == "eventlog_malformed"
+    assert analyze_eventlog(blob, "sha256").secure_boot is not None
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_fast_and_rich_paths_agree_on_mutated_real_logs(data: st.DataObject):
+    if not _REAL:
+        pytest.skip(f"{LOGS} not present")
+    blob = bytearray(_REAL[data.draw(st.sampled_from(sorted(_REAL)))])
+    events = _event_offsets(bytes(blob))
+    for _ in range(data.draw(st.integers(0, 3))):
+        off, ev = data.draw(st.sampled_from(events))
+        field = data.draw(st.sampled_from(_FIELDS + ("data", "data", "pcr", "type")))
+        value = data.draw(st.sampled_from(_VALUES))
+        if field in ("pcr", "type", "count"):
+            struct.pack_into("<I", blob, off + 4 * _FIELDS.index(field), value)
+        elif field == "alg":
+            at = off + 12 + 22 * data.draw(st.integers(0, 1))  # first or second algId
+            struct.pack_into("<H", blob, at, value & 0xFFFF)
+        elif field == "size":
+            at = off + 12 + sum(2 + len(d) for d in ev.digests.values())
+            sizes = [value, len(ev.data) + 1, max(len(ev.data) - 1, 0)]
+            struct.pack_into("<I", blob, at, data.draw(st.sampled_from(sizes)))
+        else:  # a byte of a digest or of the data (the digest must then fail to cover it)
+            end = off + 12 + sum(2 + len(d) for d in ev.digests.values()) + 4 + len(ev.data)
+            blob[data.draw(st.integers(off + 14, end - 1))] ^= 1 + (value & 0x7F)
+    tail = data.draw(st.sampled_from(["keep", "keep", "keep", "cut", "zeros", "junk"]))
+    if tail == "cut":
+        blob = blob[: data.draw(st.integers(0, len(blob)))]
+    elif tail == "zeros":
+        blob += bytes(data.draw(st.integers(1, 80)))
+    elif tail == "junk":
+        blob += data.draw(st.binary(min_size=1, max_size=80))
+    event(f"fast path answered: {_agree(bytes(blob), ('sha1', 'sha256'))}")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_fast_and_rich_paths_agree_on_synthetic_logs(data: st.DataObject):
+    """Every bank order and count, the SecureBoot variable in its corner cases, kernels, boot
+    applications, Windows virtual-PCR events; then byte mutations."""
+    banks = tuple(data.draw(st.permutations(["sha1", "sha256", "sha384"]))[: data.draw(
+        st.integers(1, 3))])  # fmt: skip
+    sb_value = data.draw(st.sampled_from([b"\1", b"\0", b"", b"\2", b"\1\0"]))
+    sb_name = data.draw(st.sampled_from(["SecureBoot", "SecureBooT", "PK", "SecureBoot\0"]))
+    sb_guid = data.draw(st.sampled_from([el.EFI_GLOBAL_VARIABLE, el.EFI_IMAGE_SECURITY_DATABASE]))
+    var = el.encode_efi_variable(sb_guid, sb_name, sb_value)
+    candidates = [
+        (0, el.EV_S_CRTM_VERSION, b"v"),
+        (7, el.EV_EFI_VARIABLE_DRIVER_CONFIG, var),
+        (7, el.EV_EFI_VARIABLE_DRIVER_CONFIG, el.encode_efi_variable(
+            el.EFI_GLOBAL_VARIABLE, "SecureBoot", b"\1"), {"sha256": b"\xee" * 32}),
+        (7, el.EV_EFI_VARIABLE_DRIVER_CONFIG, var[:40]),
+        (7, el.EV_EFI_VARIABLE_DRIVER_CONFIG, var + b"\1"),  # bytes after VariableData
+        (4, el.EV_EFI_BOOT_SERVICES_APPLICATION, b"\0" * 40),
+        (9, el.EV_IPL, b"/boot/vmlinuz-6.1\0"),
+        (9, el.EV_IPL, b"grub_cmd linux /bzImage"),
+        (8, el.EV_IPL, b"grub_cmd: set root"),
+        (el.WINDOWS_VIRTUAL_PCR, el.EV_NO_ACTION, b"WBCL"),
+        (0, el.EV_NO_ACTION, b"StartupLocality\0\3"),
+        (4, el.EV_SEPARATOR, b"\0\0\0\0"),
+    ]  # fmt: skip
+    events = data.draw(st.lists(st.sampled_from(candidates), min_size=0, max_size=8))
+    blob = bytearray(el.build_eventlog(events, banks=banks))
+    for _ in range(data.draw(st.integers(0, 3))):
+        pos = data.draw(st.integers(0, len(blob) - 1))
+        blob[pos] = data.draw(st.sampled_from([0, 1, 3, 7, 9, 0x0B, 0x80, 0xFF, pos & 0xFF]))
+    event(f"fast path answered: {_agree(bytes(blob), banks)}")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "extra", "expected"),
+    [
+        ("SecureBoot", b"\1", b"", True),
+        ("SecureBoot", b"\0", b"", False),
+        ("SecureBoot", b"", b"\1", False),  # VariableData empty; the byte after it is not it
+        ("SecureBoot", b"\2", b"", False),
+        ("SecureBoot", b"\1\0", b"", True),
+        ("SecureBooT", b"\1", b"", None),
+        ("SecureBoot\0", b"\1", b"", None),
+    ],
+)
+@pytest.mark.parametrize("guid", [el.EFI_GLOBAL_VARIABLE, el.EFI_IMAGE_SECURITY_DATABASE])
+def test_secure_boot_variable_corner_cases_on_both_paths(name, value, extra, expected, guid):
+    var = el.encode_efi_variable(guid, name, value) + extra
+    blob = el.build_eventlog([(7, el.EV_EFI_VARIABLE_DRIVER_CONFIG, var),
+                              (7, el.EV_SEPARATOR, b"\0" * 4)])  # fmt: skip
+    assert _agree(blob)
+    want = expected if guid == el.EFI_GLOBAL_VARIABLE else None
+    assert analyze_eventlog(blob, "sha256").secure_boot is want
+
+
+def test_the_fast_path_answers_most_mutations():
+    """The differential tests above must exercise the fast path, not only the fallback: a changed
+    data byte keeps a regular log regular (the digests no longer cover it, which only matters
+    for the SecureBoot variable)."""
+    blob = _REAL.get("intel_svr.bin") or el.build_eventlog(
+        [(i % 10, el.EV_IPL, b"x" * (i + 1)) for i in range(60)]
+    )
+    tried = answered = 0
+    for off, ev in _event_offsets(blob):
+        if not ev.data:
+            continue
+        mutated = bytearray(blob)
+        data_at = off + 12 + sum(2 + len(d) for d in ev.digests.values()) + 4
+        mutated[data_at + len(ev.data) // 2] ^= 0x40
+        tried += 1
+        answered += _agree(bytes(mutated))
+    assert tried >= 30 and answered >= tried * 9 // 10

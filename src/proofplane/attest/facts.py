@@ -10,6 +10,7 @@ what the uncached path computes; collision resistance of SHA-256 is what makes t
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 from collections import OrderedDict
@@ -20,7 +21,10 @@ from typing import Any
 from proofplane.attest import eventlog as el
 from proofplane.attest.errors import AttestError
 
-_KERNEL_MARKERS = (b"vmlinuz", b"linuxefi Kernel", b"/bzImage")
+
+def _is_kernel(data: bytes) -> bool:
+    """Whether a PCR 9 EV_IPL event's data names a kernel (GRUB measures every file it loads)."""
+    return b"vmlinuz" in data or b"linuxefi Kernel" in data or b"/bzImage" in data
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +77,7 @@ def analyze_eventlog_general(blob: bytes, bank: str, sha256: str | None = None) 
                     secure_boot = len(var.data) >= 1 and var.data[0] == 1
             elif ev.pcr == 4 and ev.type == el.EV_EFI_BOOT_SERVICES_APPLICATION:
                 apps.append((ev.number, ev.digests.get(bank, b"")))
-            elif (
-                ev.pcr == 9 and ev.type == el.EV_IPL and any(m in ev.data for m in _KERNEL_MARKERS)
-            ):
+            elif ev.pcr == 9 and ev.type == el.EV_IPL and _is_kernel(ev.data):
                 path = ev.data.decode("utf-8", "replace").rstrip("\0")
                 kernels.append((ev.number, path, ev.digests.get(bank, b"")))
         return LogFacts(digest, bank, replayed, len(log.events), secure_boot, sb_error,
@@ -84,10 +86,53 @@ def analyze_eventlog_general(blob: bytes, bank: str, sha256: str | None = None) 
         return LogFacts(digest, bank, {}, error=("eventlog_malformed", exc.message))
 
 
+@functools.lru_cache(maxsize=64)
+def _layout(algs: tuple[tuple[int, int], ...], bank: str) -> tuple[Any, ...] | None:
+    """How a regular event of a log declaring ``algs`` ((alg id, digest size), in order) is laid
+    out, for :func:`_scan_regular`; None when the log has no ``bank`` digests.
+
+    A pure function of the algorithm list that the Spec ID event declares (the Spec ID event
+    itself is parsed and checked on every call of the scan): memoizing it is compiling a format,
+    like ``re``'s pattern cache, not remembering anything about a log.
+    """
+    info = [el._bank_info(alg, sz) for alg, sz in algs]
+    banks = tuple(b for b, _ in info)
+    if bank not in banks:
+        return None
+    # (pcrIndex, eventType, the digest of `bank`, eventSize): the same arity for every layout
+    fmt = "<II4x"
+    for b, sz in info:
+        fmt += f"2x{sz}s" if b == bank else f"2x{sz}x"
+    head = struct.Struct(fmt + "I")
+    # (digest count, algId × n): must be (n, the declared ids in order)
+    ids = struct.Struct("<8xI" + "".join(f"H{sz}x" for _, sz in info[:-1]) + "H")
+    # every digest, for the rare event whose data is hashed (the SecureBoot variable)
+    full = struct.Struct("<III" + "".join(f"H{sz}s" for _, sz in info) + "I")
+    expect = (len(algs), *(alg for alg, _ in algs))
+    return head, ids, full, banks, expect
+
+
+_QQ = struct.Struct("<QQ")
+# UEFI_VARIABLE_DATA of SecureBoot starts GUID ‖ UnicodeNameLength (10) and its name follows
+_SECURE_BOOT_VAR = el.EFI_GLOBAL_VARIABLE.bytes_le + struct.pack("<Q", 10)
+_SECURE_BOOT_NAME = "SecureBoot".encode("utf-16-le")
+# the PCRs whose events policy reads (7: SecureBoot, 4: boot applications, 9: kernels)
+_WATCHED = tuple(i in (4, 7, 9) for i in range(el.MAX_PCR + 1))
+
+
 def _scan_regular(buf: bytes, bank: str, digest: str) -> LogFacts | None:
-    """The fused pass; None as soon as the log is not a regular crypto-agile log."""
+    """The fused pass; None as soon as the log is not a regular crypto-agile log (the caller then
+    takes the general parser, which also names the error).
+
+    Every event is still bounds-checked (header, digest count and algorithm ids, data size) and
+    every extended one replayed in ``bank``; no Event is built. Only the events policy reads are
+    looked into: PCR 7 EV_EFI_VARIABLE_DRIVER_CONFIG (every one's UEFI_VARIABLE_DATA lengths
+    checked as :func:`~proofplane.attest.eventlog.decode_efi_variable` does, the SecureBoot one
+    found by its GUID and UTF-16 name bytes, so nothing is decoded), PCR 4
+    EV_EFI_BOOT_SERVICES_APPLICATION and PCR 9 EV_IPL.
+    """
     size = len(buf)
-    if size < 48:
+    if size < 48 or size > el._MAX_EVENT_SIZE:  # (so that eventSize > 16 MiB overruns the log)
         return None
     pcr, etype, _sha1, esize = el._HDR1.unpack_from(buf, 0)
     if etype != el.EV_NO_ACTION or pcr != 0 or buf[32:48] != b"Spec ID Event03\0":
@@ -96,67 +141,63 @@ def _scan_regular(buf: bytes, bank: str, digest: str) -> LogFacts | None:
     if pos > size:
         return None
     spec = el._parse_spec_id(buf[32:pos])
-    sizes = {alg: el._bank_info(alg, sz) for alg, sz in spec.algorithms.items()}
-    order = tuple(sizes)
-    banks = [sizes[a][0] for a in order]
-    if bank not in banks:
+    layout = _layout(tuple(spec.algorithms.items()), bank)
+    if layout is None:
         return None
-    k = 2 * banks.index(bank) + 1
-    # one struct per event: pcrIndex, eventType, count, (algId, digest) × n, eventSize
-    event = struct.Struct("<III" + "".join(f"H{sizes[a][1]}s" for a in order) + "I")
-    unpack, esize_hdr = event.unpack_from, event.size
-    n_algs = len(order)
-    k += 3
+    head, ids, full, banks, expect = layout
+    unpack, check, hsize = head.unpack_from, ids.unpack_from, head.size
     hfunc = el._hash_func(bank)
     zero = bytes(hfunc().digest_size)
-    pcrs: dict[int, bytes] = {}
-    get = pcrs.get
+    pcrs = [zero] * (el.MAX_PCR + 1)
     apps: list[tuple[int, bytes]] = []
     kernels: list[tuple[int, str, bytes]] = []
     secure_boot: bool | None = None
     sb_error = None
     no_action, virtual, max_pcr = el.EV_NO_ACTION, el.WINDOWS_VIRTUAL_PCR, el.MAX_PCR
-    max_event = el._MAX_EVENT_SIZE
-    special = {el.EV_EFI_VARIABLE_DRIVER_CONFIG, el.EV_EFI_BOOT_SERVICES_APPLICATION, el.EV_IPL}
+    driver_config = el.EV_EFI_VARIABLE_DRIVER_CONFIG
+    boot_app, ipl = el.EV_EFI_BOOT_SERVICES_APPLICATION, el.EV_IPL
+    watched = _WATCHED
     n = 1
-    while pos < size:
-        if size - pos < esize_hdr:
-            return None
-        fields = unpack(buf, pos)
-        pcr, etype, count = fields[0], fields[1], fields[2]
-        if count != n_algs or fields[3:-1:2] != order:
-            return None
-        dpos = pos + esize_hdr
-        pos = dpos + fields[-1]
-        if pos > size or fields[-1] > max_event:
-            return None
-        if etype == no_action:
-            if pcr == 0 and buf[dpos : dpos + 16] == b"StartupLocality\0":
+    try:
+        while pos < size:
+            pcr, etype, d, esize = unpack(buf, pos)  # struct.error when the header is cut
+            if check(buf, pos) != expect:
                 return None
-        elif pcr != virtual:
-            if pcr > max_pcr:
+            pos += hsize + esize  # past the end only for the last event: checked below
+            if etype == no_action:
+                if pcr == 0 and buf.startswith(b"StartupLocality\0", pos - esize):
+                    return None
+            elif pcr <= max_pcr:
+                pcrs[pcr] = hfunc(pcrs[pcr] + d).digest()
+                if watched[pcr]:
+                    if etype == driver_config and pcr == 7:
+                        if pos > size or esize < 32:
+                            return None
+                        data = buf[pos - esize : pos]
+                        name_len, data_len = _QQ.unpack_from(data, 16)
+                        if name_len > 4096 or 32 + 2 * name_len + data_len > esize:
+                            return None  # as decode_efi_variable: the general path says why
+                        if data[:24] == _SECURE_BOOT_VAR and data[32:52] == _SECURE_BOOT_NAME:
+                            fields = full.unpack_from(buf, pos - esize - hsize)
+                            dg = dict(zip(banks, fields[4:-1:2], strict=True))
+                            if not el.event_data_digest_ok(el.Event(n, pcr, etype, dg, data)):
+                                sb_error = f"event {n} (SecureBoot) data does not match its digest"
+                            secure_boot = data_len >= 1 and data[52] == 1
+                    elif etype == boot_app and pcr == 4:
+                        apps.append((n, d))
+                    elif etype == ipl and pcr == 9:
+                        data = buf[pos - esize : pos]
+                        if pos <= size and _is_kernel(data):
+                            kernels.append((n, data.decode("utf-8", "replace").rstrip("\0"), d))
+            elif pcr != virtual:
                 return None
-            d = fields[k]
-            pcrs[pcr] = hfunc(get(pcr, zero) + d).digest()
-            if etype in special:
-                if pcr == 7 and etype == el.EV_EFI_VARIABLE_DRIVER_CONFIG:
-                    data = buf[dpos:pos]
-                    var = el.decode_efi_variable(data)
-                    if var.guid == el.EFI_GLOBAL_VARIABLE and var.name == "SecureBoot":
-                        dg = dict(zip(banks, fields[4:-1:2], strict=True))
-                        if not el.event_data_digest_ok(el.Event(n, pcr, etype, dg, data)):
-                            sb_error = f"event {n} (SecureBoot) data does not match its digest"
-                        secure_boot = len(var.data) >= 1 and var.data[0] == 1
-                elif pcr == 4 and etype == el.EV_EFI_BOOT_SERVICES_APPLICATION:
-                    apps.append((n, d))
-                elif pcr == 9 and etype == el.EV_IPL:
-                    data = buf[dpos:pos]
-                    if any(m in data for m in _KERNEL_MARKERS):
-                        kernels.append((n, data.decode("utf-8", "replace").rstrip("\0"), d))
-        n += 1
-        if n > el._MAX_EVENTS:
-            return None
-    return LogFacts(digest, bank, dict(sorted(pcrs.items())), n, secure_boot, sb_error,
+            n += 1
+    except struct.error:
+        return None
+    if pos != size or n > el._MAX_EVENTS:
+        return None
+    replayed = {i: v for i, v in enumerate(pcrs) if v is not zero}
+    return LogFacts(digest, bank, replayed, n, secure_boot, sb_error,
                     tuple(apps), tuple(kernels))  # fmt: skip
 
 

@@ -129,38 +129,67 @@ def digest(alg: int, data: bytes) -> bytes:
 
 
 # --- reader ---------------------------------------------------------------------------------------
+_BE8 = struct.Struct(">B").unpack_from
+_BE16 = struct.Struct(">H").unpack_from
+_BE32 = struct.Struct(">I").unpack_from
+_BE64 = struct.Struct(">Q").unpack_from
+
+
 class Reader:
     """A bounds-checked big-endian cursor over bytes."""
 
-    __slots__ = ("buf", "pos", "what")
+    __slots__ = ("buf", "pos", "what", "size")
 
     def __init__(self, buf: bytes, what: str = "structure") -> None:
         self.buf = bytes(buf)
         self.pos = 0
         self.what = what
+        self.size = len(self.buf)
+
+    def _short(self, n: int) -> TpmStructError:
+        return TpmStructError(
+            f"{self.what} truncated: need {n} bytes at offset {self.pos}, "
+            f"have {self.size - self.pos}",
+            reason="truncated",
+        )
 
     def take(self, n: int) -> bytes:
-        if n < 0 or self.pos + n > len(self.buf):
-            raise TpmStructError(
-                f"{self.what} truncated: need {n} bytes at offset {self.pos}, "
-                f"have {len(self.buf) - self.pos}",
-                reason="truncated",
-            )
-        out = self.buf[self.pos : self.pos + n]
-        self.pos += n
-        return out
+        pos = self.pos
+        end = pos + n
+        if n < 0 or end > self.size:
+            raise self._short(n)
+        self.pos = end
+        return self.buf[pos:end]
 
+    # The fixed-size reads unpack in place (no intermediate slice): parsing a quote, its
+    # signature and the AK is on every verdict's path.
     def u8(self) -> int:
-        return self.take(1)[0]
+        pos = self.pos
+        if pos + 1 > self.size:
+            raise self._short(1)
+        self.pos = pos + 1
+        return _BE8(self.buf, pos)[0]
 
     def u16(self) -> int:
-        return int.from_bytes(self.take(2), "big")
+        pos = self.pos
+        if pos + 2 > self.size:
+            raise self._short(2)
+        self.pos = pos + 2
+        return _BE16(self.buf, pos)[0]
 
     def u32(self) -> int:
-        return int.from_bytes(self.take(4), "big")
+        pos = self.pos
+        if pos + 4 > self.size:
+            raise self._short(4)
+        self.pos = pos + 4
+        return _BE32(self.buf, pos)[0]
 
     def u64(self) -> int:
-        return int.from_bytes(self.take(8), "big")
+        pos = self.pos
+        if pos + 8 > self.size:
+            raise self._short(8)
+        self.pos = pos + 8
+        return _BE64(self.buf, pos)[0]
 
     def tpm2b(self, limit: int | None = None) -> bytes:
         size = self.u16()
@@ -171,9 +200,9 @@ class Reader:
         return self.take(size)
 
     def done(self) -> None:
-        if self.pos != len(self.buf):
+        if self.pos != self.size:
             raise TpmStructError(
-                f"{self.what}: {len(self.buf) - self.pos} trailing bytes", reason="trailing_bytes"
+                f"{self.what}: {self.size - self.pos} trailing bytes", reason="trailing_bytes"
             )
 
 
@@ -205,10 +234,17 @@ def parse_pcr_selection(r: Reader) -> tuple[PcrSelection, ...]:
         size = r.u8()
         if size > 4:  # 32 PCRs at most; real TPMs use 3
             raise TpmStructError(f"sizeofSelect {size} > 4", reason="oversize")
-        bits = r.take(size)
-        pcrs = tuple(i for i in range(size * 8) if bits[i // 8] & (1 << (i % 8)))
-        out.append(PcrSelection(alg, pcrs))
+        out.append(PcrSelection(alg, _selected(r.take(size))))
     return tuple(out)
+
+
+# bit positions set in each byte value: pcrSelect bitmaps are read a byte at a time
+_BITS: Final = tuple(tuple(i for i in range(8) if b >> i & 1) for b in range(256))
+
+
+def _selected(bits: bytes) -> tuple[int, ...]:
+    """The PCR indexes set in a pcrSelect bitmap, ascending."""
+    return tuple(8 * k + i for k, b in enumerate(bits) for i in _BITS[b])
 
 
 def marshal_pcr_selection(selections: tuple[PcrSelection, ...]) -> bytes:

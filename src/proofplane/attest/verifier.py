@@ -31,6 +31,7 @@ from proofplane.attest.policy import Policy, canonical_json, parse_version
 AK_REQUIRED_ATTRIBUTES = (
     tpm.FIXED_TPM | tpm.FIXED_PARENT | tpm.SENSITIVE_DATA_ORIGIN | tpm.RESTRICTED | tpm.SIGN_ENCRYPT
 )
+_AK_SCHEMES = (tpm.TPM_ALG_RSASSA, tpm.TPM_ALG_RSAPSS, tpm.TPM_ALG_ECDSA)
 
 #: Every reason code a verdict can carry, with what it means for a human.
 REASONS: dict[str, str] = {
@@ -298,6 +299,13 @@ def verify_signature(
 
 def check_ak(ak: tpm.Public) -> str | None:
     """None when the AK's attributes make it an attestation key; else what is wrong."""
+    attrs = ak.object_attributes
+    if (
+        attrs & AK_REQUIRED_ATTRIBUTES == AK_REQUIRED_ATTRIBUTES
+        and not attrs & tpm.DECRYPT
+        and ak.scheme in _AK_SCHEMES
+    ):
+        return None
     missing = [
         name
         for bit, name in tpm.OBJECT_ATTRIBUTE_NAMES.items()
@@ -308,13 +316,13 @@ def check_ak(ak: tpm.Public) -> str | None:
         problems.append("missing " + ", ".join(missing))
     if ak.object_attributes & tpm.DECRYPT:
         problems.append("has decrypt")
-    if ak.scheme not in (tpm.TPM_ALG_RSASSA, tpm.TPM_ALG_RSAPSS, tpm.TPM_ALG_ECDSA):
+    if ak.scheme not in _AK_SCHEMES:
         problems.append(f"signing scheme 0x{ak.scheme:04x} is not RSASSA, RSAPSS or ECDSA")
     return "; ".join(problems) or None
 
 
 def _pcr_order(selection: tuple[tpm.PcrSelection, ...]) -> list[tuple[str, int]]:
-    return [(sel.bank, i) for sel in selection for i in sel.pcrs]
+    return [(bank, i) for sel in selection for bank in (sel.bank,) for i in sel.pcrs]
 
 
 def verify(
@@ -565,7 +573,9 @@ def _check_inventory(inv: Mapping[str, Any] | None, policy: Policy, run: _Run) -
             run.fail("inventory_missing", "no GPU inventory in the evidence")
         return
     gpus = inv.get("gpus")
-    if not isinstance(gpus, list) or not all(isinstance(g, Mapping) for g in gpus):
+    if not isinstance(gpus, list) or not all(
+        type(g) is dict or isinstance(g, Mapping) for g in gpus
+    ):
         run.fail("inventory_malformed", "inventory.gpus must be a list of objects")
         return
     if policy.require_inventory and not gpus:
