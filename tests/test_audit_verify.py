@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 from typer.testing import CliRunner
 
 from proofplane.access import SYSTEM
@@ -93,6 +94,25 @@ def test_tampering_is_caught(db_url: str, store: Store, keys, attack, first_bad)
     result = _cli_verify(db_url, keys)
     assert result.exit_code == 1
     assert f"first bad index: {first_bad}" in result.output
+
+
+def test_text_that_is_not_utf8_is_named_not_raised(db_url: str, store: Store, keys):
+    """A row altered to bytes SQLite will not decode as UTF-8 (PostgreSQL refuses such text
+    outright, so only SQLite can hold it): a bad index, never a traceback."""
+    _fill(store, keys)
+    if not db_url.startswith("sqlite"):  # the database refuses the bytes: nothing to find
+        with pytest.raises(DBAPIError):
+            _attack(store, "UPDATE events SET actor = convert_from('\\xff6d616c', 'UTF8')")
+        assert audit_svc.verify_log(store, keys.verifier(), "proofplane/test").ok
+        return
+    _attack(store, "UPDATE events SET actor = CAST(X'ff6d616c' AS TEXT) WHERE seq = 5")
+    for workers in (1, 2):
+        report = audit_svc.verify_log(store, keys.verifier(), "proofplane/test", workers=workers)
+        assert not report.ok and report.first_bad_index == 4, report.problems
+        assert "not UTF-8" in report.problems[0]
+    result = _cli_verify(db_url, keys)
+    assert result.exit_code == 1 and "first bad index: 4" in result.output
+    assert "Traceback" not in result.output
 
 
 def test_rewriting_the_stored_hashes_too_is_caught(store: Store, keys):

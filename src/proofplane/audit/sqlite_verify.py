@@ -219,6 +219,24 @@ def _chunk(
         conn.close()
 
 
+def first_undecodable(path: str) -> tuple[int, int] | None:
+    """(index, seq) of the first event row holding text that is not valid UTF-8 (a row
+    altered in the database; Python's sqlite3 refuses to decode it), or None."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+    conn.text_factory = bytes
+    try:
+        for index, row in enumerate(conn.execute(_ROW_SQL, (0, 2**62))):
+            for value in row[1:]:
+                if isinstance(value, bytes):
+                    try:
+                        value.decode("utf-8")
+                    except UnicodeDecodeError:
+                        return index, row[0]
+        return None
+    finally:
+        conn.close()
+
+
 def chunk_bounds(size: int, workers: int, chunk_level: int | None = None) -> list[tuple[int, int]]:
     """The chunks ``(lo, hi]`` of events 1..size: aligned, 2^chunk_level events each but the
     last. Default level ``CHUNK_LEVEL``, lowered with several workers (not below

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ from typing import Any
 
 import platformdirs
 from sqlalchemy import func, select
+from sqlalchemy.exc import DBAPIError
 
 from proofplane.access import Actor, Permission, authorize
 from proofplane.audit import bundle as bundle_mod
@@ -327,6 +329,35 @@ def _sqlite_leaf_hashes(store: Store, batch: int) -> Iterator[tuple[int, bytes]]
 
 
 def verify_log(
+    store: Store,
+    verifier: note.VerifierKey,
+    origin: str | None = None,
+    *,
+    workers: int | None = None,
+) -> VerifyReport:
+    """See ``_verify_log``; a row whose text is not valid UTF-8 (which SQLite will not decode)
+    is reported as the first bad index, not raised."""
+    try:
+        return _verify_log(store, verifier, origin, workers=workers)
+    except (sqlite3.OperationalError, DBAPIError) as exc:
+        path = store.engine.url.database
+        if store.engine.dialect.name != "sqlite" or not path or "decode" not in str(exc):
+            raise
+        found = sqlite_verify.first_undecodable(path)
+        if found is None:
+            raise
+        index, seq = found
+        with store.read() as s:
+            stored_size = log.tree_size(s)
+        report = VerifyReport(
+            ok=False, events=index, tree_size=stored_size, checkpoint_size=None,
+            first_bad_index=index,
+        )  # fmt: skip
+        report.problems.append(f"index {index}: event seq {seq} holds text that is not UTF-8")
+        return report
+
+
+def _verify_log(
     store: Store,
     verifier: note.VerifierKey,
     origin: str | None = None,
