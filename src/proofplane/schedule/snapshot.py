@@ -280,11 +280,11 @@ def _signature(info: _NodeInfo, u: _Usage) -> Signature:
             idle += 1
     caps: dict[ClassKey, tuple[int, int]] = {}
     for i, whole_keys, share_keys in info.plain_keys:
-        if i in whole or (private and i in private):
+        if i in whole:
             continue
         held = shares.get(i, 0)
         room = FULL_GPU_MILLI - held
-        if room >= 1:
+        if room >= 1 and not (private and i in private):
             for k in share_keys:
                 free, warm = caps.get(k, _NONE)
                 if held:
