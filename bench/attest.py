@@ -29,7 +29,6 @@ import json
 import secrets
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
@@ -42,6 +41,7 @@ from proofplane.attest import Evidence, Expected, Policy, verify
 from proofplane.attest import eventlog as el
 from proofplane.attest.facts import VerifierCache, analyze_eventlog
 from proofplane.attest.simulate import SoftTpm
+from proofplane.attest.swtpm import AK_HANDLES, EK_HANDLE, SwtpmNode, boot_log, manufacture, measure
 from proofplane.machine import machine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,9 +85,6 @@ def boot_logs(n: int) -> list[tuple[str, bytes]]:
         if path.exists():
             out.append((name, path.read_bytes()))
         else:
-            sys.path.insert(0, str(ROOT / "tests"))
-            from swtpm import boot_log
-
             out.append(("synthetic", boot_log(kernel=f"vmlinuz-{i}".encode())))
     return out
 
@@ -113,9 +110,6 @@ Round = tuple[Evidence, Expected, Policy, datetime]
 
 
 def record_swtpm(n_nodes: int, quotes: int, tmp: Path) -> list[Round]:
-    sys.path.insert(0, str(ROOT / "tests"))
-    from swtpm import AK_HANDLES, EK_HANDLE, SwtpmNode, manufacture, measure
-
     rounds: list[Round] = []
     for i, (name, blob) in enumerate(boot_logs(n_nodes)):
         template = manufacture(tmp / f"tpm{i}")

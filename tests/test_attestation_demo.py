@@ -1,8 +1,14 @@
 """The demo cluster attests too (issue 5): the staleness worker, the simulated attester that only
-demo mode accepts, and `up`'s demo with a drifting node quarantined and its work moved."""
+demo mode accepts, and `up`'s demo with a drifting node quarantined and its work moved, and with
+two nodes attested by the node agent against their own swtpm (without swtpm/tpm2-tools: `up`
+falls back to simulated nodes locally; in CI (CI=true) the test fails)."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import os
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
@@ -13,8 +19,11 @@ from typer.testing import CliRunner
 
 from proofplane.access import SYSTEM, Actor
 from proofplane.api.app import create_app
+from proofplane.attest import load_record, replay_record
+from proofplane.attest import swtpm as swtpm_harness
 from proofplane.attest.simulate import SimulatedAttester, demo_boot_log
 from proofplane.cli import credentials as cli_credentials
+from proofplane.cli import demo_swtpm
 from proofplane.cli import server as server_cli
 from proofplane.cli.main import app
 from proofplane.config import Settings, from_env
@@ -29,6 +38,7 @@ from proofplane.service.nodes import get_node, list_nodes
 from proofplane.service.workloads import get_workload, list_workloads
 
 API = "/api/v1"
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 POLICY = {"id": "p", "node_class": "default", "require_eventlog": False,
           "require_secure_boot": False, "require_inventory": False}  # fmt: skip
 
@@ -164,10 +174,35 @@ def test_demo_drifting_node_is_quarantined_and_its_work_moves(store: Store) -> N
     assert sum(s == "admitted" for s in later.values()) == 21
 
 
+def _check_swtpm_nodes(store: Store, names: list[str]) -> None:
+    """Admitted through real quotes: not simulated anywhere, latest verdict pass, no reasons."""
+    policies = {p["node_class"]: p for p in svc.list_policies(store, SYSTEM)}
+    assert policies[demo_swtpm.NODE_CLASS]["enforce"] is True
+    for name in names:
+        node = get_node(store, SYSTEM, name)
+        assert node.labels["node-class"] == demo_swtpm.NODE_CLASS
+        assert node.state is NodeState.ADMITTED
+        assert node.state_reason == "attestation passed"
+        assert svc.attestation_status(store, SYSTEM, name)["simulated"] is False
+        latest = svc.list_evidence(store, SYSTEM, name)[0]
+        assert latest["ok"] is True and latest["reasons"] == [] and latest["simulated"] is False
+        assert "simulated" not in latest["record"]
+        assert latest["policy_id"] == "demo-swtpm-boot"
+        record = load_record(json.dumps(latest["record"]))
+        assert record.evidence.eventlog and record.evidence.inventory is not None
+        assert record.evidence.inventory["source"] == "cluster-file"
+        assert replay_record(record).ok  # the stored quote re-verifies offline
+        events = list_events(store, SYSTEM, action="node.attest", target_id=name).items
+        assert events and not any(e.details.get("simulated") for e in events)
+
+
 def test_up_runs_the_attested_demo(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, free_tcp_port: int
 ) -> None:
-    for var in [v for v in __import__("os").environ if v.startswith("PROOFPLANE_")]:
+    missing = demo_swtpm.missing_tools()
+    if missing and IN_CI:
+        pytest.fail(f"swtpm/tpm2-tools missing: {', '.join(missing)} (scripts/test-deps.sh)")
+    for var in [v for v in os.environ if v.startswith("PROOFPLANE_")]:
         monkeypatch.delenv(var)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg-data"))
@@ -176,6 +211,14 @@ def test_up_runs_the_attested_demo(
     monkeypatch.setattr(server_cli.uvicorn, "run", lambda a, **kw: calls.append({"app": a}))
     demo_db = tmp_path / "demo.db"
     monkeypatch.setattr(server_cli, "demo_database_path", lambda: demo_db)
+    fleets: list[demo_swtpm.SwtpmFleet] = []
+    start = demo_swtpm.SwtpmFleet.start
+
+    def recorded(nodes: list[object]) -> demo_swtpm.SwtpmFleet:
+        fleets.append(start(nodes))  # type: ignore[arg-type]
+        return fleets[-1]
+
+    monkeypatch.setattr(demo_swtpm.SwtpmFleet, "start", recorded)
     started = datetime.now(UTC)
     result = CliRunner().invoke(app, ["up", "--port", str(free_tcp_port)])
     assert result.exit_code == 0, result.output
@@ -186,5 +229,65 @@ def test_up_runs_the_attested_demo(
     try:
         _check_drift(store, demo.DRIFT_NODE)
         assert datetime.now(UTC) - started < timedelta(seconds=30)
+        if missing:
+            assert "swtpm/tpm2-tools not installed" in result.stdout and not fleets
+            return
+        names = list(demo_swtpm.SWTPM_NODES)
+        assert "attesting with swtpm" in result.stdout
+        assert f"{', '.join(names)}; the other nodes use the simulated attester" in result.stdout
+        _check_swtpm_nodes(store, names)
     finally:
         store.dispose()
+    # `up` stopped them on its way out (the served app returned here)
+    [fleet] = fleets
+    assert fleet.nodes == tuple(names)
+    assert fleet.running == [] and not fleet.workdir.exists()
+    assert all(a.tpm.proc is None for a in fleet.agents)
+
+
+def test_up_falls_back_to_simulated_nodes_without_swtpm(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = _spec()
+    monkeypatch.setattr(demo_swtpm, "missing_tools", lambda: ["swtpm"])
+    fleet, line = server_cli._swtpm_nodes(spec)
+    assert fleet is None
+    assert line == (
+        "swtpm/tpm2-tools not installed (swtpm missing): every demo node uses the simulated "
+        "attester"
+    )
+    monkeypatch.setattr(demo_swtpm, "missing_tools", lambda: [])
+
+    def broken(nodes: object) -> None:
+        raise swtpm_harness.TpmToolError("swtpm_setup failed (1): no")
+
+    monkeypatch.setattr(demo_swtpm.SwtpmFleet, "start", broken)
+    fleet, line = server_cli._swtpm_nodes(spec)
+    assert fleet is None and line.startswith("swtpm did not start (swtpm_setup failed (1): no)")
+
+
+def test_swtpm_nodes_are_picked_where_no_placement_depends_on_them() -> None:
+    spec = _spec()
+    assert demo_swtpm.pick_nodes(spec) == list(demo_swtpm.SWTPM_NODES)
+    nodes = {ns.node.name: ns for ns in spec.nodes}
+    for name in demo_swtpm.SWTPM_NODES:
+        assert nodes[name].state is NodeState.ADMITTED and not nodes[name].certifications
+    # another cluster file: its first admitted nodes, never the drifting one
+    others = dataclasses.replace(
+        spec, nodes=tuple(ns for ns in spec.nodes if ns.node.name not in demo_swtpm.SWTPM_NODES)
+    )
+    picked = demo_swtpm.pick_nodes(others, drift_node="fra-h100-01")
+    assert picked == ["fra-h100-02", "fra-h100-03"]
+
+
+def test_swtpm_class_policy_follows_the_log_and_the_gpus() -> None:
+    log = swtpm_harness.boot_log(kernel=b"vmlinuz-demo")
+    fleet = demo_swtpm.SwtpmFleet(Path("/nonexistent"), "synthetic", log)
+    spec = _spec()
+    nodes = [ns.node for ns in spec.nodes if ns.node.name in demo_swtpm.SWTPM_NODES]
+    doc = fleet.policy(nodes)
+    assert doc["node_class"] == "demo-swtpm" and doc["require_secure_boot"] is True
+    assert doc["allowed_kernels"] == [hashlib.sha256(b"vmlinuz-demo").hexdigest()]
+    assert len(doc["allowed_boot_apps"]) == 2 and sorted(doc["golden_pcrs"]) == [
+        str(i) for i in range(10)
+    ]
+    assert doc["allowed_vbios"] == ["92.00.25.00.08", "96.00.99.00.01"]
+    assert doc["min_driver"] == "550.127.05" and doc["require_inventory"] is True

@@ -20,6 +20,7 @@ import errno
 import shutil
 import signal
 import socket
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -40,7 +41,8 @@ from proofplane import config
 from proofplane.access import SYSTEM
 from proofplane.access.credentials import new_token
 from proofplane.api.app import create_app
-from proofplane.cli import credentials, render
+from proofplane.attest import swtpm
+from proofplane.cli import credentials, demo_swtpm, render
 from proofplane.cli.client import DEFAULT_SERVER, CliError, format_details
 from proofplane.errors import Conflict, ProofplaneError, ValidationFailed
 from proofplane.hardware.cluster_file import ClusterSpec, parse_cluster
@@ -413,6 +415,27 @@ def serve(
     _serve(store, host, port, settings, execution)
 
 
+def _swtpm_nodes(spec: ClusterSpec) -> tuple[demo_swtpm.SwtpmFleet | None, str]:
+    """The demo's swtpm nodes, started (None when swtpm cannot run here), and the line that
+    says which nodes attest how."""
+    simulated = "every demo node uses the simulated attester"
+    missing = demo_swtpm.missing_tools()
+    if missing:
+        return None, f"swtpm/tpm2-tools not installed ({', '.join(missing)} missing): {simulated}"
+    names = demo_swtpm.pick_nodes(spec)
+    if not names:
+        return None, f"no demo node to attest with swtpm: {simulated}"
+    try:
+        fleet = demo_swtpm.SwtpmFleet.start([ns.node for ns in spec.nodes if ns.node.name in names])
+    except (swtpm.TpmToolError, OSError, subprocess.SubprocessError) as exc:
+        return None, f"swtpm did not start ({exc}): {simulated}"
+    return fleet, (
+        f"attesting with swtpm (node agent, real TPM 2.0 quotes, boot log "
+        f"{Path(fleet.log_source).name}): {', '.join(fleet.nodes)}; the other nodes use the "
+        "simulated attester"
+    )
+
+
 def up(
     host: str = HostOpt,
     port: int = PortOpt,
@@ -434,7 +457,9 @@ def up(
 
     A demo on loopback: plain HTTP, so browser session cookies are not marked Secure. The demo
     runs in demo-attester mode (PROOFPLANE_DEMO_ATTESTER=simulated): its nodes are admitted by
-    simulated TPM attesters through the real verifier, and one of them drifts."""
+    simulated TPM attesters through the real verifier, and one of them drifts. With swtpm and
+    tpm2-tools installed, two nodes are attested instead by the node agent against their own
+    software TPM (swtpm), stopped when the demo stops."""
     env_settings = load_settings()
     token = env_settings.admin_token or new_token()
     settings = dataclasses.replace(
@@ -449,16 +474,24 @@ def up(
         if jobs_dir == local_jobs_dir(url):  # ours, not one PROOFPLANE_LOCAL_STATE_DIR named
             _clear_jobs_dir(jobs_dir)
     store = open_store(url)
+    fleet: demo_swtpm.SwtpmFleet | None = None
     try:
+        if settings.demo_attester == "simulated":
+            fleet, attesting = _swtpm_nodes(spec)  # their TPMs run until the demo stops
+            render.print_line(attesting)
         with store_errors(f"cannot load {source}"):
             # The demo's placed workloads start as the cluster loads (and stop if it fails).
             store.backend = execution_svc.build_backend(execution)
             attester: DemoAttester | None = None
             if settings.demo_attester == "simulated":
-                counts, attester = load_attested_demo(store, spec)
+                counts, attester = load_attested_demo(store, spec, real=fleet)
             else:
                 counts = load_cluster(store, SYSTEM, spec)
-    except CliError as exc:
+    except BaseException as exc:
+        if fleet is not None:
+            fleet.stop()
+        if not isinstance(exc, CliError):
+            raise
         store.dispose()
         if db is not None and isinstance(exc.__cause__, Conflict):
             exc.lines.append(
@@ -482,6 +515,8 @@ def up(
             )
         )
     except BaseException:
+        if attester is not None:
+            attester.stop()
         assert store.backend is not None
         execution_svc.stop_jobs(store.backend, execution_svc.live_job_ids(store, store.backend))
         store.dispose()

@@ -7,6 +7,10 @@ The simulated attester is accepted only because ``up`` runs the server in demo m
 (``PROOFPLANE_DEMO_ATTESTER=simulated``); its identities, evidence records, events and state
 reasons say ``simulated``. One node (``DRIFT_NODE``) boots another kernel from its second round
 on, so the demo shows a quarantine that moves work to compliant nodes.
+
+A few nodes may instead be attested by real agents (``RealAgents``: ``up`` passes its swtpm
+nodes, each a node agent against its own software TPM): they carry the ``node-class`` label of
+their own enforcing policy, are not marked simulated, and re-attest with the others.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import logging
 import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 from proofplane.access import SYSTEM, Actor
 from proofplane.attest.simulate import SimulatedAttester, boot_app_digest, demo_boot_log
@@ -48,10 +52,10 @@ DEMO_POLICY: dict[str, Any] = {
 }
 
 
-def inventory(node: Node) -> dict[str, Any]:
+def inventory(node: Node, source: str = "simulated") -> dict[str, Any]:
     """The node's GPUs in the NVML-shaped form an agent sends (from the cluster file)."""
     return {
-        "source": "simulated",
+        "source": source,
         "gpus": [
             {
                 "index": g.index,
@@ -76,12 +80,58 @@ class DemoNode:
     rounds: int = 0
 
 
-class DemoAttester:
-    """The simulated agents of the demo's nodes, run in-process against the service layer."""
+class RealAgent(Protocol):
+    """One demo node attested by a real node agent (not simulated)."""
 
-    def __init__(self, store: Store, nodes: list[DemoNode]) -> None:
+    name: str
+
+    def round(self) -> svc.AttestOutcome:
+        """One attestation round of the agent (enrolling first when its AK is not bound)."""
+        ...
+
+
+class RealAgents(Protocol):
+    """Demo nodes attested by real agents: their node class, the enforcing policy of that
+    class, and the agents, which run only once the nodes are registered (``connect``)."""
+
+    @property
+    def node_class(self) -> str:
+        """The ``node-class`` label the nodes get."""
+        ...
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The names of the nodes these agents attest."""
+        ...
+
+    def policy(self, nodes: list[Node]) -> dict[str, Any]:
+        """The policy (JSON form) of ``node_class`` that these nodes' evidence satisfies."""
+        ...
+
+    def connect(self, store: Store) -> list[RealAgent]:
+        """The nodes' agents, speaking to the server on ``store``."""
+        ...
+
+    def stop(self) -> None:
+        """Stop the agents and what they run on (their TPMs)."""
+        ...
+
+
+class DemoAttester:
+    """The simulated agents of the demo's nodes, run in-process against the service layer,
+    and the real agents of the few nodes that have one (``agents``; ``real`` owns them)."""
+
+    def __init__(
+        self,
+        store: Store,
+        nodes: list[DemoNode],
+        agents: list[RealAgent] | None = None,
+        real: RealAgents | None = None,
+    ) -> None:
         self.store = store
         self.nodes = nodes
+        self.agents = agents or []
+        self.real = real
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -110,7 +160,7 @@ class DemoAttester:
         )
 
     def round_all(self) -> list[svc.AttestOutcome]:
-        return [self.round(n) for n in self.nodes]
+        return [self.round(n) for n in self.nodes] + [a.round() for a in self.agents]
 
     def _loop(self, interval_s: float) -> None:
         while not self._stop.wait(interval_s):
@@ -119,6 +169,11 @@ class DemoAttester:
                     self.round(n)
                 except Exception:  # one node's failure must not stop the others' rounds
                     log.exception("simulated attestation round of %s failed", n.name)
+            for a in self.agents:
+                try:
+                    a.round()
+                except Exception:
+                    log.exception("attestation round of %s's agent failed", a.name)
 
     def start(self, interval_s: float = DEMO_INTERVAL_S) -> None:
         self._thread = threading.Thread(
@@ -127,35 +182,64 @@ class DemoAttester:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop re-attesting; then the real agents and their TPMs stop."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        try:
+            if self._thread is not None:
+                self._thread.join(timeout=10)
+        finally:
+            if self.real is not None:
+                self.real.stop()
 
 
 def load_attested_demo(
-    store: Store, spec: ClusterSpec, *, drift_node: str | None = DRIFT_NODE
+    store: Store,
+    spec: ClusterSpec,
+    *,
+    drift_node: str | None = DRIFT_NODE,
+    real: RealAgents | None = None,
 ) -> tuple[dict[str, int], DemoAttester]:
-    """Load ``spec`` so that its nodes are admitted by (simulated) attestation: nodes register,
-    the demo policy is set (enforcing), each node enrolls and passes a first round, then the
-    file's certifications and cordons are applied and its workloads submitted; a second round
-    follows, in which ``drift_node`` fails and is quarantined (its work moves). The returned
-    attester keeps re-attesting while it runs (``start``/``stop``)."""
+    """Load ``spec`` so that its nodes are admitted by attestation: nodes register, the demo
+    policy is set (enforcing), each node enrolls and passes a first round, then the file's
+    certifications and cordons are applied and its workloads submitted; a second round
+    follows, in which ``drift_node`` fails and is quarantined (its work moves). ``real``'s
+    nodes get its node class (label ``node-class``) and policy and attest through their real
+    agents; the others through simulated attesters. The returned attester keeps re-attesting
+    while it runs (``start``/``stop``; ``stop`` also stops ``real``)."""
+    real_names = set(real.nodes) if real is not None else set()
+
+    def labelled(node: Node) -> Node:
+        if real is None or node.name not in real_names:
+            return node
+        return dataclasses.replace(
+            node, labels={**node.labels, svc.NODE_CLASS_LABEL: real.node_class}
+        )
+
     registered = dataclasses.replace(
         spec,
-        nodes=tuple(NodeSpec(ns.node, NodeState.REGISTERED, {}) for ns in spec.nodes),
+        nodes=tuple(NodeSpec(labelled(ns.node), NodeState.REGISTERED, {}) for ns in spec.nodes),
         workloads=(),
     )
     counts = load_cluster(store, SYSTEM, registered)
     counts["workloads"] = len(spec.workloads)
     svc.set_policy(store, SYSTEM, DEMO_POLICY, enforce=True)
-    attested = [ns for ns in spec.nodes if ns.state is not NodeState.REGISTERED]
+    agents: list[RealAgent] = []
+    if real is not None:
+        own = [ns.node for ns in spec.nodes if ns.node.name in real_names]
+        svc.set_policy(store, SYSTEM, real.policy(own), enforce=True)
+        agents = real.connect(store)
+    attested = [
+        ns
+        for ns in spec.nodes
+        if ns.state is not NodeState.REGISTERED and ns.node.name not in real_names
+    ]
     with ThreadPoolExecutor(2) as pool:  # RSA key generation dominates the demo's start
         attesters = list(pool.map(lambda _: SimulatedAttester.create(), attested))
     nodes = [
         DemoNode(ns.node.name, a, inventory(ns.node), drifts=ns.node.name == drift_node)
         for ns, a in zip(attested, attesters, strict=True)
     ]
-    attester = DemoAttester(store, nodes)
+    attester = DemoAttester(store, nodes, agents, real)
     attester.enroll_all()
     attester.round_all()
     for ns in spec.nodes:
