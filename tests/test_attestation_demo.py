@@ -262,6 +262,14 @@ def test_up_falls_back_to_simulated_nodes_without_swtpm(monkeypatch: pytest.Monk
     monkeypatch.setattr(demo_swtpm.SwtpmFleet, "start", broken)
     fleet, line = server_cli._swtpm_nodes(spec)
     assert fleet is None and line.startswith("swtpm did not start (swtpm_setup failed (1): no)")
+    # an EK CA bundle would refuse the swtpm EKs' throwaway CA; an operator may opt out
+    monkeypatch.setenv("PROOFPLANE_EK_CA_BUNDLE", "/etc/ek-ca.pem")
+    fleet, line = server_cli._swtpm_nodes(spec)
+    assert fleet is None and line.startswith("PROOFPLANE_EK_CA_BUNDLE is set")
+    monkeypatch.delenv("PROOFPLANE_EK_CA_BUNDLE")
+    monkeypatch.setenv("PROOFPLANE_DEMO_SWTPM", "0")
+    fleet, line = server_cli._swtpm_nodes(spec)
+    assert fleet is None and line.startswith("PROOFPLANE_DEMO_SWTPM=0")
 
 
 def test_swtpm_nodes_are_picked_where_no_placement_depends_on_them() -> None:

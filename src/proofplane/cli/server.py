@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import os
 import shutil
 import signal
 import socket
@@ -41,6 +42,7 @@ from proofplane import config
 from proofplane.access import SYSTEM
 from proofplane.access.credentials import new_token
 from proofplane.api.app import create_app
+from proofplane.api.routes_attest import EK_CA_BUNDLE_ENV
 from proofplane.attest import swtpm
 from proofplane.cli import credentials, demo_swtpm, render
 from proofplane.cli.client import DEFAULT_SERVER, CliError, format_details
@@ -419,6 +421,11 @@ def _swtpm_nodes(spec: ClusterSpec) -> tuple[demo_swtpm.SwtpmFleet | None, str]:
     """The demo's swtpm nodes, started (None when swtpm cannot run here), and the line that
     says which nodes attest how."""
     simulated = "every demo node uses the simulated attester"
+    if os.environ.get("PROOFPLANE_DEMO_SWTPM", "1") == "0":
+        return None, f"PROOFPLANE_DEMO_SWTPM=0: {simulated}"
+    if os.environ.get(EK_CA_BUNDLE_ENV):
+        # the swtpm EK certificates come from a throwaway CA that bundle would refuse
+        return None, f"{EK_CA_BUNDLE_ENV} is set (the swtpm EKs are not from it): {simulated}"
     missing = demo_swtpm.missing_tools()
     if missing:
         return None, f"swtpm/tpm2-tools not installed ({', '.join(missing)} missing): {simulated}"
