@@ -301,6 +301,11 @@ class LocalExecutor:
         # supervisor too, if the command outlived the grace period.
         if not (job_dir / "exit.json").exists() or _group_exists(pgid):
             _killpg(pgid, signal.SIGKILL)
+            # SIGKILL is delivered asynchronously: return once nothing of the group runs
+            # (zombies waiting for a reaper do not count), or after a bounded wait
+            deadline = time.monotonic() + 2.0
+            while _group_running(pgid) and time.monotonic() < deadline:
+                time.sleep(0.01)
         self._reap(job_id)
 
     def sync(self, job_ids: Collection[str]) -> list[Change]:
@@ -452,6 +457,21 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 def _killpg(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is alive and not a zombie (Linux /proc)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 def _group_exists(pgid: int) -> bool:
