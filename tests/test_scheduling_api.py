@@ -267,7 +267,10 @@ def test_a_tenant_refusing_co_residency_never_shares_a_physical_gpu(client: Test
     c3 = submit(client, "clinic-3", "clinic", gpus={"mig_profile": "3g.40gb"})
     assert c3["status"] == "placed" and gpu_of(client, "clinic-3") == gpu_of(client, "clinic-1")
     c4 = submit(client, "clinic-4", "clinic", gpus={"mig_profile": "3g.40gb"})
-    assert c4["status"] == "pending"
+    assert c4["status"] == "pending" and c4["reason"] == "insufficient_capacity"
+    assert "refuses GPU co-residency" in c4["reason_details"]["message"]
+    assert c4["reason_details"]["co_residency"] is False
+    assert "co-residency" not in w["reason_details"]["message"]  # lab allows it
     # lab's freed slot goes to lab's own waiting work first; once both other tenants are gone
     # from that GPU, the clinic's waiting workload takes it
     assert client.post(f"{API}/workloads/lab-1/cancel", json={}).status_code == 200

@@ -302,6 +302,18 @@ class Scheduler:
                 for h in released:  # cannot happen (the search just showed it fits); be safe
                     if h is not None:
                         self.hold(h)
+        if not req.co_residency and (
+            req.gpus.mig_profile is not None or req.gpus.share_milli is not None
+        ):
+            # the capacity count includes GPUs the co-residency rule closed: say so
+            return Outcome(
+                None,
+                decision.reason,
+                f"{decision.message}; its tenant refuses GPU co-residency, so GPUs holding "
+                "another tenant's MIG slices or shares are closed to it",
+                dict(decision.rejections),
+                {"co_residency": False},
+            )
         return Outcome(None, decision.reason, decision.message, dict(decision.rejections))
 
     def _placed(self, job: Job, placement: Placement, message: str) -> Outcome:
