@@ -15,7 +15,7 @@ from sqlalchemy import select
 from proofplane.access import SYSTEM
 from proofplane.backends.base import BackendUnavailable, Change, ChangeKind, JobRejected, JobSpec
 from proofplane.backends.local import LimitMode, LocalExecutor
-from proofplane.service import execution
+from proofplane.service import execution, reconcile
 from proofplane.service.context import Store
 from proofplane.store.tables import EventRow, WorkloadRow
 
@@ -62,7 +62,7 @@ def sync_until(store: Store, backend: Any, client: TestClient, name: str, want: 
     deadline = time.monotonic() + 15
     while status(client, name)["status"] != want:
         assert time.monotonic() < deadline, status(client, name)
-        execution.sync(store, backend)
+        reconcile.sync(store, backend)
         time.sleep(0.05)
 
 
@@ -74,7 +74,7 @@ def test_a_placed_workload_runs_as_a_local_process(
     assert submit(client, "hello", [PY, "-c", script])["status"] == "placed"
     submit(client, "reservation", [])  # no command: never dispatched
     backend = local(tmp_path)
-    report = execution.sync(store, backend)
+    report = reconcile.sync(store, backend)
     assert report.dispatched == ["hello"] and report.error is None
     sync_until(store, backend, client, "hello", "succeeded")
     assert status(client, "reservation")["status"] == "placed"
@@ -100,19 +100,19 @@ def test_failure_and_restart_and_orphan_cancel(
     submit(client, "bad", [PY, "-c", "raise SystemExit(4)"])
     submit(client, "long", [PY, "-c", "import time; time.sleep(60)"])
     backend = local(tmp_path)
-    execution.sync(store, backend)
+    reconcile.sync(store, backend)
     sync_until(store, backend, client, "bad", "failed")
     failed = status(client, "bad")
     assert failed["reason"] == "job_failed"
     sync_until(store, backend, client, "long", "running")
     # The server restarts: a new executor on the same state directory still knows the job.
     restarted = local(tmp_path)
-    execution.sync(store, restarted)
+    reconcile.sync(store, restarted)
     assert status(client, "long")["status"] == "running"
     (job,) = _jobs(store, "long")
     # Cancel through the API (the lead's flow clears the placement); sync stops the process.
     assert client.post(f"{API}/workloads/long/cancel", json={"reason": "x"}).status_code == 200
-    report = execution.sync(store, restarted)
+    report = reconcile.sync(store, restarted)
     assert report.orphans_cancelled == [job["job_id"]]
     assert restarted.sync([job["job_id"]])[0].kind is ChangeKind.CANCELLED
     assert _jobs(store, "long")[0]["state"] == "cancelled"
@@ -160,7 +160,7 @@ def test_engine_faults_pending_retry_reject_and_node_lost(client: TestClient, st
     setup_cluster(client)
     submit(client, "ok", ["true"])
     backend = Flaky()
-    report = execution.sync(store, backend)
+    report = reconcile.sync(store, backend)
     assert report.error == "connection refused"
     # The placing flow dispatches directly: the engine is down, the workload waits.
     with store.write(SYSTEM) as tx:
@@ -171,17 +171,17 @@ def test_engine_faults_pending_retry_reject_and_node_lost(client: TestClient, st
     assert ("workload.dispatch", "failure") in actions(store, "ok")
     submit(client, "rejected", ["true"])
     backend.down = False
-    report = execution.sync(store, backend)  # retried, placed again, dispatched
+    report = reconcile.sync(store, backend)  # retried, placed again, dispatched
     assert backend.submitted == ["ok"]
     rejected = status(client, "rejected")
     assert rejected["status"] == "failed" and rejected["reason"] == "job_rejected"
     assert "Invalid generic resource" in str(rejected)
     assert status(client, "ok")["status"] == "placed"
-    execution.sync(store, backend)
+    reconcile.sync(store, backend)
     assert status(client, "ok")["status"] == "running"
     # The engine's node_lost: the node fails in proofplane, its work is evicted.
     backend.lose_node = True
-    report = execution.sync(store, backend)
+    report = reconcile.sync(store, backend)
     assert report.nodes_failed == ["n1"]
     assert client.get(f"{API}/nodes/n1").json()["state"] == "failed"
     assert status(client, "ok")["status"] == "pending"
@@ -195,7 +195,7 @@ def test_api_jobs_logs_backends_and_admission_webhook(
     client.app.state.backend = backend  # type: ignore[attr-defined]
     submit(client, "talk", [PY, "-c", "import sys; print('out'); print('err', file=sys.stderr)"])
     assert client.get(f"{API}/workloads/talk/logs").json()["job_id"] is None
-    execution.sync(store, backend)
+    reconcile.sync(store, backend)
     sync_until(store, backend, client, "talk", "succeeded")
     jobs = client.get(f"{API}/workloads/talk/jobs").json()
     assert [j["state"] for j in jobs["items"]] == ["succeeded"]

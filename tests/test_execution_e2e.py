@@ -27,7 +27,7 @@ from proofplane.backends.base import BackendUnavailable, Change, JobRejected, Jo
 from proofplane.backends.local import LimitMode, LocalExecutor
 from proofplane.config import ExecutionSettings, Settings
 from proofplane.model import GpuRequest
-from proofplane.service import execution
+from proofplane.service import execution, reconcile
 from proofplane.service.access import bootstrap_admin
 from proofplane.service.context import Store
 from proofplane.service.workloads import WorkloadSpec, insert_workload
@@ -159,7 +159,7 @@ def test_submit_runs_a_process_with_its_gpus_and_cancel_kills_the_group(
     text = output(client, "job")
     assert text.startswith(f"gpus={placed_uuids(w)} ")  # CUDA_VISIBLE_DEVICES = placed UUIDs
     assert placed_uuids(w) == "GPU-n1-0,GPU-n1-1"
-    execution.sync(store, backend)
+    reconcile.sync(store, backend)
     assert get(client, "job")["status"] == "running"
     pgid, child = pids(backend, job["job_id"], text)
 
@@ -169,7 +169,7 @@ def test_submit_runs_a_process_with_its_gpus_and_cancel_kills_the_group(
     assert [j["state"] for j in jobs(client, "job")] == ["cancelled"]
     assert ("workload.engine_cancel", "success") in actions(store, "job")
     # Nothing is left for the reconciliation to do, and it does not undo the cancel.
-    report = execution.sync(store, backend)
+    report = reconcile.sync(store, backend)
     assert report.orphans_cancelled == [] and get(client, "job")["status"] == "cancelled"
 
 
@@ -275,13 +275,13 @@ def test_an_unreachable_engine_leaves_work_pending_and_a_sync_retries_it(
     assert client.post(f"{API}/nodes/n1/state", json={"state": "admitted"}).status_code == 200
     assert get(client, "job")["reason"] == "backend_unavailable"  # tried again, still down
 
-    assert execution.sync(store, engine).error is not None  # nothing changes while down
+    assert reconcile.sync(store, engine).error is not None  # nothing changes while down
     assert get(client, "job")["status"] == "pending"
     engine.down = False
-    report = execution.sync(store, engine)
+    report = reconcile.sync(store, engine)
     assert report.dispatched == ["job"]
     assert output(client, "job").startswith("gpus=GPU-n1-")
-    execution.sync(store, engine)
+    reconcile.sync(store, engine)
     assert get(client, "job")["status"] == "running"
 
     # A cancel while the engine is down: proofplane cancels, the next sync stops the process.
@@ -293,7 +293,7 @@ def test_an_unreachable_engine_leaves_work_pending_and_a_sync_retries_it(
     os.killpg(pgid, 0)  # still running
     assert jobs(client, "job")[0]["state"] == "running"
     engine.down = False
-    assert execution.sync(store, engine).orphans_cancelled == [job["job_id"]]
+    assert reconcile.sync(store, engine).orphans_cancelled == [job["job_id"]]
     assert gone(pgid, group=True)
 
 

@@ -28,6 +28,7 @@ from proofplane.config import ExecutionSettings, Settings
 from proofplane.service import attestation as attest_svc
 from proofplane.service import audit as audit_svc
 from proofplane.service import execution as execution_svc
+from proofplane.service import reconcile
 from proofplane.service import sinks as sinks_svc
 from proofplane.service.context import Store
 from proofplane.store import migrate
@@ -47,7 +48,7 @@ def _execution(
     backend = given or execution_svc.build_backend(execution)
     store.backend = app.state.backend = backend
     try:
-        with execution_svc.sync_worker(store, backend, execution.sync_interval_s) as syncer:
+        with reconcile.sync_worker(store, backend, execution.sync_interval_s) as syncer:
             yield syncer
     finally:
         store.backend = given

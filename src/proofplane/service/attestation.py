@@ -50,7 +50,7 @@ from proofplane.attest.verifier import Verdict, check_ak, evidence_hash
 from proofplane.errors import Conflict, InvalidState, NotFound, ValidationFailed
 from proofplane.model import KEEPS_WORK, NodeState, Outcome
 from proofplane.service.context import Store, Tx
-from proofplane.service.nodes import change_node_state
+from proofplane.service.lifecycle import change_node_state
 from proofplane.store.repo import node_row
 from proofplane.store.tables import (
     AttestationNonceRow,

@@ -9,7 +9,8 @@ from proofplane.errors import Conflict, ProofplaneError, ValidationFailed
 from proofplane.hardware.cluster_file import ClusterSpec
 from proofplane.model import Node, NodeState, validate_name
 from proofplane.service.context import NewEvent, Store, Tx
-from proofplane.service.nodes import change_node_state, check_node, insert_node, issue_certification
+from proofplane.service.lifecycle import change_node_state
+from proofplane.service.nodes import check_node, insert_node, issue_certification
 from proofplane.service.tenants import insert_tenant, validate_profile
 from proofplane.service.workloads import WorkloadSpec, check_gpu_request, insert_workload
 from proofplane.store.tables import CertificationRow, GpuRow, NodeRow, WorkloadRow

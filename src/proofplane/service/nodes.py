@@ -11,20 +11,20 @@ from proofplane.access import Actor, Permission, authorize
 from proofplane.errors import Conflict, InvalidState, NotFound, ValidationFailed
 from proofplane.hardware.inventory import normalize_gpus
 from proofplane.model import (
-    KEEPS_WORK,
     Node,
     NodeState,
-    can_transition,
     missing_tags,
     validate_name,
     validate_tags,
 )
 from proofplane.service import execution
+from proofplane.service.attestation import manual_admission_refused
 from proofplane.service.context import Store, Tx
+from proofplane.service.lifecycle import change_node_state, workloads_on
 from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
 from proofplane.service.scheduling import ClusterView, evict, reschedule_pending
-from proofplane.store.repo import NODE_LOAD, WORKLOAD_LOAD, node_from_row, node_row
-from proofplane.store.tables import CertificationRow, GpuRow, NodeRow, PlacementRow, WorkloadRow
+from proofplane.store.repo import NODE_LOAD, node_from_row, node_row
+from proofplane.store.tables import CertificationRow, GpuRow, NodeRow
 
 CERTIFIABLE_STATES = frozenset({NodeState.ADMITTED, NodeState.CORDONED})
 
@@ -144,65 +144,11 @@ def set_node_state(
     authorize(actor, Permission.NODES_WRITE)
     with store.write(actor) as tx:
         row = node_row(tx.session, name)
-        from proofplane.service.attestation import manual_admission_refused  # (import cycle)
-
         refused = manual_admission_refused(tx, row, state)
         if refused is not None:
             raise InvalidState(refused, code="attestation_required", details={"node": name})
         change_node_state(tx, row, state, reason)
         return node_from_row(row)
-
-
-def change_node_state(tx: Tx, row: NodeRow, state: NodeState, reason: str | None) -> None:
-    current = NodeState(row.state)
-    if current == state:
-        raise InvalidState(
-            f"node {row.name!r} is already {state.value}",
-            code="no_change",
-            details={"node": row.name, "state": state.value},
-        )
-    if not can_transition(current, state):
-        raise InvalidState(
-            f"node {row.name!r} cannot go from {current.value} to {state.value}",
-            code="invalid_transition",
-            details={"node": row.name, "from": current.value, "to": state.value},
-        )
-    row.state = state.value
-    row.state_reason = reason
-    row.updated_at = tx.now
-    tx.session.flush()
-    tx.record(
-        "node.state",
-        "node",
-        row.name,
-        details={"from": current.value, "to": state.value, "reason": reason},
-    )
-    execution.node_state_changed(tx, row.name, current, state, reason)
-    view = ClusterView(tx.session)
-    if state not in KEEPS_WORK:
-        for wl in _workloads_on(tx, row):
-            evict(
-                tx,
-                wl,
-                view,
-                f"node_{state.value}",
-                f"node {row.name} is {state.value}" + (f": {reason}" if reason else ""),
-            )
-    reschedule_pending(tx, view)
-    execution.dispatch_new(tx, view)
-
-
-def _workloads_on(tx: Tx, row: NodeRow) -> list[WorkloadRow]:
-    """Workloads holding capacity on the node, gang members included."""
-    return list(
-        tx.session.scalars(
-            select(WorkloadRow)
-            .join(WorkloadRow.placement)
-            .where(PlacementRow.nodes.any(NodeRow.id == row.id))
-            .options(*WORKLOAD_LOAD)
-            .order_by(WorkloadRow.name)
-        )
-    )
 
 
 def grant_certification(store: Store, actor: Actor, name: str, key: str, value: str) -> Node:
@@ -274,7 +220,7 @@ def _recheck_workloads(tx: Tx, row: NodeRow) -> None:
     """Evict every workload on the node whose tags the node no longer satisfies."""
     held = {c.key: c.value for c in row.certifications}
     view = ClusterView(tx.session)
-    for wl in _workloads_on(tx, row):
+    for wl in workloads_on(tx, row):
         lost = missing_tags(wl.tags, held)
         if lost:
             evict(

@@ -21,6 +21,7 @@ from proofplane.schedule.engine import PREEMPTED, Held, Job, Repartition, Schedu
 from proofplane.schedule.engine import Outcome as Decision
 from proofplane.schedule.values import Request
 from proofplane.service.context import Tx
+from proofplane.service.jobs import cancel_engine_job
 from proofplane.store.repo import (
     NODE_LOAD,
     WORKLOAD_LOAD,
@@ -355,10 +356,7 @@ def _evict_row(
     tx: Tx, row: WorkloadRow, reason: str, message: str, extra: dict[str, Any] | None = None
 ) -> None:
     assert row.placement is not None
-    if tx.backend is not None:  # an evicted workload's engine job stops with its placement
-        from proofplane.service.execution import cancel_engine_job
-
-        cancel_engine_job(tx, row)
+    cancel_engine_job(tx, row)  # an evicted workload's engine job stops with its placement
     nodes = list(placement_from_row(row.placement).nodes)
     row.placement = None
     row.status = WorkloadStatus.PENDING.value

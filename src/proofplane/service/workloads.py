@@ -26,7 +26,7 @@ from proofplane.model import (
 from proofplane.schedule.engine import Job
 from proofplane.schedule.explain import explain_job
 from proofplane.schedule.values import Request
-from proofplane.service import execution
+from proofplane.service import execution, jobs
 from proofplane.service.context import NewEvent, Store, Tx
 from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
 from proofplane.service.scheduling import (
@@ -525,7 +525,7 @@ def cancel_workload(
                 details={"workload": name, "status": status.value},
             )
         node = row.placement.node.name if row.placement else None
-        execution.cancel_engine_job(tx, row)
+        jobs.cancel_engine_job(tx, row)
         row.placement = None
         row.status = WorkloadStatus.CANCELLED.value
         row.reason = "cancelled"

@@ -1,0 +1,74 @@
+"""A node's lifecycle transition and everything that follows from it, in one transaction.
+
+Every flow that moves a node (an operator, attestation, the cluster file, the engine losing
+the node in the sync pass) goes through :func:`change_node_state`, so eviction, compliant
+re-placement and the engine's drain happen the same way whoever asked.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from proofplane.errors import InvalidState
+from proofplane.model import KEEPS_WORK, NodeState, can_transition
+from proofplane.service import execution
+from proofplane.service.context import Tx
+from proofplane.service.scheduling import ClusterView, evict, reschedule_pending
+from proofplane.store.repo import WORKLOAD_LOAD
+from proofplane.store.tables import NodeRow, PlacementRow, WorkloadRow
+
+
+def change_node_state(tx: Tx, row: NodeRow, state: NodeState, reason: str | None) -> None:
+    """Move the node to ``state`` inside ``tx`` and carry out what follows: the event, the
+    engine told (drain or resume), its work evicted when the node leaves service and
+    re-placed only where its tags hold, pending work offered the capacity, new placements
+    dispatched. ``no_change`` / ``invalid_transition`` when the move is not allowed."""
+    current = NodeState(row.state)
+    if current == state:
+        raise InvalidState(
+            f"node {row.name!r} is already {state.value}",
+            code="no_change",
+            details={"node": row.name, "state": state.value},
+        )
+    if not can_transition(current, state):
+        raise InvalidState(
+            f"node {row.name!r} cannot go from {current.value} to {state.value}",
+            code="invalid_transition",
+            details={"node": row.name, "from": current.value, "to": state.value},
+        )
+    row.state = state.value
+    row.state_reason = reason
+    row.updated_at = tx.now
+    tx.session.flush()
+    tx.record(
+        "node.state",
+        "node",
+        row.name,
+        details={"from": current.value, "to": state.value, "reason": reason},
+    )
+    execution.node_state_changed(tx, row.name, current, state, reason)
+    view = ClusterView(tx.session)
+    if state not in KEEPS_WORK:
+        for wl in workloads_on(tx, row):
+            evict(
+                tx,
+                wl,
+                view,
+                f"node_{state.value}",
+                f"node {row.name} is {state.value}" + (f": {reason}" if reason else ""),
+            )
+    reschedule_pending(tx, view)
+    execution.dispatch_new(tx, view)
+
+
+def workloads_on(tx: Tx, row: NodeRow) -> list[WorkloadRow]:
+    """Workloads holding capacity on the node, gang members included."""
+    return list(
+        tx.session.scalars(
+            select(WorkloadRow)
+            .join(WorkloadRow.placement)
+            .where(PlacementRow.nodes.any(NodeRow.id == row.id))
+            .options(*WORKLOAD_LOAD)
+            .order_by(WorkloadRow.name)
+        )
+    )
