@@ -354,12 +354,12 @@ def test_make_credential_to_an_ecc_ek_is_activated_by_the_real_tpm(
 ):
     from proofplane.attest.credential import make_credential, tpm2_tools_credential_file
     from proofplane.attest.tpm import TPM_ALG_ECC, parse_public
-    from proofplane.cli.agent import Tpm, TpmError
+    from proofplane.attest.tpm2tools import Tpm, TpmToolError
 
     ek_public = ecc_node.read_public(ek)
     parsed = parse_public(ek_public)
     assert (parsed.type, parsed.curve, parsed.name_alg) == (TPM_ALG_ECC, curve, name_alg)
-    agent_tpm = Tpm(ecc_node.env["TPM2TOOLS_TCTI"], ecc_node.workdir)
+    agent_tpm = Tpm(ecc_node.tcti, ecc_node.workdir)
     secret = secrets.token_bytes(32)
     blob, enc = make_credential(ek_public, parse_public(ecc_node.read_public(ak)).name, secret)
     # the encrypted secret is the ephemeral public point: TPM2B(TPMS_ECC_POINT) on the curve
@@ -371,15 +371,15 @@ def test_make_credential_to_an_ecc_ek_is_activated_by_the_real_tpm(
     # a credential made for another AK's name cannot be activated with this AK
     rogue = parse_public(ecc_node.read_public(AK_HANDLES["rogue"])).name
     blob, enc = make_credential(ek_public, rogue, secret)
-    with pytest.raises(TpmError):
+    with pytest.raises(TpmToolError):
         agent_tpm.activate(tpm2_tools_credential_file(blob, enc), ak, ek)
 
 
 def test_the_agent_sends_the_ecc_ek_certificate(ecc_node: SwtpmNode, tpm_template: Path):
     from proofplane.attest.ekcert import verify_ek_certificate
-    from proofplane.cli.agent import Tpm
+    from proofplane.attest.tpm2tools import Tpm
 
-    agent_tpm = Tpm(ecc_node.env["TPM2TOOLS_TCTI"], ecc_node.workdir)
+    agent_tpm = Tpm(ecc_node.tcti, ecc_node.workdir)
     ek_public = ecc_node.read_public(ECC_EK_P384)
     cert = agent_tpm.ek_certificate(ek_public)  # NV 0x01c00016, not the RSA one at 0x01c00002
     assert cert is not None and cert != ecc_node.ek_certificate()

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -106,7 +107,7 @@ def test_agent_round_and_commands(server: str, tpm: SwtpmNode, tmp_path: Path) -
 
     agent = [
         "agent", "--server", server, "--token", token, "--node", "gpu-a",
-        "--tcti", tpm.env["TPM2TOOLS_TCTI"], "--ak-handle", AK_HANDLES["ecc"],
+        "--tcti", tpm.tcti, "--ak-handle", AK_HANDLES["ecc"],
         "--eventlog", str(tmp_path / "boot.bin"), "--inventory", str(tmp_path / "inv.json"),
         "--once",
     ]  # fmt: skip
@@ -129,3 +130,95 @@ def test_agent_round_and_commands(server: str, tpm: SwtpmNode, tmp_path: Path) -
     assert "REJECTED" in listing and " ok " in listing
     out = runner.invoke(app, ["attest", "replay", str(rec)])  # offline: same rejection
     assert out.exit_code == 1 and "pcr_policy_violation" in out.stdout, out.output
+
+
+def _agent_args(server: str, token: str, tmp_path: Path, tcti: str, *extra: str) -> list[str]:
+    (tmp_path / "inv.json").write_text(json.dumps(INVENTORY))
+    return [
+        "agent", "--server", server, "--token", token, "--node", "gpu-a", "--tcti", tcti,
+        "--eventlog", str(tmp_path / "boot.bin"), "--inventory", str(tmp_path / "inv.json"),
+        *extra,
+    ]  # fmt: skip
+
+
+def test_agent_once_without_a_reachable_tpm_is_a_clear_error(
+    server: str, tpm: SwtpmNode, tmp_path: Path
+) -> None:
+    """The real tpm2-tools against a TCTI where no TPM answers: exit 1 naming the tool, no
+    traceback, and the node is still registered, not enrolled."""
+    (tmp_path / "boot.bin").write_bytes(boot_log())
+    (tmp_path / "node.json").write_text(json.dumps(node_body("gpu-a")))
+    run(server, "nodes", "register", "-f", str(tmp_path / "node.json"))
+    token = json.loads(run(server, "nodes", "agent-credential", "gpu-a", "--json"))["token"]
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    args = _agent_args(server, token, tmp_path, f"swtpm:host=127.0.0.1,port={dead}", "--once")
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, (result.output, result.exception)
+    assert "proofplane agent: tpm2_readpublic" in result.stderr
+    assert "Traceback" not in result.output
+    status = json.loads(run(server, "nodes", "attest", "gpu-a", "--json"))
+    assert status["state"] == "registered" and status["latest"] is None
+
+
+def test_a_long_running_agent_rides_out_transient_failures(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Without --once the agent keeps attesting through a TPM tool failure, an unreachable
+    server and a server error (each said on stderr, next round after --interval), and exits
+    on an error that needs an operator (a revoked credential: 401)."""
+    from proofplane.attest.tpm2tools import TpmToolError
+    from proofplane.cli import agent as agent_mod
+    from proofplane.cli.client import ApiError, ServerUnreachable
+
+    accepted = {"verdict": {"ok": True, "reasons": []}, "state": "admitted"}
+    script: list[Any] = [
+        TpmToolError("tpm2_quote failed (1): TPM busy"),
+        ServerUnreachable("http://cp.example:8470", "connection refused"),
+        ApiError(503, "unavailable", "database is restarting"),
+        accepted,
+        ApiError(401, "unauthenticated", "the agent credential was revoked"),
+        AssertionError("the agent went on after a 401"),
+    ]
+    calls: list[dict[str, Any]] = []
+
+    def fake_round(api: Any, node: str, tpm: Any, **kw: Any) -> dict[str, Any]:
+        calls.append(kw)
+        step = script.pop(0)
+        if isinstance(step, BaseException):
+            raise step
+        return step  # type: ignore[no-any-return]
+
+    sleeps: list[float] = []
+    monkeypatch.setattr(agent_mod, "attest_once", fake_round)
+    monkeypatch.setattr(agent_mod.time, "sleep", sleeps.append)
+    (tmp_path / "boot.bin").write_bytes(b"")
+    args = _agent_args("http://cp.example:8470", "ppa_x", tmp_path, "device:/dev/null",
+                       "--interval", "7")  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, (result.output, result.exception)
+    assert len(calls) == 5 and sleeps == [7.0] * 4
+    err = result.stderr
+    assert "proofplane agent: tpm2_quote failed (1): TPM busy; next round in 7 s" in err
+    assert "cannot reach the proofplane server" in err and "database is restarting" in err
+    assert "node gpu-a: attestation accepted; state admitted" in result.stdout
+    assert "the agent credential was revoked" in err and "Traceback" not in result.output
+    assert isinstance(script[0], AssertionError)  # nothing ran after the 401
+
+
+def test_agent_once_stops_at_the_first_transient_failure(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from proofplane.cli import agent as agent_mod
+    from proofplane.cli.client import ServerUnreachable
+
+    def down(*a: Any, **kw: Any) -> dict[str, Any]:
+        raise ServerUnreachable("http://cp.example:8470", "connection refused")
+
+    monkeypatch.setattr(agent_mod, "attest_once", down)
+    monkeypatch.setattr(agent_mod.time, "sleep", lambda s: pytest.fail("--once must not wait"))
+    (tmp_path / "boot.bin").write_bytes(b"")
+    args = _agent_args("http://cp.example:8470", "ppa_x", tmp_path, "device:/dev/null", "--once")
+    result = runner.invoke(app, args)
+    assert result.exit_code == 3 and "cannot reach the proofplane server" in result.stderr

@@ -26,7 +26,8 @@ from sqlalchemy import select
 from proofplane.access import SYSTEM
 from proofplane.attest import Evidence, load_record, replay_record
 from proofplane.attest import eventlog as el
-from proofplane.cli.agent import Tpm, attest_once
+from proofplane.attest.tpm2tools import Tpm
+from proofplane.cli.agent import attest_once
 from proofplane.cli.client import ApiClient, ApiError
 from proofplane.service import attestation as svc
 from proofplane.service.access import bootstrap_admin
@@ -131,7 +132,7 @@ def test_admission_quarantine_and_release(tpm: SwtpmNode, tmp_path: Path) -> Non
         assert r.status_code == 409 and r.json()["error"]["code"] == "attestation_required"
 
         token_a = ok(admin.post(f"{API}/nodes/gpu-a/agent-credentials", json={}), 201)["token"]
-        hw = Tpm(tpm.env["TPM2TOOLS_TCTI"], tpm.workdir)
+        hw = Tpm(tpm.tcti, tpm.workdir)
         api = agent_client(admin, token_a)
 
         def round_(**kw: Any) -> dict[str, Any]:
@@ -260,7 +261,7 @@ def test_ecc_ek_enrollment_with_the_nvml_inventory(tpm: SwtpmNode, tmp_path: Pat
         ok(admin.post(f"{API}/nodes", json=node_body("gpu-e")), 201)
         ok(admin.put(f"{API}/attestation/policy", json={"policy": golden_policy(log)}))
         token = ok(admin.post(f"{API}/nodes/gpu-e/agent-credentials", json={}), 201)["token"]
-        hw = Tpm(tpm.env["TPM2TOOLS_TCTI"], tpm.workdir)
+        hw = Tpm(tpm.tcti, tpm.workdir)
         api = agent_client(admin, token)
 
         def round_(nvml_module: Any) -> dict[str, Any]:

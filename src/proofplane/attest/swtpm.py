@@ -17,20 +17,18 @@ The module runs processes: it is an edge of ``attest``, not part of its pure cor
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import socket
 import struct
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from proofplane.attest import eventlog as el
 from proofplane.attest.facts import analyze_eventlog
+from proofplane.attest.tpm2tools import EK_CERT_NV_INDEX, Tpm, TpmToolError
 
 TOOLS = (
     "swtpm",
@@ -60,10 +58,6 @@ _AK_KINDS = {"ecc": ("ecc", "ecdsa"), "rsa": ("rsa", "rsassa"), "rogue": ("ecc",
 def missing_tools(tools: tuple[str, ...] = TOOLS) -> list[str]:
     """The programs of ``tools`` that are not on PATH."""
     return [t for t in tools if shutil.which(t) is None]
-
-
-class TpmToolError(RuntimeError):
-    pass
 
 
 def _free_port_pair() -> int:
@@ -99,7 +93,7 @@ class SwtpmNode:
     workdir: Path
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
-    env: dict[str, str] = field(default_factory=dict)
+    tpm: Tpm | None = None  # tpm2-tools against this swtpm, once it runs
 
     # --- lifecycle --------------------------------------------------------------------------
     @classmethod
@@ -146,7 +140,7 @@ class SwtpmNode:
                     time.sleep(0.02)
             if proc.poll() is None:
                 self.port, self.proc = port, proc
-                self.env = {**os.environ, "TPM2TOOLS_TCTI": self.tcti}
+                self.tpm = Tpm(self.tcti, self.workdir)
                 return
             proc.wait()  # lost the port race: try another pair
             if proc.stderr is not None:
@@ -170,83 +164,40 @@ class SwtpmNode:
         self.stop()
         self._launch()
 
-    # --- tools ------------------------------------------------------------------------------
+    # --- tools (tpm2-tools through :class:`proofplane.attest.tpm2tools.Tpm`) ------------------
+    def _tools(self) -> Tpm:
+        if self.tpm is None:
+            raise TpmToolError("swtpm is not running")
+        return self.tpm
+
     def tool(self, *args: str) -> bytes:
-        try:
-            return _run(list(args), env=self.env, cwd=self.workdir)
-        finally:
-            subprocess.run(
-                ["tpm2_flushcontext", "-t"], env=self.env, capture_output=True, check=False
-            )
-            subprocess.run(
-                ["tpm2_flushcontext", "-s"], env=self.env, capture_output=True, check=False
-            )
+        """Run one tpm2-tools command against this TPM; its stdout."""
+        return self._tools().run(*args)
 
     def read_public(self, handle: str) -> bytes:
         """TPM2B_PUBLIC of a persistent object."""
-        out = self.workdir / f"pub-{handle}.bin"
-        self.tool("tpm2_readpublic", "-c", handle, "-o", str(out), "-f", "tss")
-        return out.read_bytes()
+        return self._tools().read_public(handle)
 
     def ek_certificate(self) -> bytes:
         """The RSA EK certificate (DER) that swtpm_setup stored in NV index 0x01c00002."""
-        out = self.workdir / "ekcert.der"
-        self.tool("tpm2_nvread", "0x01c00002", "-o", str(out))
-        return _strip_der_padding(out.read_bytes())
+        der = self._tools().nv_certificate(EK_CERT_NV_INDEX)
+        if der is None:
+            raise TpmToolError(f"no EK certificate in NV index {EK_CERT_NV_INDEX}")
+        return der
 
     def extend(self, events: list[tuple[int, dict[str, bytes]]]) -> None:
-        """Extend PCRs: ``[(pcr, {bank: digest, …}), …]`` in order, in one tool call per 64."""
-        for i in range(0, len(events), 64):
-            args = [
-                f"{pcr}:" + ",".join(f"{b}={d.hex()}" for b, d in sorted(dg.items()))
-                for pcr, dg in events[i : i + 64]
-            ]
-            self.tool("tpm2_pcrextend", *args)
+        """Extend PCRs: ``[(pcr, {bank: digest, …}), …]`` in order."""
+        self._tools().extend(events)
 
     def activate_credential(self, credential_file: bytes, ak: str = "ecc") -> bytes:
-        """TPM2_ActivateCredential with the AK and the EK (PolicySecret(endorsement) session)."""
-        cred, out = self.workdir / "cred.in", self.workdir / "cred.out"
-        session = self.workdir / "session.ctx"
-        cred.write_bytes(credential_file)
-        script = (
-            f"set -e; tpm2_startauthsession --policy-session -S {session}; "
-            f"tpm2_policysecret -S {session} -c e >/dev/null; "
-            f"tpm2_activatecredential -c {AK_HANDLES[ak]} -C {EK_HANDLE} -i {cred} -o {out} "
-            f"-P session:{session}; tpm2_flushcontext {session}"
-        )
-        self.tool("bash", "-c", script)
-        return out.read_bytes()
+        """TPM2_ActivateCredential with the AK (``AK_HANDLES`` kind) and the EK."""
+        return self._tools().activate(credential_file, AK_HANDLES[ak], EK_HANDLE)
 
     def quote(
         self, nonce: bytes, pcrs: list[int], *, ak: str = "ecc", bank: str = "sha256"
     ) -> tuple[bytes, bytes, dict[str, dict[int, bytes]]]:
         """(TPMS_ATTEST, TPMT_SIGNATURE, {bank: {pcr: value}}) from tpm2_quote."""
-        msg, sig = self.workdir / "quote.msg", self.workdir / "quote.sig"
-        out = self.tool(
-            "tpm2_quote", "-c", AK_HANDLES[ak], "-l", f"{bank}:" + ",".join(map(str, pcrs)),
-            "-q", nonce.hex(), "-m", str(msg), "-s", str(sig), "-g", "sha256",
-            "-o", str(self.workdir / "quote.pcrs"), "-F", "serialized",
-        )  # fmt: skip
-        doc = yaml.safe_load(out.decode("utf-8", "replace"))
-        values = {
-            str(b): {int(i): int(v).to_bytes(_size(str(b)), "big") for i, v in vals.items()}
-            for b, vals in (doc.get("pcrs") or {}).items()
-        }
-        return msg.read_bytes(), sig.read_bytes(), values
-
-
-def _size(bank: str) -> int:
-    return {"sha1": 20, "sha256": 32, "sha384": 48, "sha512": 64}[bank]
-
-
-def _strip_der_padding(blob: bytes) -> bytes:
-    """NV indexes are fixed-size: cut a DER SEQUENCE to its encoded length."""
-    if len(blob) < 4 or blob[0] != 0x30:
-        return blob
-    if blob[1] < 0x80:
-        return blob[: 2 + blob[1]]
-    n = blob[1] & 0x7F
-    return blob[: 2 + n + int.from_bytes(blob[2 : 2 + n], "big")]
+        return self._tools().quote(nonce, bank, pcrs, AK_HANDLES[ak])
 
 
 def manufacture(template: Path, aks: tuple[str, ...] = ("ecc", "rsa", "rogue")) -> Path:

@@ -18,176 +18,29 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import struct
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import typer
-import yaml
-from cryptography import x509
 
 from proofplane.attest import Evidence
-from proofplane.attest import tpm as tpms
-from proofplane.cli.client import ApiClient, ApiError, CliError, segment
+from proofplane.attest.tpm2tools import Tpm, TpmToolError
+from proofplane.cli.client import ApiClient, ApiError, CliError, ServerUnreachable, segment
 from proofplane.cli.render import print_json, print_line
 from proofplane.hardware import nvml
 
 DEFAULT_EVENTLOG = Path("/sys/kernel/security/tpm0/binary_bios_measurements")
 EK_HANDLE = "0x81010001"
 AK_HANDLE = "0x81010002"
-EK_CERT_NV_INDEX = "0x01c00002"
-#: NV indexes of EK certificates (TCG EK Credential Profile 2.x): low range first, then high
-EK_CERT_NV_INDEXES = {
-    tpms.TPM_ALG_RSA: ("0x01c00002", "0x01c00012", "0x01c0001c", "0x01c0001e"),
-    tpms.TPM_ALG_ECC: ("0x01c0000a", "0x01c00014", "0x01c00016", "0x01c00018"),
-}
-BANK_SIZES = {"sha1": 20, "sha256": 32, "sha384": 48, "sha512": 64}
-TPM_CC_POLICY_SECRET = 0x151
-TPM_CC_POLICY_OR = 0x171
-#: PolicyC of the high-range EK templates (PolicyAuthorizeNV, TCG EK Credential Profile 2.x)
-EK_POLICY_C = {
-    tpms.TPM_ALG_SHA256: "3767e2edd43ff45a3a7e1eaefcef78643dca964632e7aad82c673a30d8633fde",
-    tpms.TPM_ALG_SHA384: "d6032ce61f2fb3c240eb3cf6a33237ef2b6a16f4293c22b455e261cffd217ad5"
-    "b4947c2d73e63005eed2dc2b3593d165",
-}
 
 
 class TpmError(CliError):
+    """A TPM tool failed during an agent round (exit code 1)."""
+
     def __init__(self, message: str) -> None:
         super().__init__(f"proofplane agent: {message}", exit_code=1)
-
-
-def ek_policy_branches(ek_public: bytes) -> tuple[str, list[bytes]]:
-    """How to satisfy the EK's authPolicy: (session hash, PolicyOR branches after the
-    PolicySecret(endorsement)). Low-range EKs need PolicySecret alone (no branches); high-range
-    ones PolicyOR(PolicyA, PolicyC). An unknown policy gets PolicySecret: the TPM judges."""
-    ek = tpms.parse_public(ek_public)
-    alg = ek.name_alg
-    size = tpms.HASH_ALGS[alg][1]
-    secret = struct.pack(">II", TPM_CC_POLICY_SECRET, tpms.TPM_RH_ENDORSEMENT)
-    policy_a = tpms.digest(alg, tpms.digest(alg, bytes(size) + secret))
-    name = tpms.HASH_ALGS[alg][0]
-    if ek.auth_policy == policy_a or alg not in EK_POLICY_C:
-        return name, []
-    policy_c = bytes.fromhex(EK_POLICY_C[alg])
-    policy_or = struct.pack(">I", TPM_CC_POLICY_OR)
-    policy_b = tpms.digest(alg, bytes(size) + policy_or + policy_a + policy_c)
-    return name, ([policy_a, policy_c] if ek.auth_policy == policy_b else [])
-
-
-def _certifies(blob: bytes, ek_public: bytes) -> bool:
-    """Whether the DER certificate ``blob`` certifies the key in ``ek_public``."""
-    try:
-        cert_key = x509.load_der_x509_certificate(blob).public_key()
-        ek_key = tpms.parse_public(ek_public).public_key()
-        return bool(cert_key.public_numbers() == ek_key.public_numbers())  # type: ignore[union-attr]
-    except Exception:
-        return False
-
-
-class Tpm:
-    """tpm2-tools against one TCTI, with scratch files in ``workdir``."""
-
-    def __init__(self, tcti: str, workdir: Path) -> None:
-        self.env = {**os.environ, "TPM2TOOLS_TCTI": tcti}
-        self.workdir = workdir
-
-    def run(self, *args: str) -> bytes:
-        try:
-            proc = subprocess.run(
-                list(args), env=self.env, cwd=self.workdir, capture_output=True, timeout=60,
-                check=False,
-            )  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise TpmError(f"{args[0]}: {exc}") from None
-        finally:
-            for flag in ("-t", "-s"):
-                subprocess.run(["tpm2_flushcontext", flag], env=self.env,
-                               capture_output=True, check=False)  # fmt: skip
-        if proc.returncode != 0:
-            err = proc.stderr.decode(errors="replace").strip()
-            raise TpmError(f"{args[0]} failed ({proc.returncode}): {err}")
-        return proc.stdout
-
-    def read_public(self, handle: str) -> bytes:
-        out = self.workdir / f"pub-{handle}.bin"
-        self.run("tpm2_readpublic", "-c", handle, "-o", str(out), "-f", "tss")
-        return out.read_bytes()
-
-    def ek_certificate(self, ek_public: bytes | None = None) -> bytes | None:
-        """The EK certificate from its NV index, cut to its DER length; None if absent.
-
-        With ``ek_public``: the first certificate among the standard indexes for the EK's type
-        that certifies this EK (else the first one found: the server reports the mismatch)."""
-        indexes: tuple[str, ...] = (EK_CERT_NV_INDEX,)
-        if ek_public is not None:
-            indexes = EK_CERT_NV_INDEXES.get(tpms.parse_public(ek_public).type, indexes)
-        first = None
-        for index in indexes:
-            blob = self._nv_der(index)
-            if blob is None:
-                continue
-            if ek_public is None or _certifies(blob, ek_public):
-                return blob
-            first = first or blob
-        return first
-
-    def _nv_der(self, index: str) -> bytes | None:
-        out = self.workdir / "ekcert.der"
-        try:
-            self.run("tpm2_nvread", index, "-o", str(out))
-        except TpmError:
-            return None
-        blob = out.read_bytes()
-        if len(blob) < 4 or blob[0] != 0x30 or blob[1] < 0x80:
-            return blob
-        n = blob[1] & 0x7F
-        return blob[: 2 + n + int.from_bytes(blob[2 : 2 + n], "big")]
-
-    def activate(
-        self, credential_file: bytes, ak: str, ek: str, ek_public: bytes | None = None
-    ) -> bytes:
-        """TPM2_ActivateCredential in a policy session that satisfies the EK's authPolicy."""
-        cred, out = self.workdir / "cred.in", self.workdir / "cred.out"
-        session = self.workdir / "session.ctx"
-        cred.write_bytes(credential_file)
-        bank, branches = ek_policy_branches(ek_public or self.read_public(ek))
-        policy_or = ""
-        if branches:
-            files = []
-            for i, branch in enumerate(branches):
-                path = self.workdir / f"ek-policy-{i}.bin"
-                path.write_bytes(branch)
-                files.append(str(path))
-            policy_or = f"tpm2_policyor -S {session} -l {bank}:{','.join(files)} >/dev/null; "
-        script = (
-            f"set -e; tpm2_startauthsession --policy-session -S {session} -g {bank}; "
-            f"tpm2_policysecret -S {session} -c e >/dev/null; {policy_or}"
-            f"tpm2_activatecredential -c {ak} -C {ek} -i {cred} -o {out} -P session:{session}; "
-            f"tpm2_flushcontext {session}"
-        )
-        self.run("bash", "-c", script)
-        return out.read_bytes()
-
-    def quote(
-        self, nonce: bytes, bank: str, pcrs: list[int], ak: str
-    ) -> tuple[bytes, bytes, dict[str, dict[int, bytes]]]:
-        msg, sig = self.workdir / "quote.msg", self.workdir / "quote.sig"
-        out = self.run(
-            "tpm2_quote", "-c", ak, "-l", f"{bank}:" + ",".join(map(str, pcrs)),
-            "-q", nonce.hex(), "-m", str(msg), "-s", str(sig), "-g", "sha256",
-            "-o", str(self.workdir / "quote.pcrs"), "-F", "serialized",
-        )  # fmt: skip
-        doc = yaml.safe_load(out.decode("utf-8", "replace")) or {}
-        values = {
-            str(b): {int(i): int(v).to_bytes(BANK_SIZES[str(b)], "big") for i, v in vals.items()}
-            for b, vals in (doc.get("pcrs") or {}).items()
-        }
-        return msg.read_bytes(), sig.read_bytes(), values
 
 
 def _b64(data: bytes) -> str:
@@ -327,8 +180,16 @@ def agent(
         tpm = Tpm(tcti, Path(tmp))
         while True:
             inv = recorded if inventory is not None else gpu_inventory(None)
-            result = attest_once(api, node, tpm, ak=ak, ek=ek, eventlog=_read_eventlog(eventlog),
-                                 inventory=inv)  # fmt: skip
+            try:
+                result = attest_once(api, node, tpm, ak=ak, ek=ek,
+                                     eventlog=_read_eventlog(eventlog), inventory=inv)  # fmt: skip
+            except (TpmToolError, ServerUnreachable, ApiError) as exc:
+                error = TpmError(exc.message) if isinstance(exc, TpmToolError) else exc
+                if once or not _transient(exc):
+                    raise error from None
+                typer.echo(f"{error.message}; next round in {interval:g} s", err=True)
+                time.sleep(interval)
+                continue
             verdict = result["verdict"]
             if as_json:
                 print_json(result)
@@ -340,3 +201,12 @@ def agent(
                     raise typer.Exit(1)
                 return
             time.sleep(interval)
+
+
+def _transient(exc: Exception) -> bool:
+    """Whether a long-running agent should try the round again later: the TPM or the server
+    may come back (a tool failure, no connection, a server error, rate limiting). Any other
+    API error (a revoked credential, an unknown node) needs an operator: the agent exits."""
+    if isinstance(exc, ApiError):
+        return exc.status >= 500 or exc.status == 429
+    return True

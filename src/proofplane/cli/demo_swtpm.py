@@ -33,7 +33,8 @@ import httpx
 from proofplane.access import SYSTEM
 from proofplane.attest import swtpm
 from proofplane.attest.policy import parse_version
-from proofplane.cli.agent import AK_HANDLE, EK_HANDLE, Tpm, attest_once
+from proofplane.attest.tpm2tools import Tpm
+from proofplane.cli.agent import AK_HANDLE, EK_HANDLE, attest_once
 from proofplane.cli.client import ApiClient
 from proofplane.hardware.cluster_file import ClusterSpec
 from proofplane.model import Node, NodeState
