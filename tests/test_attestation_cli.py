@@ -6,21 +6,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-import uvicorn
 from typer.testing import CliRunner
 
-from proofplane.api.app import create_app
+from live_server import free_port, serve
 from proofplane.cli.main import app
-from proofplane.config import Settings
 from proofplane.service.access import bootstrap_admin
 from proofplane.service.context import Store
 from proofplane.store import migrate
@@ -55,34 +49,8 @@ def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     store = Store(f"sqlite:///{tmp_path / 'cli.db'}")
     migrate.upgrade(store.engine)
     bootstrap_admin(store, ADMIN)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(
-        uvicorn.Config(
-            create_app(store, Settings(cookie_secure=False)),
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-        )  # fmt: skip
-    )
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if not thread.is_alive() or time.monotonic() > deadline:
-            pytest.fail("the test server did not start")
-        time.sleep(0.05)
-    yield url
-    srv.should_exit = True
-    thread.join(timeout=10)
-    store.dispose()
+    with serve(store) as url:
+        yield url
 
 
 def run(server: str, *args: str, code: int = 0) -> str:
@@ -150,9 +118,7 @@ def test_agent_once_without_a_reachable_tpm_is_a_clear_error(
     (tmp_path / "node.json").write_text(json.dumps(node_body("gpu-a")))
     run(server, "nodes", "register", "-f", str(tmp_path / "node.json"))
     token = json.loads(run(server, "nodes", "agent-credential", "gpu-a", "--json"))["token"]
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        dead = s.getsockname()[1]
+    dead = free_port()  # nothing listens there
     args = _agent_args(server, token, tmp_path, f"swtpm:host=127.0.0.1,port={dead}", "--once")
     result = runner.invoke(app, args)
     assert result.exit_code == 1, (result.output, result.exception)

@@ -24,6 +24,7 @@ import pytest
 import uvicorn
 from typer.testing import CliRunner
 
+from live_server import free_port, serve
 from proofplane.access import SYSTEM
 from proofplane.api.app import create_app
 from proofplane.cli import credentials as cli_credentials
@@ -59,11 +60,6 @@ def demo_node_names() -> set[str]:
     return {ns.node.name for ns in parse_cluster(demo_text()).nodes}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(autouse=True)
 def config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -85,31 +81,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     migrate.upgrade(store.engine)
     load_cluster(store, SYSTEM, parse_cluster(demo_text()))
     assert bootstrap_admin(store, ADMIN_TOKEN)
-    port = free_port()
-    config = uvicorn.Config(
-        create_app(store, Settings(cookie_secure=False)),
-        host="127.0.0.1",
-        port=port,
-        log_level="warning",
-    )
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if not thread.is_alive() or time.monotonic() > deadline:
-            pytest.fail("the test server did not start")
-        time.sleep(0.05)
-    yield url
-    srv.should_exit = True
-    thread.join(timeout=10)
-    store.dispose()
+    with serve(store) as url:
+        yield url
 
 
 def cli(server: str, *args: str) -> Any:

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
-import threading
 import time
 from collections.abc import Iterator
 from importlib import resources
@@ -23,15 +21,13 @@ from typing import Any
 import httpx
 import pytest
 import typer
-import uvicorn
 from typer.testing import CliRunner
 
+from live_server import free_port, serve
 from proofplane.access import SYSTEM, totp
-from proofplane.api.app import create_app
 from proofplane.cli import credentials as cli_credentials
 from proofplane.cli.main import app
 from proofplane.cli.tokens import parse_duration
-from proofplane.config import Settings
 from proofplane.hardware.cluster_file import parse_cluster
 from proofplane.service.access import bootstrap_admin
 from proofplane.service.cluster import load_cluster
@@ -49,11 +45,6 @@ PROOFPLANE_ENV = (
     "PROOFPLANE_DATABASE_URL",
 )
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(autouse=True)
@@ -76,31 +67,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     text = (resources.files("proofplane") / "data" / "demo-cluster.yaml").read_text()
     load_cluster(store, SYSTEM, parse_cluster(text))
     assert bootstrap_admin(store, ADMIN_TOKEN)
-    port = free_port()
-    config = uvicorn.Config(
-        create_app(store, Settings(cookie_secure=False)),
-        host="127.0.0.1",
-        port=port,
-        log_level="warning",
-    )
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if not thread.is_alive() or time.monotonic() > deadline:
-            pytest.fail("the test server did not start")
-        time.sleep(0.05)
-    yield url
-    srv.should_exit = True
-    thread.join(timeout=10)
-    store.dispose()
+    with serve(store) as url:
+        yield url
 
 
 # --- helpers -----------------------------------------------------------------------------------

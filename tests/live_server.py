@@ -1,0 +1,59 @@
+"""A real proofplane API server for CLI and agent tests: uvicorn on a free loopback port, in a
+thread, ready when ``/healthz`` answers; stopped (and its store disposed) on exit."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import pytest
+import uvicorn
+
+from proofplane.api.app import create_app
+from proofplane.config import Settings
+from proofplane.service.context import Store
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (once the probe socket is closed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def serve(store: Store, settings: Settings | None = None) -> Iterator[str]:
+    """Serve ``store``'s API; yields the base URL. Fails the test if it does not come up."""
+    port = free_port()
+    srv = uvicorn.Server(
+        uvicorn.Config(
+            create_app(store, settings or Settings(cookie_secure=False)),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+        )
+    )
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if not thread.is_alive() or time.monotonic() > deadline:
+            srv.should_exit = True
+            pytest.fail("the test server did not start")
+        time.sleep(0.05)
+    try:
+        yield url
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)
+        store.dispose()
