@@ -14,7 +14,7 @@ import pytest
 import uvicorn
 
 from proofplane.api.app import create_app
-from proofplane.config import Settings
+from proofplane.config import ExecutionSettings, Settings
 from proofplane.service.context import Store
 
 
@@ -26,12 +26,15 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve(store: Store, settings: Settings | None = None) -> Iterator[str]:
-    """Serve ``store``'s API; yields the base URL. Fails the test if it does not come up."""
+def serve(
+    store: Store, settings: Settings | None = None, execution: ExecutionSettings | None = None
+) -> Iterator[str]:
+    """Serve ``store``'s API (``execution``: its engine settings, e.g. the sync interval);
+    yields the base URL. Fails the test if it does not come up."""
     port = free_port()
     srv = uvicorn.Server(
         uvicorn.Config(
-            create_app(store, settings or Settings(cookie_secure=False)),
+            create_app(store, settings or Settings(cookie_secure=False), execution),
             host="127.0.0.1",
             port=port,
             log_level="warning",

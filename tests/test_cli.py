@@ -21,16 +21,13 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from typer.testing import CliRunner
 
 from live_server import free_port, serve
 from proofplane.access import SYSTEM
-from proofplane.api.app import create_app
 from proofplane.cli import credentials as cli_credentials
 from proofplane.cli import server as server_cli
 from proofplane.cli.main import app
-from proofplane.config import Settings
 from proofplane.hardware.cluster_file import parse_cluster
 from proofplane.service.access import authenticate, bootstrap_admin
 from proofplane.service.cluster import load_cluster
@@ -983,36 +980,11 @@ def engine_server(tmp_path: Path) -> Iterator[tuple[str, Store]]:
     store.backend = backend
     load_cluster(store, SYSTEM, parse_cluster(demo_text()))
     assert bootstrap_admin(store, ADMIN_TOKEN)
-    port = free_port()
-    srv = uvicorn.Server(
-        uvicorn.Config(
-            create_app(
-                store, Settings(cookie_secure=False), ExecutionSettings(sync_interval_s=0.2)
-            ),
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-        )
-    )
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert thread.is_alive() and time.monotonic() < deadline, "no test server"
-            time.sleep(0.05)
-        yield url, store
+        with serve(store, execution=ExecutionSettings(sync_interval_s=0.2)) as url:
+            yield url, store
     finally:
-        srv.should_exit = True
-        thread.join(timeout=10)
         execution.stop_jobs(backend, backend.adopt())
-        store.dispose()
 
 
 def test_workloads_logs_and_the_engine_job_in_show(engine_server: tuple[str, Store]) -> None:
