@@ -208,6 +208,25 @@ def test_preemption_within_a_pool_is_recorded(client: TestClient) -> None:
     assert placed[-1]["details"]["preempted"] == ["clinic/low"]
 
 
+def test_a_gang_preempts_and_every_eviction_is_recorded(client: TestClient) -> None:
+    tenant(client, "clinic", required_tags={"hipaa": "true"})
+    for name in ("h1", "h2"):
+        admitted_node(client, name, certs={"hipaa": "true"}, gpus=2)
+    for name in ("s1", "s2"):
+        assert submit(client, name, "clinic", gpus={"count": 2}, priority=1)["status"] == "placed"
+    g = submit(client, "gang", "clinic", gpus={"count": 4, "nodes": 2}, priority=5)
+    assert g["status"] == "placed"
+    assert sorted(m["node"] for m in g["placement"]["members"]) == ["h1", "h2"]
+    for name in ("s1", "s2"):
+        w = client.get(f"{API}/workloads/{name}").json()
+        assert w["status"] == "pending" and w["reason"] == "preempted"
+        assert w["reason_details"]["preempted_by"] == "clinic/gang"
+    evicted = {e["target_id"] for e in events(client, "workload.evict")}
+    assert evicted == {"s1", "s2"}
+    placed = [e for e in events(client, "workload.place") if e["target_id"] == "gang"]
+    assert sorted(placed[-1]["details"]["preempted"]) == ["clinic/s1", "clinic/s2"]
+
+
 # --- MIG repartitioning ------------------------------------------------------------------------
 
 

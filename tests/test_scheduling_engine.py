@@ -269,6 +269,63 @@ def test_preemption_evicts_no_more_than_needed() -> None:
     assert len(s.held) == 3
 
 
+def test_a_gang_preempts_across_nodes_within_its_pool() -> None:
+    tags = {"hipaa": "true"}
+    s = Scheduler([node(n, 2, certs=tags) for n in ("a", "b", "c")])
+    for key in ("a1", "a2", "b1", "b2"):
+        assert s.schedule(job(key, tags=tags, priority=1)).placement is not None
+    assert s.schedule(job("keep", count=2, tags=tags, priority=9)).placement is not None
+    out = s.schedule(job("gang", count=4, nodes=2, tags=tags, priority=5))
+    assert out.placement is not None and len(set(out.placement.nodes)) == 2
+    assert {v.key for v in out.preempted} == {"a1", "a2", "b1", "b2"}
+    assert "keep" in s.held and "gang" in s.held
+    assert "preempting" in out.message
+
+
+def test_a_gang_evicts_nothing_when_it_still_would_not_fit() -> None:
+    s = Scheduler([node("a", 2), node("b", 2)])
+    assert s.schedule(job("low", count=2, priority=1)).placement is not None
+    assert s.schedule(job("high", count=2, priority=9)).placement is not None
+    # evicting "low" frees one node; the gang needs two: all or nothing, so nothing
+    out = s.schedule(job("gang", count=4, nodes=2, priority=5))
+    assert out.placement is None and not out.preempted
+    assert out.reason == "insufficient_capacity"
+    assert set(s.held) == {"low", "high"} and s.used("t") == Cost(4000, 0)
+
+
+def test_a_gang_never_preempts_across_pools_or_equal_priority() -> None:
+    hipaa = {"hipaa": "true"}
+    s = Scheduler([node("a", 2, certs=hipaa), node("b", 2, certs=hipaa)])
+    assert s.schedule(job("g1", count=2, priority=0)).placement is not None
+    assert s.schedule(job("g2", count=2, priority=0)).placement is not None
+    out = s.schedule(job("h", count=4, nodes=2, tags=hipaa, priority=1000))
+    assert out.placement is None and not out.preempted
+    out = s.schedule(job("eq", count=4, nodes=2, priority=0))
+    assert out.placement is None and not out.preempted
+    assert set(s.held) == {"g1", "g2"}
+
+
+def test_a_gang_evicts_no_more_than_it_needs() -> None:
+    s = Scheduler([node("a", 4), node("b", 4)])
+    for i in range(8):
+        assert s.schedule(job(f"v{i}", priority=0)).placement is not None
+    out = s.schedule(job("gang", count=2, nodes=2, priority=1))
+    assert out.placement is not None and len(out.preempted) == 2
+    victims = {v.key for v in out.preempted}
+    assert {v.placement.node for v in out.preempted} == {"a", "b"}  # one GPU freed per node
+    assert len(s.held) == 7 and not victims & set(s.held)
+
+
+def test_a_gang_victim_loses_every_member() -> None:
+    s = Scheduler([node("a", 2), node("b", 2)])
+    assert s.schedule(job("low-gang", count=4, nodes=2, priority=1)).placement is not None
+    out = s.schedule(job("high", count=2, priority=5))
+    assert out.placement is not None and [v.key for v in out.preempted] == ["low-gang"]
+    # the other member's node is free too: nothing of the gang is left held
+    assert s.used("t") == Cost(2000, 0)
+    assert s.schedule(job("more", count=2, priority=0)).placement is not None
+
+
 # --- explain -----------------------------------------------------------------------------------
 
 

@@ -125,6 +125,10 @@ class Harness:
             event("repartitioned")
         if out.preempted:
             event("preempted")
+            # evictions only buy a placement: never victims for a job that still waits
+            assert out.placement is not None, "preempted without placing"
+            if len(out.placement.parts) > 1:
+                event("gang preempted")
         if out.placement is not None and len(out.placement.parts) > 1:
             event("gang placed")
         if out.reason:

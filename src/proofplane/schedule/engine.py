@@ -27,7 +27,8 @@ pool: a victim must have exactly the preemptor's tags and a strictly lower prior
 general-pool job can never displace HIPAA work from HIPAA nodes (nor the reverse), priorities
 are compared only between workloads that compete for the same certified capacity, and the
 preemptor is still placed only where the compliance filters allow (rule 5: never a weaker
-node). Gang jobs do not preempt (they may be victims: all their members are evicted).
+node). A gang preempts by the same rule over all its candidate nodes, all or nothing: victims
+are evicted only when the whole gang then fits; a gang victim loses every member.
 """
 
 from __future__ import annotations
@@ -287,8 +288,12 @@ class Scheduler:
                     message=f"placed on {placement.node} after repartitioning {where}",
                     repartitions=changes,
                 )
-        if preempt and req.gpus.nodes <= 1:
-            victims = self._preemption_victims(job)
+        if preempt:
+            victims = (
+                self._preemption_victims(job)
+                if req.gpus.nodes <= 1
+                else self._gang_preemption_victims(job)
+            )
             if victims:
                 released = [self.release(v.key) for v in victims]
                 placement, _ = self.place(req)
@@ -409,6 +414,46 @@ class Scheduler:
             if best is None or score < best[0]:
                 best = (score, chosen)
         return best[1] if best is not None else []
+
+    def _gang_preemption_victims(self, job: Job) -> list[Held]:
+        """Victims for a gang: same-pool, lower-priority workloads on any node admitted for
+        its tags, lowest priority (then most recently placed) first. The shortest such prefix
+        whose eviction lets the whole gang fit is found by bisection (a handful of gang
+        searches, not one per candidate), then trimmed to the victims the gang needs gone;
+        [] when even evicting every candidate would not make it fit. Changes nothing."""
+        req = job.request
+        order = {key: n for n, key in enumerate(self._held)}
+        ranked = [
+            h
+            for h in self._held.values()
+            if h.pool == job.pool
+            and h.priority < job.priority
+            and any(
+                (node := self.snapshot.node(part.node)) is not None
+                and _admitted_for(node, req.tags)
+                for part in h.placement.parts
+            )
+        ]
+        ranked.sort(key=lambda h: (h.priority, -order[h.key]))
+        if not ranked or not self._fits_without(req, ranked):
+            return []
+        lo, hi = 1, len(ranked)  # the smallest n such that evicting ranked[:n] fits the gang
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._fits_without(req, ranked[:mid]):
+                hi = mid
+            else:
+                lo = mid + 1
+        return self._victims_on(req, ranked[:lo])
+
+    def _fits_without(self, req: Request, victims: list[Held]) -> bool:
+        """Whether ``req`` could be placed were ``victims`` gone. Changes nothing."""
+        released = [h for h in victims if self.release(h.key) is not None]
+        try:
+            return self.place(req)[0] is not None
+        finally:
+            for h in released:
+                self.hold(h)
 
     def _victims_on(self, req: Request, ranked: list[Held]) -> list[Held]:
         released: list[Held] = []
