@@ -37,11 +37,18 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from proofplane.agent.tpm.swtpm import (
+    AK_HANDLES,
+    EK_HANDLE,
+    SwtpmNode,
+    boot_log,
+    manufacture,
+    measure,
+)
 from proofplane.attest import Evidence, Expected, Policy, verify
 from proofplane.attest import eventlog as el
 from proofplane.attest.facts import VerifierCache, analyze_eventlog
 from proofplane.attest.simulate import SoftTpm
-from proofplane.attest.swtpm import AK_HANDLES, EK_HANDLE, SwtpmNode, boot_log, manufacture, measure
 from proofplane.machine import machine
 
 ROOT = Path(__file__).resolve().parents[1]

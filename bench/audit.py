@@ -15,7 +15,7 @@
   (leaf + complete-subtree hashes, in append order, exactly the rows ``Tx.record`` writes)
   bulk-inserted in one transaction, no events table (events take no part in proofs). The
   file is kept (``--hash-db``, default in /tmp) and reused by later runs. Then ``--proofs``
-  random inclusion and consistency proofs through ``proofplane.audit.log`` on one connection
+  random inclusion and consistency proofs through ``proofplane.store.audit_log`` on one connection
   (each: the tree size from the largest id, then one ``SELECT … WHERE id IN`` of O(log n)
   ids), after as many unmeasured warm-up proofs (``proof_db_warm``: the OS page cache and
   SQLite's own cache hold the upper levels, as on a serving control plane); median and p99
@@ -57,11 +57,11 @@ from typing import Any
 from sqlalchemy import event
 
 from proofplane.access import SYSTEM
-from proofplane.audit import log, merkle, sqlite_verify
+from proofplane.audit import merkle
 from proofplane.machine import machine as common_machine
 from proofplane.service import audit as audit_svc
 from proofplane.service.context import Store
-from proofplane.store import migrate
+from proofplane.store import audit_log, audit_verify, migrate
 
 
 def machine() -> dict[str, Any]:
@@ -115,7 +115,7 @@ def bench_append(
     committer.close()
     total = per_writer * writers
     with store.read() as s:
-        assert log.tree_size(s) == total
+        assert audit_log.tree_size(s) == total
     store.dispose()
     return {
         "per_s": round(total / wall),
@@ -165,9 +165,9 @@ def hash_store(path: Path, size: int) -> tuple[float | None, bool]:
             conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
             last = conn.execute("SELECT max(id) FROM audit_hashes").fetchone()[0]
             conn.close()
-            if last is not None and log.size_from_count(last + 1) == size:
+            if last is not None and audit_log.size_from_count(last + 1) == size:
                 return None, True
-        except (sqlite3.Error, log.LogCorrupted):
+        except (sqlite3.Error, audit_log.LogCorrupted):
             pass
         for suffix in ("", "-wal", "-shm"):
             Path(f"{path}{suffix}").unlink(missing_ok=True)
@@ -181,23 +181,23 @@ def bench_proofs(path: Path, size: int, count: int) -> dict[str, Any]:
     rng = random.Random(7)
     incl, cons = [], []
     with engine.connect() as conn:
-        assert log.tree_size(conn) == size
-        root = log.root_at(conn, size)
+        assert audit_log.tree_size(conn) == size
+        root = audit_log.root_at(conn, size)
         for _ in range(count):  # warm-up, unmeasured
-            log.inclusion(conn, rng.randrange(size), size)
-            log.consistency(conn, rng.randrange(1, size), size)
+            audit_log.inclusion(conn, rng.randrange(size), size)
+            audit_log.consistency(conn, rng.randrange(1, size), size)
         for _ in range(count):
             i = rng.randrange(size)
             t0 = time.perf_counter()
-            leaf, proof = log.inclusion(conn, i, size)
+            leaf, proof = audit_log.inclusion(conn, i, size)
             incl.append(time.perf_counter() - t0)
             assert merkle.verify_inclusion(leaf, i, size, proof, root)
         for _ in range(count):
             old = rng.randrange(1, size)
             t0 = time.perf_counter()
-            proof = log.consistency(conn, old, size)
+            proof = audit_log.consistency(conn, old, size)
             cons.append(time.perf_counter() - t0)
-            assert merkle.verify_consistency(old, size, log.root_at(conn, old), root, proof)
+            assert merkle.verify_consistency(old, size, audit_log.root_at(conn, old), root, proof)
     engine.dispose()
     incl.sort()
     cons.sort()
@@ -260,8 +260,8 @@ def bench_verify(workdir: Path, events: int) -> dict[str, Any]:
     out["verify_entries_per_s"] = round(events / statistics.median(w for w, _ in runs))
     out["verify_entries_per_s_runs"] = [round(events / w) for w, _ in runs]
     out["verify_cpu_us_per_entry"] = round(statistics.median(c for _, c in runs) / events * 1e6, 2)
-    # worker processes: one per CPU, at most one per chunk (``sqlite_verify.chunk_bounds``)
-    out["verify_workers"] = min(cpus, len(sqlite_verify.chunk_bounds(events, cpus)))
+    # worker processes: one per CPU, at most one per chunk (``audit_verify.chunk_bounds``)
+    out["verify_workers"] = min(cpus, len(audit_verify.chunk_bounds(events, cpus)))
     store.dispose()
     return out
 

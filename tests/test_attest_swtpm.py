@@ -352,9 +352,9 @@ def ecc_node(tpm_template: Path, tmp_path_factory: pytest.TempPathFactory):
 def test_make_credential_to_an_ecc_ek_is_activated_by_the_real_tpm(
     ecc_node: SwtpmNode, ek: str, ak: str, curve: int, name_alg: int
 ):
+    from proofplane.agent.tpm.tpm2tools import Tpm, TpmToolError
     from proofplane.attest.credential import make_credential, tpm2_tools_credential_file
     from proofplane.attest.tpm import TPM_ALG_ECC, parse_public
-    from proofplane.attest.tpm2tools import Tpm, TpmToolError
 
     ek_public = ecc_node.read_public(ek)
     parsed = parse_public(ek_public)
@@ -376,8 +376,8 @@ def test_make_credential_to_an_ecc_ek_is_activated_by_the_real_tpm(
 
 
 def test_the_agent_sends_the_ecc_ek_certificate(ecc_node: SwtpmNode, tpm_template: Path):
+    from proofplane.agent.tpm.tpm2tools import Tpm
     from proofplane.attest.ekcert import verify_ek_certificate
-    from proofplane.attest.tpm2tools import Tpm
 
     agent_tpm = Tpm(ecc_node.tcti, ecc_node.workdir)
     ek_public = ecc_node.read_public(ECC_EK_P384)

@@ -134,7 +134,7 @@ def test_a_long_running_agent_rides_out_transient_failures(
     """Without --once the agent keeps attesting through a TPM tool failure, an unreachable
     server and a server error (each said on stderr, next round after --interval), and exits
     on an error that needs an operator (a revoked credential: 401)."""
-    from proofplane.attest.tpm2tools import TpmToolError
+    from proofplane.agent.tpm.tpm2tools import TpmToolError
     from proofplane.cli import agent as agent_mod
     from proofplane.cli.client import ApiError, ServerUnreachable
 

@@ -18,9 +18,9 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from proofplane.access import SYSTEM, Actor
+from proofplane.agent.tpm import swtpm as swtpm_harness
 from proofplane.api.app import create_app
 from proofplane.attest import load_record, replay_record
-from proofplane.attest import swtpm as swtpm_harness
 from proofplane.attest.simulate import SimulatedAttester, demo_boot_log
 from proofplane.cli import credentials as cli_credentials
 from proofplane.cli import demo_swtpm

@@ -24,9 +24,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from proofplane.access import SYSTEM
+from proofplane.agent.tpm.tpm2tools import Tpm
 from proofplane.attest import Evidence, load_record, replay_record
 from proofplane.attest import eventlog as el
-from proofplane.attest.tpm2tools import Tpm
 from proofplane.cli.agent import attest_once
 from proofplane.cli.client import ApiClient, ApiError
 from proofplane.service import attestation as svc

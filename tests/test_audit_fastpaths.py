@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select, text
 
 from proofplane.access import SYSTEM
-from proofplane.audit import canonical, log, sqlite_verify
+from proofplane.audit import canonical
 from proofplane.audit.canonical import (
     canonical_json,
     entry_bytes,
@@ -30,7 +30,7 @@ from proofplane.model import Outcome
 from proofplane.service import audit as audit_svc
 from proofplane.service.context import NewEvent, Store
 from proofplane.service.events import event_from_row
-from proofplane.store import migrate
+from proofplane.store import audit_log, audit_verify, migrate
 from proofplane.store.tables import AuditHashRow, EventRow
 
 T0 = datetime(2026, 11, 23, 9, 0, 0, 123456, tzinfo=UTC)
@@ -169,7 +169,7 @@ def test_record_many_writes_what_record_writes(db_url: str, store: Store, tmp_pa
     # and every stored leaf is the RFC 8785 entry of the row as read back
     with store.read() as s:
         rows = s.scalars(select(EventRow).order_by(EventRow.seq)).all()
-        leaves = log.leaf_hashes(s, 0, len(rows))
+        leaves = audit_log.leaf_hashes(s, 0, len(rows))
     assert [canonical.leaf_hash(entry_bytes(event_from_row(r))) for r in rows] == leaves
 
 
@@ -208,7 +208,7 @@ def test_details_read_back_as_the_json_round_trip_gives_them(store: Store, detai
         assert back.details == want == row.details
         if store.engine.dialect.name == "sqlite":  # (JSONB keeps numbers as numeric)
             assert [type(v) for v in back.details.values()] == [type(v) for v in want.values()]
-        leaf = log.leaf_hashes(s, 0, 1)[0]
+        leaf = audit_log.leaf_hashes(s, 0, 1)[0]
         assert canonical.leaf_hash(entry_bytes(event_from_row(back))) == leaf
 
 
@@ -265,7 +265,7 @@ def test_group_commit_acknowledges_committed_events_only(tmp_path: Path):
     committer.close()
     assert sorted(seqs) == list(range(1, 8 * 105 + 1))
     with store.read() as s:
-        assert log.tree_size(s) == 8 * 105 + 1
+        assert audit_log.tree_size(s) == 8 * 105 + 1
         rows = {r.seq: r for r in s.scalars(select(EventRow))}
     assert all(rows[q].target_id.startswith("n") for q in seqs)
     store.dispose()
@@ -293,10 +293,10 @@ def _filled(tmp_path: Path, n: int) -> tuple[Store, audit_svc.AuditKeys, str]:
 def test_fast_roots_equal_the_stored_tree(tmp_path: Path, workers: int):
     store, _keys, path = _filled(tmp_path, 45)
     cuts = [0, 1, 7, 8, 9, 31, 32, 45]
-    full, roots, slow = sqlite_verify.log_roots(path, 45, cuts, workers=workers, chunk_level=3)
+    full, roots, slow = audit_verify.log_roots(path, 45, cuts, workers=workers, chunk_level=3)
     with store.read() as s:
-        assert full == log.root_at(s, 45)
-        assert roots == {c: log.root_at(s, c) for c in cuts}
+        assert full == audit_log.root_at(s, 45)
+        assert roots == {c: audit_log.root_at(s, c) for c in cuts}
     assert slow == 0
     store.dispose()
 
@@ -313,9 +313,9 @@ def test_non_canonical_details_text_falls_back_to_the_exact_recomputation(tmp_pa
     verify: their chunk is recomputed exactly."""
     store, keys, path = _filled(tmp_path, 20)
     _attack(store, 'UPDATE events SET details = \'{"t": "acme", "i": 3}\' WHERE seq = 4')
-    full, _, slow = sqlite_verify.log_roots(path, 20, workers=1, chunk_level=3)
+    full, _, slow = audit_verify.log_roots(path, 20, workers=1, chunk_level=3)
     with store.read() as s:
-        assert full == log.root_at(s, 20)
+        assert full == audit_log.root_at(s, 20)
     assert slow == 1
     assert audit_svc.verify_log(store, keys.verifier(), "proofplane/test").ok
     store.dispose()
@@ -342,11 +342,11 @@ def test_non_canonical_details_text_falls_back_to_the_exact_recomputation(tmp_pa
 def test_fast_pass_never_accepts_an_altered_row(tmp_path: Path, statements):
     store, keys, path = _filled(tmp_path, 20)
     with store.read() as s:
-        want = log.root_at(s, 20)
+        want = audit_log.root_at(s, 20)
     _attack(store, *statements)
     try:
-        full, _, _ = sqlite_verify.log_roots(path, 20, workers=1, chunk_level=3)
-    except sqlite_verify.Unverifiable:
+        full, _, _ = audit_verify.log_roots(path, 20, workers=1, chunk_level=3)
+    except audit_verify.Unverifiable:
         full = None
     assert full != want
     report = audit_svc.verify_log(store, keys.verifier(), "proofplane/test")

@@ -9,10 +9,11 @@ import pytest
 from sqlalchemy import func, select
 
 from proofplane.access import SYSTEM
-from proofplane.audit import log, merkle
+from proofplane.audit import merkle
 from proofplane.audit.canonical import entry_bytes
 from proofplane.service.context import Store
 from proofplane.service.events import event_from_row
+from proofplane.store import audit_log
 from proofplane.store.tables import AuditHashRow, EventRow
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
@@ -41,14 +42,14 @@ def _entries(store: Store) -> list[bytes]:
 def test_stored_id_layout_is_append_only():
     ids = []
     for n in range(64):
-        ids.append(log.node_id(0, n))
+        ids.append(audit_log.node_id(0, n))
         level = 1
         while (n + 1) % (1 << level) == 0:
-            ids.append(log.node_id(level, ((n + 1) >> level) - 1))
+            ids.append(audit_log.node_id(level, ((n + 1) >> level) - 1))
             level += 1
     assert ids == list(range(len(ids)))
     for n in range(200):
-        assert log.size_from_count(log.stored_before(n)) == n
+        assert audit_log.size_from_count(audit_log.stored_before(n)) == n
 
 
 def test_hashes_written_with_events_and_proofs_match(store: Store):
@@ -57,19 +58,21 @@ def test_hashes_written_with_events_and_proofs_match(store: Store):
     n = len(entries)
     assert n == 33
     with store.read() as s:
-        assert log.tree_size(s) == n
-        assert s.scalar(select(func.count()).select_from(AuditHashRow)) == log.stored_before(n)
+        assert audit_log.tree_size(s) == n
+        assert s.scalar(select(func.count()).select_from(AuditHashRow)) == audit_log.stored_before(
+            n
+        )
         for size in range(1, n + 1):
-            assert log.root_at(s, size) == merkle.root(entries[:size])
+            assert audit_log.root_at(s, size) == merkle.root(entries[:size])
         for size in (1, 2, 7, 16, 33):
             for i in range(size):
-                leaf, proof = log.inclusion(s, i, size)
+                leaf, proof = audit_log.inclusion(s, i, size)
                 assert leaf == merkle.leaf_hash(entries[i])
                 assert proof == merkle.inclusion_proof(entries, i, size)
         for old in range(1, n + 1):
             for new in (old, 17, 32, n):
                 if new >= old:
-                    assert log.consistency(s, old, new) == merkle.consistency_proof(
+                    assert audit_log.consistency(s, old, new) == merkle.consistency_proof(
                         entries, old, new
                     )
 
@@ -80,7 +83,7 @@ def test_rolled_back_transaction_leaves_no_hashes(store: Store):
         tx.record("test.thing", "thing", "doomed")
         raise RuntimeError("crash between the change and the commit")
     with store.read() as s:
-        assert log.tree_size(s) == 3
+        assert audit_log.tree_size(s) == 3
         assert s.scalar(select(func.max(EventRow.seq))) == 3
     _write(store, [2])
     assert len(_entries(store)) == 5
@@ -90,8 +93,8 @@ def test_proof_requests_out_of_range(store: Store):
     _write(store, [4])
     with store.read() as s:
         for index, size in [(4, 4), (-1, 4), (0, 5), (0, 0)]:
-            with pytest.raises(log.ProofRangeError):
-                log.inclusion(s, index, size)
+            with pytest.raises(audit_log.ProofRangeError):
+                audit_log.inclusion(s, index, size)
         for old, new in [(0, 4), (3, 2), (2, 5), (-1, 3)]:
-            with pytest.raises(log.ProofRangeError):
-                log.consistency(s, old, new)
+            with pytest.raises(audit_log.ProofRangeError):
+                audit_log.consistency(s, old, new)

@@ -120,9 +120,9 @@ def test_rewriting_the_stored_hashes_too_is_caught(store: Store, keys):
     catches it, localized to the stretch after the last checkpoint that still verifies."""
     _fill(store, keys)
     _attack(store, "UPDATE events SET actor = 'mallory' WHERE seq = 9")
-    from proofplane.audit import log
     from proofplane.audit.canonical import event_leaf_hash
     from proofplane.service.events import event_from_row
+    from proofplane.store import audit_log
     from proofplane.store.tables import EventRow
 
     with store.read() as s:
@@ -130,7 +130,7 @@ def test_rewriting_the_stored_hashes_too_is_caught(store: Store, keys):
     with store.engine.begin() as conn:
         conn.execute(
             text("UPDATE audit_hashes SET hash = :h WHERE id = :i"),
-            {"h": leaf, "i": log.node_id(0, 8)},
+            {"h": leaf, "i": audit_log.node_id(0, 8)},
         )
     report = audit_svc.verify_log(store, keys.verifier())
     assert not report.ok

@@ -1,4 +1,4 @@
-"""The fast SQLite verification (``audit.sqlite_verify``: rows streamed, the repeated column
+"""The fast SQLite verification (``store.audit_verify``: rows streamed, the repeated column
 parts quoted once, several chunks in several worker processes) proves exactly what the exact
 pass proves. On an intact log it alone accepts; a row altered, deleted or reordered directly
 in the database (first, middle or last index) is never accepted by it, and ``verify_log``
@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 
 from proofplane.access import SYSTEM
-from proofplane.audit import log, sqlite_verify
 from proofplane.model import Outcome
 from proofplane.service import audit as audit_svc
 from proofplane.service.context import Store
-from proofplane.store import migrate
+from proofplane.store import audit_log, audit_verify, migrate
 
 T0 = datetime(2026, 11, 23, 9, 0, 0, 250000, tzinfo=UTC)
 N = 40  # events: five chunks of 2^3
@@ -58,7 +57,7 @@ def _attack(store: Store, *statements: str) -> None:
 @pytest.fixture
 def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     """verify_log's fast pass in chunks of 2^3 events (several chunks, several workers)."""
-    monkeypatch.setattr(sqlite_verify, "CHUNK_LEVEL", LEVEL)
+    monkeypatch.setattr(audit_verify, "CHUNK_LEVEL", LEVEL)
 
 
 def _no_exact_pass(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,8 +73,8 @@ def test_an_intact_log_is_proved_by_the_fast_pass_alone(
 ):
     store, keys, path = _fill(tmp_path)
     with store.read() as s:
-        want = {c: log.root_at(s, c) for c in (1, 8, 17, 20, 39, N)}
-    full, roots, slow = sqlite_verify.log_roots(path, N, list(want), workers=workers)
+        want = {c: audit_log.root_at(s, c) for c in (1, 8, 17, 20, 39, N)}
+    full, roots, slow = audit_verify.log_roots(path, N, list(want), workers=workers)
     assert (full, roots, slow) == (want[N], want, 0)
     _no_exact_pass(monkeypatch)
     report = audit_svc.verify_log(store, keys.verifier(), "proofplane/test", workers=workers)
@@ -88,8 +87,8 @@ def test_every_chunk_size_gives_the_stored_roots(tmp_path: Path, level: int | No
     store, _keys, path = _fill(tmp_path)
     cuts = [0, 1, 2, 3, 4, 5, 8, 9, 16, 31, 32, 33, 39, N]
     with store.read() as s:
-        want = {c: log.root_at(s, c) if c else sqlite_verify.merkle.EMPTY_ROOT for c in cuts}
-    assert sqlite_verify.log_roots(path, N, cuts, workers=1, chunk_level=level) == (
+        want = {c: audit_log.root_at(s, c) if c else audit_verify.merkle.EMPTY_ROOT for c in cuts}
+    assert audit_verify.log_roots(path, N, cuts, workers=1, chunk_level=level) == (
         want[N],
         want,
         0,
@@ -100,17 +99,17 @@ def test_every_chunk_size_gives_the_stored_roots(tmp_path: Path, level: int | No
 def test_the_default_chunks_shrink_to_give_every_worker_several():
     """1M events: chunks of 2^16 for one worker; 2^15 (31 chunks) for two; never below
     2^13; an explicit level is kept."""
-    one = sqlite_verify.chunk_bounds(1_000_000, 1)
-    two = sqlite_verify.chunk_bounds(1_000_000, 2)
+    one = audit_verify.chunk_bounds(1_000_000, 1)
+    two = audit_verify.chunk_bounds(1_000_000, 2)
     for bounds, size in ((one, 1 << 16), (two, 1 << 15)):
         assert bounds[0] == (0, size) and bounds[-1][1] == 1_000_000
         assert all(hi - lo == size and lo % size == 0 for lo, hi in bounds[:-1])
         assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
     assert len(two) == 31
-    assert sqlite_verify.chunk_bounds(100_000, 4)[0] == (0, 1 << 13)
-    assert sqlite_verify.chunk_bounds(100, 4) == [(0, 100)]
-    assert sqlite_verify.chunk_bounds(20, 2, 3) == [(0, 8), (8, 16), (16, 20)]
-    assert sqlite_verify.chunk_bounds(0, 2) == []
+    assert audit_verify.chunk_bounds(100_000, 4)[0] == (0, 1 << 13)
+    assert audit_verify.chunk_bounds(100, 4) == [(0, 100)]
+    assert audit_verify.chunk_bounds(20, 2, 3) == [(0, 8), (8, 16), (16, 20)]
+    assert audit_verify.chunk_bounds(0, 2) == []
 
 
 FIRST, MIDDLE, LAST = 1, 21, N  # seq (index + 1)
@@ -165,13 +164,13 @@ def test_a_tampered_row_is_never_accepted_and_is_named(
 ):
     store, keys, path = _fill(tmp_path)
     with store.read() as s:
-        want = log.root_at(s, N)
+        want = audit_log.root_at(s, N)
     _attack(store, *ATTACKS[attack](seq))
 
     # the fast pass itself: no root that matches, or no root at all
     try:
-        full, roots, _slow = sqlite_verify.log_roots(path, N, [N], workers=workers)
-    except sqlite_verify.Unverifiable:
+        full, roots, _slow = audit_verify.log_roots(path, N, [N], workers=workers)
+    except audit_verify.Unverifiable:
         pass
     else:
         assert full != want and roots[N] != want
@@ -189,8 +188,8 @@ def test_a_gap_in_seq_is_caught_even_with_the_right_row_count(tmp_path: Path, sm
     the same: the fast pass refuses it, the exact pass names the gap."""
     store, keys, path = _fill(tmp_path)
     _attack(store, f"UPDATE events SET seq = {N + 1} WHERE seq = 13")
-    with pytest.raises(sqlite_verify.Unverifiable):
-        sqlite_verify.log_roots(path, N, [N], workers=1)
+    with pytest.raises(audit_verify.Unverifiable):
+        audit_verify.log_roots(path, N, [N], workers=1)
     report = audit_svc.verify_log(store, keys.verifier(), "proofplane/test")
     assert not report.ok and report.first_bad_index == 12, report.problems
     store.dispose()
@@ -215,10 +214,10 @@ def test_the_laid_out_leaves_refuse_what_is_no_stored_event(row):
     """As the first row, and after a good row with the same other columns."""
     for rows in ([row], [GOOD, (2, *row[1:]) if isinstance(row[0], int) else row]):
         with pytest.raises((TypeError, ValueError)):
-            sqlite_verify._laid_out_leaves(rows)
+            audit_verify._laid_out_leaves(rows)
 
 
 def test_the_laid_out_leaves_are_the_exact_leaves():
     rows = [GOOD, (2, *GOOD[1:]), (3, GOOD[1], "alice", *GOOD[3:]), (4, *GOOD[1:])]
     rows.append((5, "2026-11-23 09:00:01.000000", 'q"\\\u2028', "x\ny", "t", "é", "denied", "{}"))
-    assert sqlite_verify._laid_out_leaves(rows) == [sqlite_verify.exact_leaf(r) for r in rows]
+    assert audit_verify._laid_out_leaves(rows) == [audit_verify.exact_leaf(r) for r in rows]

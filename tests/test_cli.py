@@ -57,7 +57,6 @@ def demo_node_names() -> set[str]:
     return {ns.node.name for ns in parse_cluster(demo_text()).nodes}
 
 
-
 @pytest.fixture(autouse=True)
 def config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The CLI's config directory for this test (never the real home), and a clean env."""

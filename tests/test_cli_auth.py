@@ -46,7 +46,6 @@ PROOFPLANE_ENV = (
 )
 
 
-
 @pytest.fixture(autouse=True)
 def config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The CLI's config directory for this test (never the real home), and a clean env."""

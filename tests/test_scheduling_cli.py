@@ -128,6 +128,7 @@ def test_submit_batch(server: str, tmp_path) -> None:  # noqa: F811
         result = cli(server, "workloads", "submit-batch", str(tmp_path / name))
         assert result.exit_code == 2, (name, result.output)
         no_traceback(result)
+
     def batch(name: str) -> str:
         return cli(server, "workloads", "submit-batch", str(tmp_path / name)).output
 

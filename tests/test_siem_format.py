@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from proofplane.audit.canonical import event_leaf_hash
 from proofplane.audit.export import cef, config, hec, ocsf, syslog
-from proofplane.audit.export.sink import backoff_delays, build, deliver, hec_url
-from proofplane.audit.export.transport import DeliveryError
 from proofplane.errors import ValidationFailed
 from proofplane.model import Event, Outcome
+from proofplane.siem.sink import backoff_delays, build, deliver, hec_url
+from proofplane.siem.transport import DeliveryError
 
 TS = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 LEAF = bytes(range(32))

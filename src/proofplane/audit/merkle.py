@@ -8,7 +8,7 @@ The proof functions are also written over *ranges*: every hash in an RFC 6962 pr
 Merkle tree hash of a contiguous range of leaves ``[start, end)`` whose ``start`` is aligned
 to the largest power of two not above its length. ``inclusion_ranges`` and
 ``consistency_ranges`` return those ranges, and ``range_nodes`` splits a range into complete,
-aligned subtrees, so the database-backed log (``proofplane.audit.log``) answers a proof by
+aligned subtrees, so the database-backed log (``proofplane.store.audit_log``) answers a proof by
 reading O(log n) stored subtree hashes, with no scan.
 """
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import typer
 
+from proofplane.agent.tpm.tpm2tools import Tpm, TpmToolError
 from proofplane.attest import Evidence
-from proofplane.attest.tpm2tools import Tpm, TpmToolError
 from proofplane.cli.client import ApiClient, ApiError, CliError, ServerUnreachable, segment
 from proofplane.cli.render import print_json, print_line
 from proofplane.hardware import nvml

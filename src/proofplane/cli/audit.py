@@ -207,9 +207,7 @@ def export_bundle(
     per event and the verifier key; `proofplane audit verify-bundle` checks it offline."""
     t0 = datetime.fromisoformat(since) if since else None
     t1 = datetime.fromisoformat(until) if until else None
-    data = (
-        _export_db(db, t0, t1, tenant) if db is not None else _export_server(ctx, t0, t1, tenant)
-    )
+    data = _export_db(db, t0, t1, tenant) if db is not None else _export_server(ctx, t0, t1, tenant)
     out.write_text(json.dumps(data, indent=1) + "\n")
     typer.echo(f"wrote {len(data['entries'])} entries to {out}")
 

@@ -31,9 +31,9 @@ import anyio
 import httpx
 
 from proofplane.access import SYSTEM
-from proofplane.attest import swtpm
+from proofplane.agent.tpm import swtpm
+from proofplane.agent.tpm.tpm2tools import Tpm
 from proofplane.attest.policy import parse_version
-from proofplane.attest.tpm2tools import Tpm
 from proofplane.cli.agent import AK_HANDLE, EK_HANDLE, attest_once
 from proofplane.cli.client import ApiClient
 from proofplane.hardware.cluster_file import ClusterSpec

@@ -41,9 +41,9 @@ from sqlalchemy.exc import ArgumentError, DBAPIError
 from proofplane import config
 from proofplane.access import SYSTEM
 from proofplane.access.credentials import new_token
+from proofplane.agent.tpm import swtpm
 from proofplane.api.app import create_app
 from proofplane.api.routes_attest import EK_CA_BUNDLE_ENV
-from proofplane.attest import swtpm
 from proofplane.cli import credentials, demo_swtpm, render
 from proofplane.cli.client import DEFAULT_SERVER, CliError, format_details
 from proofplane.errors import Conflict, ProofplaneError, ValidationFailed

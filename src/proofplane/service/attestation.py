@@ -322,8 +322,11 @@ def activate(
             "node.attest.bind",
             "node",
             name,
-            details={"ek_sha256": ident.ek_sha256, "ak_name": ident.ak_name,
-                     **_sim(ident.simulated)},  # fmt: skip
+            details={
+                "ek_sha256": ident.ek_sha256,
+                "ak_name": ident.ak_name,
+                **_sim(ident.simulated),
+            },  # fmt: skip
         )
         return _status(tx.session, row)
 
@@ -493,9 +496,14 @@ def check_stale(
     authorize(actor, Permission.NODES_WRITE)
     done: list[str] = []
     with store.read() as session:  # no enforcing policy: nothing to check, nothing to write
-        if session.scalar(
-            select(AttestationPolicyRow.node_class).where(AttestationPolicyRow.enforce.is_(True))
-        ) is None:
+        if (
+            session.scalar(
+                select(AttestationPolicyRow.node_class).where(
+                    AttestationPolicyRow.enforce.is_(True)
+                )
+            )
+            is None
+        ):
             return done
     with store.write(actor, now) as tx:
         rows = tx.session.scalars(

@@ -27,11 +27,12 @@ from sqlalchemy.exc import DBAPIError
 
 from proofplane.access import Actor, Permission, authorize
 from proofplane.audit import bundle as bundle_mod
-from proofplane.audit import log, merkle, note, sqlite_verify
+from proofplane.audit import merkle, note
 from proofplane.audit.canonical import entry_bytes
 from proofplane.errors import NotFound, ProofplaneError, ValidationFailed
 from proofplane.service.context import Store
 from proofplane.service.events import event_from_row
+from proofplane.store import audit_log, audit_verify
 from proofplane.store.tables import AuditCheckpointRow, EventRow
 
 MAX_ENTRIES = 1000  # per GET /audit/entries request
@@ -139,15 +140,15 @@ def list_entries(store: Store, actor: Actor, start: int, end: int) -> list[Entry
     if end - start > MAX_ENTRIES:
         raise ProofOutOfRange(f"at most {MAX_ENTRIES} entries per request", code="bad_range")
     with store.read() as s:
-        size = log.tree_size(s)
+        size = audit_log.tree_size(s)
         if end > size:
             raise ProofOutOfRange(f"end {end} is beyond the log size {size}", code="bad_range")
         rows = s.scalars(
             select(EventRow).where(EventRow.seq > start, EventRow.seq <= end).order_by(EventRow.seq)
         ).all()
-        leaves = log.leaf_hashes(s, start, end)
+        leaves = audit_log.leaf_hashes(s, start, end)
     if len(rows) != end - start:
-        raise log.LogCorrupted("events are missing from the requested range")
+        raise audit_log.LogCorrupted("events are missing from the requested range")
     return [Entry(start + i, entry_bytes(event_from_row(r)), leaves[i]) for i, r in enumerate(rows)]
 
 
@@ -157,8 +158,8 @@ def inclusion_proof(
     authorize(actor, Permission.AUDIT_READ)
     with store.read() as s:
         try:
-            return log.inclusion(s, index, tree_size)
-        except log.ProofRangeError as exc:
+            return audit_log.inclusion(s, index, tree_size)
+        except audit_log.ProofRangeError as exc:
             raise ProofOutOfRange(str(exc)) from exc
 
 
@@ -166,8 +167,8 @@ def consistency_proof(store: Store, actor: Actor, old_size: int, new_size: int) 
     authorize(actor, Permission.AUDIT_READ)
     with store.read() as s:
         try:
-            return log.consistency(s, old_size, new_size)
-        except log.ProofRangeError as exc:
+            return audit_log.consistency(s, old_size, new_size)
+        except audit_log.ProofRangeError as exc:
             raise ProofOutOfRange(str(exc)) from exc
 
 
@@ -178,19 +179,19 @@ def sign_checkpoint(
     store: Store, actor: Actor, keys: AuditKeys, now: datetime, *, only_if_grown: bool = False
 ) -> str | None:
     """Sign the log as it is now and keep the signed note. With ``only_if_grown`` (the
-    background worker), nothing happens when the newest checkpoint already covers the log."""
+    background worker), nothing happens when the newest checkpoint already covers the audit_log."""
     authorize(actor, Permission.AUDIT_CHECKPOINT)
     signer = keys.signer()
     with store.write(actor, now) as tx:
         s = tx.session
-        size = log.tree_size(s)
+        size = audit_log.tree_size(s)
         if only_if_grown:
             last = s.scalar(
                 select(AuditCheckpointRow.tree_size).order_by(AuditCheckpointRow.id.desc()).limit(1)
             )
             if last is not None and last >= size:
                 return None
-        root = log.root_at(s, size)
+        root = audit_log.root_at(s, size)
         signed = note.sign_checkpoint(note.Checkpoint(keys.origin, size, root), signer)
         s.add(AuditCheckpointRow(tree_size=size, root_hash=root, note=signed, created_at=now))
     return signed
@@ -319,8 +320,8 @@ def _sqlite_leaf_hashes(store: Store, batch: int) -> Iterator[tuple[int, bytes]]
         while rows := cur.fetchmany(batch):
             for row in rows:
                 try:
-                    leaf = sqlite_verify.exact_leaf(row)
-                except sqlite_verify.Unverifiable:
+                    leaf = audit_verify.exact_leaf(row)
+                except audit_verify.Unverifiable:
                     leaf = UNREADABLE_LEAF
                 yield row[0], leaf
         cur.execute("COMMIT")
@@ -343,12 +344,12 @@ def verify_log(
         path = store.engine.url.database
         if store.engine.dialect.name != "sqlite" or not path or "decode" not in str(exc):
             raise
-        found = sqlite_verify.first_undecodable(path)
+        found = audit_verify.first_undecodable(path)
         if found is None:
             raise
         index, seq = found
         with store.read() as s:
-            stored_size = log.tree_size(s)
+            stored_size = audit_log.tree_size(s)
         report = VerifyReport(
             ok=False, events=index, tree_size=stored_size, checkpoint_size=None,
             first_bad_index=index,
@@ -365,16 +366,16 @@ def _verify_log(
     workers: int | None = None,
 ) -> VerifyReport:
     """Recompute every leaf from the event rows and the tree from the leaves, and check it
-    against the newest signed checkpoint and the stored Merkle log. Names the first index
+    against the newest signed checkpoint and the stored Merkle audit_log. Names the first index
     that does not match. (No actor: this runs with direct database access, as an auditor.)
 
-    On SQLite a fast pass runs first (``audit.sqlite_verify``, ``workers`` processes, default
+    On SQLite a fast pass runs first (``store.audit_verify``, ``workers`` processes, default
     one per CPU); only when it cannot prove the log whole does the exact pass below run."""
     with store.read() as s:
         cp_row = s.scalars(
             select(AuditCheckpointRow).order_by(AuditCheckpointRow.id.desc()).limit(1)
         ).first()
-        stored_size = log.tree_size(s)
+        stored_size = audit_log.tree_size(s)
         checkpoints = [
             (r.tree_size, bytes(r.root_hash), r.note)
             for r in s.scalars(select(AuditCheckpointRow).order_by(AuditCheckpointRow.tree_size))
@@ -420,7 +421,7 @@ def _verify_log(
             if first_bad is None:
                 first_bad = _locate(store, min(cp.size, stack.size), checkpoints)
     with store.read() as s:
-        stored_root = log.root_at(s, stored_size) if stored_size else merkle.EMPTY_ROOT
+        stored_root = audit_log.root_at(s, stored_size) if stored_size else merkle.EMPTY_ROOT
     if stack.size != stored_size:
         report.problems.append(f"{stack.size} events but {stored_size} leaves in the Merkle log")
     if stack.size == stored_size and stack.root() != stored_root:
@@ -437,7 +438,7 @@ def _verify_log(
 def _fast_verify(
     store: Store, size: int, cp: note.Checkpoint, workers: int | None
 ) -> VerifyReport | None:
-    """The fast pass (SQLite, ``audit.sqlite_verify``): a report when it proves the log
+    """The fast pass (SQLite, ``proofplane.store.audit_verify``): a report when it proves the log
     whole (exactly ``size`` events, seq 1..size, reproducing the signed checkpoint root and
     the stored tree); None otherwise, and the exact pass then says what is wrong."""
     path = store.engine.url.database
@@ -447,12 +448,12 @@ def _fast_verify(
         # two statements: SQLite reads min() or max() of the key off the b-tree's edge only
         # when it is the query's one aggregate (together, they scan the table)
         lo_hi = (s.scalar(select(func.min(EventRow.seq))), s.scalar(select(func.max(EventRow.seq))))
-        stored_root = log.root_at(s, size) if size else merkle.EMPTY_ROOT
+        stored_root = audit_log.root_at(s, size) if size else merkle.EMPTY_ROOT
     if lo_hi != ((1, size) if size else (None, None)):
         return None
     try:
-        full, at, _slow = sqlite_verify.log_roots(path, size, [cp.size], workers=workers)
-    except sqlite_verify.Unverifiable:
+        full, at, _slow = audit_verify.log_roots(path, size, [cp.size], workers=workers)
+    except audit_verify.Unverifiable:
         return None
     if full != stored_root or at.get(cp.size) != cp.root_hash:
         return None
@@ -471,12 +472,12 @@ def _locate(store: Store, upto: int, checkpoints: list[tuple[int, bytes, str]]) 
                 break
             chunk.append(leaf)
             if len(chunk) == 4096:
-                bad = _first_difference(chunk, log.leaf_hashes(s, base, base + len(chunk)))
+                bad = _first_difference(chunk, audit_log.leaf_hashes(s, base, base + len(chunk)))
                 if bad is not None:
                     return base + bad
                 base, chunk = base + len(chunk), []
         if chunk:
-            bad = _first_difference(chunk, log.leaf_hashes(s, base, base + len(chunk)))
+            bad = _first_difference(chunk, audit_log.leaf_hashes(s, base, base + len(chunk)))
             if bad is not None:
                 return base + bad
     stack = _Stack()
@@ -530,7 +531,7 @@ def export_bundle(
             event = event_from_row(row)
             if tenant is not None and not _mentions_tenant(event, tenant):
                 continue
-            _, proof = log.inclusion(s, row.seq - 1, cp.size)
+            _, proof = audit_log.inclusion(s, row.seq - 1, cp.size)
             items.append((row.seq - 1, entry_bytes(event), proof))
     return bundle_mod.make_bundle(
         checkpoint=signed,

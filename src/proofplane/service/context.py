@@ -19,9 +19,9 @@ from sqlalchemy.orm import Session
 
 from proofplane.access import Actor
 from proofplane.audit.canonical import ENTRY_VERSION, format_ts, quote_string, stored_details
-from proofplane.audit.log import Appender, sqlite_connection
 from proofplane.errors import Conflict, Unavailable, ValidationFailed
 from proofplane.model import Outcome
+from proofplane.store.audit_log import Appender, sqlite_connection
 from proofplane.store.db import make_engine, read_session, write_session
 from proofplane.store.tables import EventRow
 

@@ -32,13 +32,13 @@ from sqlalchemy import func, select, update
 from proofplane.access import SYSTEM, Actor, Permission, authorize
 from proofplane.audit.canonical import event_leaf_hash
 from proofplane.audit.export import config as sink_config
-from proofplane.audit.export.sink import Sink, build, deliver
-from proofplane.audit.export.transport import DeliveryError
 from proofplane.errors import Conflict, NotFound, ProofplaneError
 from proofplane.model import Event, Outcome, validate_name
 from proofplane.service.context import Store
 from proofplane.service.events import event_from_row
 from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
+from proofplane.siem.sink import Sink, build, deliver
+from proofplane.siem.transport import DeliveryError
 from proofplane.store.tables import EventRow, SinkRow
 
 log = logging.getLogger("proofplane.export")

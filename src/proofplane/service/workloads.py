@@ -324,9 +324,7 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
     plain = tx.backend is None
     for wid, v, note, (spec, gpus) in zip(ids, values, notes, items, strict=True):
         name = v["name"]
-        fields = decision_fields(
-            spec.tenant, v["tags"], v["isolation"], gpus, v["co_residency"]
-        )
+        fields = decision_fields(spec.tenant, v["tags"], v["isolation"], gpus, v["co_residency"])
         details = {**fields, "priority": spec.priority, "command": v["command"]}
         if note:
             details["isolation_note"] = note

@@ -279,7 +279,7 @@ class SinkRow(Base):
 
 class AuditHashRow(Base):
     """The Merkle log: leaf hashes and complete-subtree hashes in append order (issue 4; see
-    ``proofplane.audit.log`` for the id layout). Written with its events, never updated."""
+    ``proofplane.store.audit_log`` for the id layout). Written with its events, never updated."""
 
     __tablename__ = "audit_hashes"
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=False)

@@ -49,7 +49,7 @@ def upgrade() -> None:
 def _backfill() -> None:
     """Hash the events that already exist (a log upgraded in place keeps its history)."""
     from proofplane.audit.canonical import event_leaf_hash
-    from proofplane.audit.log import Appender
+    from proofplane.store.audit_log import Appender
 
     conn = op.get_bind()
     events = sa.table(

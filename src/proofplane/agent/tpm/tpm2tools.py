@@ -1,7 +1,7 @@
 """A TPM 2.0 driven through tpm2-tools: the one place proofplane runs ``tpm2_*`` commands.
 
 The node agent (:mod:`proofplane.cli.agent`) uses it against the node's TPM
-(``device:/dev/tpmrm0``), the software-TPM harness (:mod:`proofplane.attest.swtpm`) against a
+(``device:/dev/tpmrm0``), the software-TPM harness (:mod:`proofplane.agent.tpm.swtpm`) against a
 swtpm (``swtpm:host=…,port=…``). Transient objects and sessions are flushed after every tool
 call: the swtpm TCTI has no resource manager. The EK may be RSA or ECC, from a low-range
 (PolicySecret) or high-range (PolicyOR) TCG template.

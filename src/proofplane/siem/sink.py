@@ -18,14 +18,14 @@ from urllib.parse import urlsplit
 
 from proofplane import __version__
 from proofplane.audit.export import cef, config, hec, ocsf, syslog
-from proofplane.audit.export.transport import (
+from proofplane.model import Event
+from proofplane.siem.transport import (
     DeliveryError,
     FileTransport,
     HttpTransport,
     SyslogTlsTransport,
     Transport,
 )
-from proofplane.model import Event
 
 Encoder = Callable[[Event, bytes], bytes]
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from proofplane.agent.tpm.tpm2tools import EK_CERT_NV_INDEX, Tpm, TpmToolError
 from proofplane.attest import eventlog as el
 from proofplane.attest.facts import analyze_eventlog
-from proofplane.attest.tpm2tools import EK_CERT_NV_INDEX, Tpm, TpmToolError
 
 TOOLS = (
     "swtpm",
@@ -164,7 +164,7 @@ class SwtpmNode:
         self.stop()
         self._launch()
 
-    # --- tools (tpm2-tools through :class:`proofplane.attest.tpm2tools.Tpm`) ------------------
+    # --- tools (tpm2-tools through :class:`proofplane.agent.tpm.tpm2tools.Tpm`) ------------------
     def _tools(self) -> Tpm:
         if self.tpm is None:
             raise TpmToolError("swtpm is not running")

@@ -1,0 +1,1 @@
+"""TPM I/O for the node agent: tpm2-tools subprocesses and software TPMs (swtpm)."""

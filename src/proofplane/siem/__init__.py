@@ -1,0 +1,11 @@
+"""SIEM delivery, the I/O half of the export (pure formatters: :mod:`proofplane.audit.export`).
+
+``transport`` speaks syslog over mutual TLS (RFC 5425 with RFC 6587 framing), HTTP and files;
+``sink`` pairs an encoder with a transport and delivers a batch with retries and exponential
+backoff. The cursors and the export loop live in ``proofplane.service.sinks``.
+"""
+
+from proofplane.siem.sink import Sink, backoff_delays, build, deliver
+from proofplane.siem.transport import DeliveryError
+
+__all__ = ["DeliveryError", "Sink", "backoff_delays", "build", "deliver"]
