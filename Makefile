@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8470
 
-.PHONY: setup up serve test test-deps lint format bench clean
+.PHONY: setup up serve test test-deps lint contract format bench clean
 
 setup: $(STAMP)
 
@@ -24,16 +24,22 @@ serve: setup
 	$(BIN)/proofplane serve --host $(HOST) --port $(PORT)
 
 # Installs the Debian packages and services the tests need, then lint + the whole suite.
-test: setup test-deps
+test: setup test-deps contract
 	$(BIN)/ruff check .
 	$(BIN)/pytest -n auto --dist loadfile
 
 test-deps:
 	scripts/test-deps.sh
 
-lint: setup
+lint: setup contract
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# The import contract (pure core imports no I/O, layers import downward, no cycles, no private
+# names across modules) and mypy --strict on the pure core (the script's list of it).
+contract: setup
+	$(BIN)/python scripts/import_contract.py
+	$(BIN)/mypy --strict $$($(BIN)/python scripts/import_contract.py --pure-paths)
 
 format: setup
 	$(BIN)/ruff format .

@@ -22,6 +22,7 @@ import pytest
 warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
 from fastapi.testclient import TestClient
 
+from ci import unavailable
 from proofplane.access import SYSTEM
 from proofplane.api.app import create_app
 from proofplane.hardware.cluster_file import parse_cluster
@@ -31,7 +32,6 @@ from proofplane.service.context import Store
 from proofplane.store import migrate
 
 PG_ADMIN = os.environ.get("PROOFPLANE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # The CLI renders Rich tables to the width of the terminal; test output is no terminal, and
 # pytest-xdist workers get none of the parent's size either: pin a wide one so the assertions
 # on table cells do not depend on how the suite is run.
@@ -68,9 +68,7 @@ def pg_template() -> Iterator[str]:
     try:
         conn = _admin()
     except psycopg.OperationalError as exc:
-        if IN_CI:
-            pytest.fail(f"PostgreSQL is required in CI and unreachable at {PG_ADMIN}: {exc}")
-        pytest.skip(f"PostgreSQL unreachable at {PG_ADMIN}")
+        unavailable(f"PostgreSQL unreachable at {PG_ADMIN}: {exc}")
     name = f"pp_tmpl_{RUN_ID}"
     with conn:
         conn.execute(f'CREATE DATABASE "{name}"')

@@ -11,6 +11,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from typer.testing import CliRunner
 
+from ci import unavailable
 from proofplane.attest import Evidence, Expected, Policy, make_record, verify
 from proofplane.attest import eventlog as el
 from proofplane.attest.simulate import SoftTpm
@@ -70,7 +71,7 @@ def test_eventlog_json_matches_the_library(tmp_path: Path):
 def test_eventlog_table_on_a_real_windows_log():
     path = LOGS / "p511.bin"
     if not path.exists():
-        pytest.skip("shared event logs not present")
+        unavailable(f"shared event log {path} not present")
     res = runner.invoke(app, ["attest", "eventlog", str(path), "--events"])
     assert res.exit_code == 0, res.output
     assert "crypto-agile" in res.stdout and "EV_EFI_BOOT_SERVICES_APPLICATION" in res.stdout

@@ -4,7 +4,6 @@ SHA-1 and StartupLocality logs, and random bytes that must never crash the parse
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
 import struct
@@ -15,12 +14,12 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from ci import unavailable
 from proofplane.attest import AttestError
 from proofplane.attest import eventlog as el
 from proofplane.attest.facts import _scan_regular, analyze_eventlog, analyze_eventlog_general
 from proofplane.attest.tpm import parse_attest, parse_public, parse_signature
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 LOGS = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "tcg-eventlogs"
 ALL_LOGS = sorted(LOGS.glob("*.bin"))
 # Windows logs end with an EV_NO_ACTION at virtual PCR 0xFFFFFFFF, which tpm2_eventlog 5.4
@@ -59,15 +58,13 @@ def _ours(blob: bytes) -> dict[str, dict[int, str]]:
 @pytest.fixture(scope="module")
 def tool() -> str:
     if shutil.which("tpm2_eventlog") is None:
-        if IN_CI:
-            pytest.fail("tpm2_eventlog (tpm2-tools) is required in CI")
-        pytest.skip("tpm2_eventlog (tpm2-tools) not installed")
+        unavailable("tpm2_eventlog (tpm2-tools) not installed")
     return "tpm2_eventlog"
 
 
 def test_all_twelve_logs_are_there():
     if not LOGS.is_dir():
-        pytest.skip(f"{LOGS} not present")
+        unavailable(f"{LOGS} not present")
     assert len(ALL_LOGS) == 12
 
 
@@ -295,7 +292,7 @@ def test_fast_and_rich_paths_agree_on_every_real_log(path: Path):
 @given(st.data())
 def test_fast_and_rich_paths_agree_on_mutated_real_logs(data: st.DataObject):
     if not _REAL:
-        pytest.skip(f"{LOGS} not present")
+        unavailable(f"{LOGS} not present")
     blob = bytearray(_REAL[data.draw(st.sampled_from(sorted(_REAL)))])
     events = _event_offsets(bytes(blob))
     for _ in range(data.draw(st.integers(0, 3))):

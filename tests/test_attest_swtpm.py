@@ -6,7 +6,6 @@ Without swtpm/tpm2-tools these tests are skipped locally and FAIL in CI (CI=true
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -15,12 +14,12 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from ci import unavailable
 from proofplane.attest import Evidence, Expected, Policy, verify
 from proofplane.attest import eventlog as el
 from proofplane.attest.tpm import ClockInfo, marshal_public_from_key, parse_attest
 from swtpm import AK_HANDLES, EK_HANDLE, SwtpmNode, boot_log, manufacture, measure, missing_tools
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 PCRS = list(range(10))
 INVENTORY = {
@@ -39,9 +38,7 @@ def tpm_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     missing = missing_tools()
     if missing:
         msg = f"swtpm/tpm2-tools missing: {', '.join(missing)} (scripts/test-deps.sh installs them)"
-        if IN_CI:
-            pytest.fail(msg)
-        pytest.skip(msg)
+        unavailable(msg)
     return manufacture(tmp_path_factory.mktemp("tpm-template"))
 
 

@@ -5,7 +5,6 @@ Without swtpm/tpm2-tools: skipped locally, failed in CI (CI=true)."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from ci import unavailable
 from live_server import free_port, serve
 from proofplane.cli.main import app
 from proofplane.service.access import bootstrap_admin
@@ -21,7 +21,6 @@ from proofplane.store import migrate
 from swtpm import AK_HANDLES, SwtpmNode, boot_log, manufacture, measure, missing_tools
 from test_attestation_swtpm import INVENTORY, golden_policy, node_body
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 ADMIN = "ppt_attestation-cli-admin-0123456789"
 runner = CliRunner()
 
@@ -31,9 +30,7 @@ def tpm(tmp_path: Path) -> Iterator[SwtpmNode]:
     missing = missing_tools()
     if missing:
         msg = f"swtpm/tpm2-tools missing: {', '.join(missing)} (scripts/test-deps.sh installs them)"
-        if IN_CI:
-            pytest.fail(msg)
-        pytest.skip(msg)
+        unavailable(msg)
     node = SwtpmNode.start(manufacture(tmp_path / "template"), tmp_path / "tpm")
     try:
         yield node

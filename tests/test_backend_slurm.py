@@ -7,7 +7,6 @@ FAIL in CI (CI=true): a missing dependency never passes silently.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ci import unavailable
 from proofplane.backends.base import (
     BackendUnavailable,
     Change,
@@ -39,8 +39,6 @@ from proofplane.backends.slurm import (
 )
 from proofplane.model import Gpu, MigInstance, Node, PlacedDevice, Placement
 from slurm_cluster import SlurmCluster, missing_binaries, remove_cluster, start_cluster
-
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 H100 = "H100-80GB"
 MIG_GPU0 = (MigInstance("3g.40gb", 0), MigInstance("3g.40gb", 4))
@@ -223,9 +221,7 @@ def cluster() -> Iterator[SlurmCluster]:
             f"Slurm is not installed (missing: {', '.join(missing)}); "
             "see scripts/debian-packages.txt"
         )
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(message)
     c = start_cluster(NODES)
     yield c
     remove_cluster(c)

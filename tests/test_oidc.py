@@ -13,7 +13,6 @@ import base64
 import hashlib
 import html
 import json
-import os
 import re
 import shutil
 import socket
@@ -35,6 +34,7 @@ from joserfc import jwt
 from joserfc.jwk import ECKey, KeySet, OctKey, RSAKey
 from sqlalchemy import select
 
+from ci import unavailable
 from proofplane.access import SYSTEM, oidc
 from proofplane.api.app import create_app
 from proofplane.config import OidcSettings, Settings
@@ -42,7 +42,6 @@ from proofplane.service.context import Store
 from proofplane.store.tables import EventRow, OidcLoginRow, UserRow
 
 OIDC_DIR = Path(__file__).parent / "oidc"
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 CLIENT_ID = "proofplane-test"
 CLIENT_SECRET = "s3cret:with/odd+chars &more"  # exercises client_secret_basic's urlencoding
 GROUP_MAP: dict[str, dict[str, list[str]]] = {
@@ -585,9 +584,7 @@ def _settings(issuer: str, **over: Any) -> OidcSettings:
 
 
 def _need(reason: str) -> None:
-    if IN_CI:
-        pytest.fail(f"{reason} (required in CI)")
-    pytest.skip(reason)
+    unavailable(reason)
 
 
 def _free_port() -> int:
