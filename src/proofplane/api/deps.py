@@ -14,18 +14,50 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Response
 
 from proofplane.access import Actor, Forbidden, Permission, Unauthenticated, authorize
 from proofplane.access.credentials import csrf_token
 from proofplane.config import Settings
-from proofplane.service.access import authenticate
+from proofplane.service.access import IssuedToken, authenticate
 from proofplane.service.context import Store
 
 SESSION_COOKIE = "proofplane_session"
 CSRF_COOKIE = "proofplane_csrf"
 CSRF_HEADER = "x-csrf-token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def set_session_cookies(response: Response, issued: IssuedToken, settings: Settings) -> str:
+    """Open a browser session on ``response``: the HttpOnly session cookie and the CSRF cookie
+    (readable by the page, which echoes it in ``x-csrf-token``), both strict same-site and
+    living as long as the session. Returns the CSRF token."""
+    csrf = csrf_token(issued.token)
+    max_age = int((issued.expires_at - datetime.now(issued.expires_at.tzinfo)).total_seconds())
+    response.set_cookie(
+        SESSION_COOKIE,
+        issued.token,
+        max_age=max_age,
+        httponly=True,
+        secure=settings.cookie_secure,
+        samesite="strict",
+        path="/",
+    )
+    response.set_cookie(
+        CSRF_COOKIE,
+        csrf,
+        max_age=max_age,
+        httponly=False,
+        secure=settings.cookie_secure,
+        samesite="strict",
+        path="/",
+    )
+    return csrf
+
+
+def clear_session_cookies(response: Response) -> None:
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    response.delete_cookie(CSRF_COOKIE, path="/")
 
 
 def get_store(request: Request) -> Store:

@@ -10,15 +10,14 @@ from pydantic import BaseModel, Field
 
 from proofplane.access import Actor
 from proofplane.access import Permission as P
-from proofplane.access.credentials import csrf_token
 from proofplane.api.deps import (
-    CSRF_COOKIE,
-    SESSION_COOKIE,
+    clear_session_cookies,
     enrolling,
     get_settings,
     get_store,
     public,
     requires,
+    set_session_cookies,
     signed_in,
 )
 from proofplane.api.schemas import ErrorResponse, Name, Page, _In
@@ -37,7 +36,7 @@ router = APIRouter(
 )
 StoreDep = Annotated[Store, Depends(get_store)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-Username = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._@-]{0,62}$")]
+Username = Annotated[str, Field(pattern=svc.USERNAME_PATTERN)]
 
 
 # --- bodies ------------------------------------------------------------------------------------
@@ -191,28 +190,7 @@ def login(body: LoginIn, store: StoreDep, settings: SettingsDep, response: Respo
     issued = svc.login(
         store, body.username, body.password, body.totp, session_ttl=settings.session_ttl
     )
-    csrf = None
-    if body.cookie:
-        csrf = csrf_token(issued.token)
-        max_age = int((issued.expires_at - datetime.now(issued.expires_at.tzinfo)).total_seconds())
-        response.set_cookie(
-            SESSION_COOKIE,
-            issued.token,
-            max_age=max_age,
-            httponly=True,
-            secure=settings.cookie_secure,
-            samesite="strict",
-            path="/",
-        )
-        response.set_cookie(
-            CSRF_COOKIE,
-            csrf,
-            max_age=max_age,
-            httponly=False,
-            secure=settings.cookie_secure,
-            samesite="strict",
-            path="/",
-        )
+    csrf = set_session_cookies(response, issued, settings) if body.cookie else None
     return TokenOut.of(issued, csrf)
 
 
@@ -221,8 +199,7 @@ def logout(
     store: StoreDep, actor: Annotated[Actor, Depends(enrolling)], response: Response
 ) -> Response:
     svc.logout(store, actor)
-    response.delete_cookie(SESSION_COOKIE, path="/")
-    response.delete_cookie(CSRF_COOKIE, path="/")
+    clear_session_cookies(response)
     response.status_code = status.HTTP_204_NO_CONTENT
     return response
 

@@ -1,0 +1,332 @@
+"""Signing in and being signed in: password logins with TOTP and lockout, federated (OIDC)
+logins, bearer-token authentication, logout.
+
+Failed logins are recorded, not rolled back: ``login`` commits the failure (counter, lock,
+events) and only then reports it, because evidence of an attack must survive the refusal.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+
+from proofplane.access import Actor, Unauthenticated, parse_roles, totp
+from proofplane.access import credentials as cred
+from proofplane.access.roles import MFA_REQUIRED, SCOPED_ROLES
+from proofplane.errors import Conflict, ProofplaneError
+from proofplane.model import Outcome
+from proofplane.service.access.common import (
+    AccountLocked,
+    IssuedToken,
+    check_username,
+    issue_credential,
+    new_user_row,
+    safe_username,
+)
+from proofplane.service.context import Store, Tx
+from proofplane.store.tables import EventRow, TenantRow, TokenRow, UserRow
+
+LOCK_AFTER = 10  # consecutive failures (PCI DSS 4.0 §8.3.4: at most 10)
+LOCK_FOR = timedelta(minutes=30)  # (…for at least 30 minutes)
+ALERT_AFTER = 5  # consecutive failures on one account raise an alert
+SPRAY_WINDOW = timedelta(seconds=60)
+SPRAY_ALERT = 20  # failed logins across all accounts within the window
+ENROLLMENT_TTL = timedelta(minutes=15)
+
+
+def _fail(tx: Tx, row: UserRow | None, username: str, reason: str) -> None:
+    """Record a failed login; count it against the account; lock and alert at the limits."""
+    tx.record(
+        "auth.login",
+        "user",
+        safe_username(username),
+        outcome=Outcome.FAILURE,
+        details={"method": "password", "reason": reason},
+    )
+    if row is not None:
+        row.failed_logins += 1
+        row.updated_at = tx.now
+        if row.failed_logins == ALERT_AFTER:
+            tx.record(
+                "alert.auth_failure_burst",
+                "user",
+                row.username,
+                outcome=Outcome.FAILURE,
+                details={"consecutive_failures": row.failed_logins, "severity": "medium"},
+            )
+        if row.failed_logins >= LOCK_AFTER:
+            row.locked_until = tx.now + LOCK_FOR
+            tx.record(
+                "account.lock",
+                "user",
+                row.username,
+                details={
+                    "consecutive_failures": row.failed_logins,
+                    "locked_until": row.locked_until.isoformat(),
+                },
+            )
+    since = tx.now - SPRAY_WINDOW
+    recent = (
+        tx.session.scalar(
+            select(func.count())
+            .select_from(EventRow)
+            .where(
+                EventRow.action == "auth.login",
+                EventRow.outcome == Outcome.FAILURE.value,
+                EventRow.ts >= since,
+            )
+        )
+        or 0
+    )
+    already = tx.session.scalar(
+        select(func.count())
+        .select_from(EventRow)
+        .where(EventRow.action == "alert.auth_failure_spray", EventRow.ts >= since)
+    )
+    if recent + 1 >= SPRAY_ALERT and not already:
+        tx.record(
+            "alert.auth_failure_spray",
+            "cluster",
+            "authentication",
+            outcome=Outcome.FAILURE,
+            details={"failed_logins": recent + 1, "window_seconds": 60, "severity": "high"},
+        )
+
+
+def login(
+    store: Store,
+    username: str,
+    password: str,
+    code: str | None,
+    *,
+    session_ttl: timedelta,
+    now: datetime | None = None,
+) -> IssuedToken:
+    """Password (+ TOTP or a recovery code) → a short-lived session token.
+
+    An identity whose roles require MFA and who has not enrolled gets an enrollment-only
+    session instead: it can enroll a TOTP authenticator and nothing else.
+    """
+    error: ProofplaneError | None = None
+    issued: IssuedToken | None = None
+    with store.write(Actor(safe_username(username)), now) as tx:
+        row = tx.session.scalar(select(UserRow).where(UserRow.username == username))
+        if row is not None and row.locked_until is not None and row.locked_until <= tx.now:
+            row.locked_until, row.failed_logins = None, 0  # the lock has run out
+        if row is not None and row.locked_until is not None:
+            cred.verify_password(None, password)  # same cost as any attempt
+            tx.record(
+                "auth.login",
+                "user",
+                row.username,
+                outcome=Outcome.DENIED,
+                details={"method": "password", "reason": "account_locked"},
+            )
+            error = AccountLocked(
+                "account is locked after repeated failures; try later or ask an admin",
+                details={"locked_until": row.locked_until.isoformat()},
+            )
+        elif row is None or row.disabled or not cred.verify_password(row.password_hash, password):
+            reason = "unknown_user" if row is None else "disabled" if row.disabled else "password"
+            if row is None:
+                cred.verify_password(None, password)
+            _fail(tx, row, username, reason)
+            error = Unauthenticated("invalid username or password", code="invalid_credentials")
+        else:
+            mfa_needed = row.totp_enabled or bool(set(row.roles) & {r.value for r in MFA_REQUIRED})
+            if row.totp_enabled and not code:
+                error = Unauthenticated("this account needs a TOTP code", code="mfa_required")
+            elif row.totp_enabled:
+                assert row.totp_secret is not None and code is not None
+                step = totp.verify(row.totp_secret, code, tx.now.timestamp(), row.totp_last_step)
+                rhash = cred.recovery_hash(code)
+                if step is not None:
+                    row.totp_last_step = step
+                elif rhash in row.recovery_codes:
+                    row.recovery_codes = [h for h in row.recovery_codes if h != rhash]
+                    tx.record(
+                        "mfa.recovery_code.use",
+                        "user",
+                        row.username,
+                        details={"remaining": len(row.recovery_codes)},
+                    )
+                else:
+                    replay = row.totp_last_step is not None and any(
+                        totp.code_at_step(row.totp_secret, s) == code.strip()
+                        for s in range(row.totp_last_step - 1, row.totp_last_step + 1)
+                    )
+                    _fail(tx, row, username, "totp_replayed" if replay else "totp")
+                    error = Unauthenticated("invalid TOTP code", code="invalid_totp")
+            if error is None:
+                row.failed_logins = 0
+                row.updated_at = tx.now
+                if mfa_needed and not row.totp_enabled:
+                    issued = issue_credential(
+                        tx,
+                        kind="enrollment",
+                        name="mfa enrollment",
+                        user=row,
+                        roles=[],
+                        tenants=[],
+                        ttl=ENROLLMENT_TTL,
+                    )
+                    issued = IssuedToken(
+                        issued.token,
+                        issued.id,
+                        issued.kind,
+                        issued.expires_at,
+                        mfa_enrollment_required=True,
+                    )
+                else:
+                    if row.password_hash and cred.needs_rehash(row.password_hash):
+                        row.password_hash = cred.hash_password(password)
+                    issued = issue_credential(
+                        tx,
+                        kind="session",
+                        name="login session",
+                        user=row,
+                        roles=row.roles,
+                        tenants=row.tenants,
+                        ttl=session_ttl,
+                    )
+                tx.record(
+                    "auth.login",
+                    "user",
+                    row.username,
+                    details={
+                        "method": "password",
+                        "mfa": row.totp_enabled,
+                        "token_id": issued.id,
+                        "session": issued.kind,
+                    },
+                )
+    if error is not None:
+        raise error
+    assert issued is not None
+    return issued
+
+
+def login_federated(
+    store: Store,
+    *,
+    subject: str,
+    username: str,
+    roles: list[str],
+    tenants: list[str],
+    issuer: str,
+    session_ttl: timedelta,
+) -> IssuedToken:
+    """An identity the OIDC provider vouched for: create or refresh the user from its groups
+    (the provider is the source of truth for roles), then open a session."""
+    check_username(username)
+    role_set = parse_roles(roles)
+    with store.write(Actor(username)) as tx:
+        known = set(tx.session.scalars(select(TenantRow.name).where(TenantRow.name.in_(tenants))))
+        tenants = sorted(t for t in tenants if t in known)
+        if role_set & SCOPED_ROLES and not tenants:
+            role_set = role_set - SCOPED_ROLES
+        ext = f"{issuer}#{subject}"
+        row = tx.session.scalar(select(UserRow).where(UserRow.external_subject == ext))
+        if row is None:
+            if tx.session.scalar(select(UserRow.id).where(UserRow.username == username)):
+                raise Conflict(
+                    f"user {username!r} exists locally; federated login cannot take it over",
+                    details={"username": username},
+                )
+            row = new_user_row(username, source="oidc", now=tx.now, external_subject=ext)
+            tx.session.add(row)
+            tx.session.flush()
+            tx.record("user.create", "user", username, details={"source": "oidc", "issuer": issuer})
+        if row.disabled:
+            tx.record(
+                "auth.login",
+                "user",
+                username,
+                outcome=Outcome.FAILURE,
+                details={"method": "oidc", "reason": "disabled"},
+            )
+            error: ProofplaneError | None = Unauthenticated(
+                "this account is disabled", code="invalid_credentials"
+            )
+        else:
+            error = None
+            new_roles = sorted(r.value for r in role_set)
+            if new_roles != row.roles or tenants != row.tenants:
+                tx.record(
+                    "user.update",
+                    "user",
+                    username,
+                    details={
+                        "source": "oidc",
+                        "roles": {"before": row.roles, "after": new_roles},
+                        "tenants": {"before": row.tenants, "after": tenants},
+                    },
+                )
+                row.roles, row.tenants, row.updated_at = new_roles, tenants, tx.now
+            issued = issue_credential(
+                tx,
+                kind="session",
+                name="oidc session",
+                user=row,
+                roles=row.roles,
+                tenants=row.tenants,
+                ttl=session_ttl,
+            )
+            tx.record(
+                "auth.login",
+                "user",
+                username,
+                details={"method": "oidc", "issuer": issuer, "token_id": issued.id},
+            )
+    if error is not None:
+        raise error
+    return issued
+
+
+def authenticate(store: Store, token: str, now: datetime) -> Actor:
+    """The actor a bearer token stands for, or Unauthenticated."""
+    with store.read() as session:
+        row = session.scalar(select(TokenRow).where(TokenRow.token_hash == cred.token_hash(token)))
+        if row is None or row.revoked_at is not None:
+            raise Unauthenticated("invalid or revoked token", code="invalid_token")
+        if row.expires_at <= now:
+            raise Unauthenticated("token expired", code="token_expired")
+        if row.kind == "agent":
+            return Actor(f"node:{row.node_name}", token_id=row.id)
+        user = row.user
+        if user is None or user.disabled:
+            raise Unauthenticated("invalid or revoked token", code="invalid_token")
+        # A token never carries more than its owner holds now.
+        roles = parse_roles(set(row.roles) & set(user.roles))
+        tenants = frozenset(set(row.tenants) & set(user.tenants))
+        stale = row.last_used_at is None or now - row.last_used_at > timedelta(minutes=5)
+        token_id = row.id
+        actor = Actor(
+            user.username,
+            roles,
+            tenants,
+            token_id=token_id,
+            enrollment_only=row.kind == "enrollment",
+        )
+    if stale:
+        _touch(store, token_id, now)
+    return actor
+
+
+def _touch(store: Store, token_id: str, now: datetime) -> None:
+    """Note when a token was last used (at most every five minutes: not an audit trail)."""
+    with store.write(Actor("system"), now) as tx:
+        row = tx.session.get(TokenRow, token_id)
+        if row is not None:
+            row.last_used_at = now
+
+
+def logout(store: Store, actor: Actor) -> None:
+    if actor.token_id is None:
+        return
+    with store.write(actor) as tx:
+        row = tx.session.get(TokenRow, actor.token_id)
+        if row is not None and row.kind in ("session", "enrollment") and row.revoked_at is None:
+            row.revoked_at = tx.now
+            tx.record("auth.logout", "user", actor.name, details={"token_id": row.id})
