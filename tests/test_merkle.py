@@ -50,7 +50,7 @@ def test_hasher_vectors():
     for v in hv["leaf"]:
         assert leaf_hash(H(v["input_hex"])).hex() == v["hash"]
     for v in hv["node"]:
-        assert merkle._node(H(v["left"]), H(v["right"])).hex() == v["hash"]
+        assert merkle.node_hash(H(v["left"]), H(v["right"])).hex() == v["hash"]
 
 
 LEAVES = [H(x) for x in RFC["reference_tree"]["leaf_inputs"]]
@@ -67,7 +67,7 @@ def test_reference_node_hashes_by_level():
     for k, level in enumerate(levels):
         for i, want in enumerate(level):
             assert (
-                merkle._root_of_hashes([leaf_hash(e) for e in LEAVES[i << k : (i + 1) << k]]).hex()
+                merkle.root_of_hashes([leaf_hash(e) for e in LEAVES[i << k : (i + 1) << k]]).hex()
                 == want
             )
 
@@ -185,7 +185,7 @@ def _naive_root(entries):
     if len(entries) == 1:
         return leaf_hash(entries[0])
     k = 1 << ((len(entries) - 1).bit_length() - 1)
-    return merkle._node(_naive_root(entries[:k]), _naive_root(entries[k:]))
+    return merkle.node_hash(_naive_root(entries[:k]), _naive_root(entries[k:]))
 
 
 @settings(max_examples=150, deadline=None)

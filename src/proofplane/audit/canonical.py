@@ -25,9 +25,10 @@ non-string keys) are refused with ``ValueError``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from enum import Enum
 from typing import Any, Protocol
@@ -39,7 +40,10 @@ __all__ = [
     "AuditableEvent",
     "canonical_json",
     "entry_bytes",
+    "entry_frame",
+    "entry_leaf_hashes",
     "entry_object",
+    "entry_text",
     "event_leaf_hash",
     "fast_canonical_json",
     "format_ts",
@@ -49,6 +53,7 @@ __all__ = [
 
 ENTRY_VERSION = 1
 _MAX_SAFE_INT = 2**53 - 1
+_sha256 = hashlib.sha256
 
 
 class AuditableEvent(Protocol):
@@ -104,6 +109,73 @@ def entry_bytes(event: AuditableEvent) -> bytes:
 def event_leaf_hash(event: AuditableEvent) -> bytes:
     """The event's RFC 9162 leaf hash, SHA-256(0x00 ‖ entry_bytes(event)) (32 bytes)."""
     return leaf_hash(entry_bytes(event))
+
+
+# --- the fast path: an entry laid out from its parts ----------------------------------------
+#
+# The canonical entry has one fixed shape (members in JCS order, all strings but ``details``,
+# ``seq`` and ``v``), so where the details' canonical text is already at hand the entry is
+# text laid out around it: that is what the event writer (``Tx.record``) and the fast
+# verifier (``store.audit_verify``) do, through these three functions and nothing else.
+
+
+def entry_frame(
+    ts: str, actor: str, action: str, target_type: str, outcome: str
+) -> tuple[str, str, str]:
+    """``(head, mid, tail)``: the fixed text of an entry around the parts that change from
+    one event of a batch to the next (the details, the seq, the target id)::
+
+        head + details_json + mid + str(seq) + ',"target_id":' + quote_string(target_id) + tail
+
+    ``ts`` is the entry's spelling of the time (``format_ts``), ``outcome`` its string
+    value. ``TypeError`` when a part is no ``str``."""
+    q = quote_string
+    return (
+        f'{{"action":{q(action)},"actor":{q(actor)},"details":',
+        f',"outcome":{q(outcome)},"seq":',
+        f',"target_type":{q(target_type)},"ts":"{ts}","v":{ENTRY_VERSION}}}',
+    )
+
+
+def entry_text(
+    seq: int,
+    ts: str,
+    actor: str,
+    action: str,
+    target_type: str,
+    target_id: str,
+    outcome: str,
+    details_json: str,
+) -> str:
+    """The canonical entry as text, from its parts in final form: ``ts`` as ``format_ts``
+    spells it, ``outcome`` its string value, ``details_json`` the details' canonical JSON
+    text (``stored_details``, ``fast_details_json``). Encoded as UTF-8 it is
+    ``entry_bytes`` of the same event, byte for byte (tested)."""
+    head, mid, tail = entry_frame(ts, actor, action, target_type, outcome)
+    return f'{head}{details_json}{mid}{seq},"target_id":{quote_string(target_id)}{tail}'
+
+
+def entry_leaf_hashes(
+    ts: str, actor: str, events: Iterable[tuple[int, str, str, str, str, str]]
+) -> list[bytes]:
+    """The leaf hashes of entries that share a time (``format_ts`` spelling) and an actor, as
+    a transaction's events do: ``events`` are ``(seq, action, target_type, target_id,
+    outcome, details_json)``, each hashed as ``leaf_hash(entry_text(...).encode())`` is
+    (tested), with the frame of each (action, target type, outcome) laid out once.
+    ``ValueError`` (``UnicodeEncodeError``) for text that is not valid Unicode."""
+    frames: dict[tuple[str, str, str], tuple[str, str, str]] = {}
+    q, sha = quote_string, _sha256
+    out: list[bytes] = []
+    keep = out.append
+    for seq, action, target_type, target_id, outcome, details in events:
+        key = (action, target_type, outcome)
+        frame = frames.get(key)
+        if frame is None:
+            head, mid, tail = entry_frame(ts, actor, action, target_type, outcome)
+            frame = frames[key] = ("\x00" + head, mid, tail)  # 0x00: the RFC 9162 leaf prefix
+        head, mid, tail = frame
+        keep(sha(f'{head}{details}{mid}{seq},"target_id":{q(target_id)}{tail}'.encode()).digest())
+    return out
 
 
 def canonical_json(value: Any) -> bytes:
@@ -251,12 +323,15 @@ if json.encoder.c_make_encoder is not None:  # type: ignore[attr-defined]
         return "".join(_c_encode(value, 0))
 
 else:  # pragma: no cover - interpreters without the _json accelerator
-    _dumps_compact = json.JSONEncoder(
+    _py_encoder = json.JSONEncoder(
         ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":")
-    ).encode
+    )
+
+    def _dumps_compact(value: Any) -> str:
+        return _py_encoder.encode(value)
 
 
-quote_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
+quote_string = json.encoder.encode_basestring
 """JCS string quoting for a ``str`` (C): the same minimal escapes (lowercase ``\\u00xx``
 for control characters, short forms for the five that have them), everything else as is."""
 # astral characters (key order) and lone surrogates (not UTF-8): the exact path decides
@@ -271,7 +346,8 @@ def _jcs_simple(value: Any) -> bool:
     if t is str or t is bool or value is None:
         return True
     if t is int:
-        return -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT
+        n: int = value
+        return -_MAX_SAFE_INT <= n <= _MAX_SAFE_INT
     if t is dict or t is list:
         # a loop with the scalar cases inline: this runs for every recorded event
         for k, v in value.items() if t is dict else enumerate(value):

@@ -182,7 +182,7 @@ def _verify_server(ctx: typer.Context, trusted: str | None, origin: str | None) 
                 first_bad = e["index"]
                 problems.append(f"index {e['index']}: the entry does not hash to its leaf")
             leaves.append(leaf)
-    if merkle._root_of_hashes(leaves) != cp.root_hash:
+    if merkle.root_of_hashes(leaves) != cp.root_hash:
         problems.append(f"the entries do not reproduce the checkpoint root at size {cp.size}")
     return {
         "ok": not problems,

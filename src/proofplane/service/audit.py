@@ -264,27 +264,6 @@ class VerifyReport:
         }
 
 
-class _Stack:
-    """Streaming RFC 9162 root: the right edge of the tree, one hash per set bit of the size."""
-
-    __slots__ = ("edge", "size")
-
-    def __init__(self) -> None:
-        self.edge: list[tuple[int, bytes]] = []
-        self.size = 0
-
-    def push(self, leaf: bytes) -> None:
-        level, cur, edge = 0, leaf, self.edge
-        while edge and edge[-1][0] == level:
-            cur = merkle._node(edge.pop()[1], cur)
-            level += 1
-        edge.append((level, cur))
-        self.size += 1
-
-    def root(self) -> bytes:
-        return merkle.fold_range([h for _, h in self.edge]) if self.edge else merkle.EMPTY_ROOT
-
-
 def iter_leaf_hashes(store: Store, batch: int = 20_000) -> Iterator[tuple[int, bytes]]:
     """(seq, recomputed leaf hash) for every event row, in seq order, straight from the
     rows (a fast raw-cursor path on SQLite)."""
@@ -396,7 +375,7 @@ def _verify_log(
         if fast is not None:
             return fast
 
-    stack = _Stack()
+    stack = merkle.CompactRange()
     cp_root: bytes | None = None if cp is None or cp.size else merkle.EMPTY_ROOT
     first_bad: int | None = None
     for seq, leaf in iter_leaf_hashes(store):
@@ -404,7 +383,7 @@ def _verify_log(
         if seq != index + 1 and first_bad is None:
             first_bad = index
             report.problems.append(f"index {index}: expected event seq {index + 1}, found {seq}")
-        stack.push(leaf)
+        stack.append(leaf)
         if cp is not None and stack.size == cp.size:
             cp_root = stack.root()
     report.events = stack.size
@@ -480,13 +459,13 @@ def _locate(store: Store, upto: int, checkpoints: list[tuple[int, bytes, str]]) 
             bad = _first_difference(chunk, audit_log.leaf_hashes(s, base, base + len(chunk)))
             if bad is not None:
                 return base + bad
-    stack = _Stack()
+    stack = merkle.CompactRange()
     pending = [c for c in checkpoints if 0 < c[0] <= upto]
     good_until = 0
     for _seq, leaf in iter_leaf_hashes(store):
         if not pending:
             break
-        stack.push(leaf)
+        stack.append(leaf)
         while pending and pending[0][0] == stack.size:
             if stack.root() != pending[0][1]:
                 return good_until

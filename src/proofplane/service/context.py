@@ -7,7 +7,6 @@ gap-free sequence numbers, and commits state and events together, or neither.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -18,7 +17,7 @@ from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from proofplane.access import Actor
-from proofplane.audit.canonical import ENTRY_VERSION, format_ts, quote_string, stored_details
+from proofplane.audit.canonical import entry_leaf_hashes, format_ts, stored_details
 from proofplane.errors import Conflict, Unavailable, ValidationFailed
 from proofplane.model import Outcome
 from proofplane.store.audit_log import Appender, sqlite_connection
@@ -127,23 +126,16 @@ class Tx:
         sqlite = raw is not None
         ts_db: Any = _sqlite_ts(self.now, session.get_bind().dialect) if sqlite else self.now
         actor = self.actor.name
-        seq = self._next_seq
-        # every entry is {"action":…,"actor":…,"details":…,"outcome":…,"seq":…,
-        # "target_id":…,"target_type":…,"ts":…,"v":1}: the fixed parts once per batch
-        q = quote_string
-        head = '{"action":'
-        mid = f',"actor":{q(actor)},"details":'
-        tail = f',"ts":"{format_ts(self.now)}","v":{ENTRY_VERSION}}}'
+        first = seq = self._next_seq
+        # the entries' leaves first: an entry that is not valid Unicode refuses the batch
+        leaves = entry_leaf_hashes(
+            format_ts(self.now),
+            actor,
+            [(first + k, p[0], p[1], p[2], p[3], p[6]) for k, p in enumerate(prepared)],
+        )
         rows: list[dict[str, Any]] = []
         params: list[tuple[Any, ...]] = []
-        leaves: list[bytes] = []
-        sha = hashlib.sha256
-        for action, target_type, target_id, outcome, value, stored, text in prepared:
-            entry = (
-                f'{head}{q(action)}{mid}{text},"outcome":{q(outcome)},"seq":{seq},'
-                f'"target_id":{q(target_id)},"target_type":{q(target_type)}{tail}'
-            )
-            leaves.append(sha(b"\x00" + entry.encode("utf-8")).digest())
+        for action, target_type, target_id, outcome, value, stored, _text in prepared:
             row = (seq, ts_db, actor, action, target_type, target_id, outcome)
             if sqlite:
                 params.append((*row, stored))  # as a rule the canonical text itself

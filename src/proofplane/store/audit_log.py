@@ -16,9 +16,7 @@ of at most ~2·log2(n) ids, then a few hashes in memory.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, func, insert, select
@@ -27,10 +25,6 @@ from sqlalchemy.orm import Session
 from proofplane.audit import merkle
 from proofplane.errors import ProofplaneError
 from proofplane.store.tables import AuditHashRow
-
-_node = merkle._node
-_sha256 = hashlib.sha256
-
 
 def stored_before(n: int) -> int:
     """How many hashes the first ``n`` leaves store (leaf hashes + complete subtrees)."""
@@ -66,14 +60,22 @@ class ProofRangeError(ValueError):
     """A proof asked for sizes or indices outside the log."""
 
 
-@dataclass(slots=True)
 class Appender:
-    """The right edge of the tree (one hash per set bit of the size) and the hashes a batch
-    of appends produces; pure except for ``load``/``flush``."""
+    """The log's right edge (``merkle.CompactRange``) and the hashes a batch of appends
+    produces, not yet written (``pending``: the last ``len(pending)`` of the
+    ``stored_before(size)`` hashes, in storage order); pure except for ``load``/``flush``."""
 
-    size: int
-    edge: list[tuple[int, bytes]]  # (level, hash), highest level first
-    pending: list[tuple[int, bytes]]  # (id, hash) not yet written
+    __slots__ = ("pending", "range")
+
+    def __init__(
+        self, size: int = 0, edge: Iterable[bytes] = (), pending: Iterable[bytes] = ()
+    ) -> None:
+        self.range = merkle.CompactRange(size, edge)
+        self.pending: list[bytes] = list(pending)
+
+    @property
+    def size(self) -> int:
+        return self.range.size
 
     @classmethod
     def load(cls, db: Session | Connection, size: int) -> Appender:
@@ -81,56 +83,30 @@ class Appender:
         stored = tree_size(db)
         if stored != size:
             raise LogCorrupted(f"the Merkle log holds {stored} leaves but {size} events")
-        nodes = merkle.range_nodes(0, size)
-        hashes = _fetch(db, [node_id(lv, ix) for lv, ix in nodes])
-        return cls(size, [(lv, hashes[node_id(lv, ix)]) for lv, ix in nodes], [])
+        ids = [node_id(lv, ix) for lv, ix in merkle.range_nodes(0, size)]
+        hashes = _fetch(db, ids)
+        return cls(size, [hashes[i] for i in ids])
 
     def append_leaf(self, leaf: bytes) -> None:
-        n = self.size
-        next_id = stored_before(n)
-        pending = self.pending
-        pending.append((next_id, leaf))
-        level, cur = 0, leaf
-        edge = self.edge
-        while edge and edge[-1][0] == level:
-            cur = _sha256(b"\x01" + edge.pop()[1] + cur).digest()
-            level += 1
-            pending.append((next_id + level, cur))
-        edge.append((level, cur))
-        self.size = n + 1
+        self.pending += self.range.extend((leaf,))
 
     def append_leaves(self, leaves: Iterable[bytes]) -> None:
         """``append_leaf`` for each leaf in order (one loop, for bulk appends)."""
-        n, edge, pending, sha = self.size, self.edge, self.pending, _sha256
-        next_id = stored_before(n)
-        for leaf in leaves:
-            pending.append((next_id, leaf))
-            next_id += 1
-            level, cur = 0, leaf
-            while edge and edge[-1][0] == level:
-                cur = sha(b"\x01" + edge.pop()[1] + cur).digest()
-                level += 1
-                pending.append((next_id, cur))
-                next_id += 1
-            edge.append((level, cur))
-            n += 1
-        self.size = n
+        self.pending += self.range.extend(leaves)
 
     def root(self) -> bytes:
-        if not self.edge:
-            return merkle.EMPTY_ROOT
-        return merkle.fold_range([h for _, h in self.edge])
+        return self.range.root()
 
     def flush(self, db: Session | Connection) -> None:
         if not self.pending:
             return
+        end = stored_before(self.range.size)
+        rows = zip(range(end - len(self.pending), end), self.pending, strict=True)
         raw = sqlite_connection(db)
         if raw is not None:
-            raw.executemany("INSERT INTO audit_hashes (id, hash) VALUES (?, ?)", self.pending)
+            raw.executemany("INSERT INTO audit_hashes (id, hash) VALUES (?, ?)", rows)
         else:
-            db.execute(
-                insert(AuditHashRow.__table__), [{"id": i, "hash": h} for i, h in self.pending]
-            )
+            db.execute(insert(AuditHashRow.__table__), [{"id": i, "hash": h} for i, h in rows])
         self.pending = []
 
 

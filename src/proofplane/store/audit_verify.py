@@ -9,7 +9,8 @@ Rows written by ``Tx.record``/``record_many`` on SQLite keep their details as ca
      "seq":<seq>,"target_id":<q(target_id)>,"target_type":<q(target_type)>,
      "ts":"<ts, its space made a T>Z","v":1}
 
-with ``q`` the RFC 8785 string quoting (``canonical.quote_string``), for rows whose ``ts`` is
+(``canonical.entry_frame``/``entry_text``: the one layout, also the event writer's) with
+``q`` the RFC 8785 string quoting (``canonical.quote_string``), for rows whose ``ts`` is
 text with a space at position 10 and no ``"`` (what the column stores). Where the details
 text is not in canonical form (an older writer, an edit) the bytes differ from the entry,
 the chunk does not reproduce the stored subtree hashes, and the chunk is recomputed exactly
@@ -41,7 +42,15 @@ from multiprocessing import get_context
 from typing import Any
 
 from proofplane.audit import merkle
-from proofplane.audit.canonical import canonical_json, fast_details_json, format_ts, quote_string
+from proofplane.audit.canonical import (
+    canonical_json,
+    entry_frame,
+    entry_text,
+    fast_details_json,
+    format_ts,
+    quote_string,
+)
+from proofplane.errors import ProofplaneError
 
 __all__ = [
     "CHUNK_LEVEL",
@@ -71,9 +80,11 @@ Node = tuple[int, bytes]  # (level, hash) of a complete subtree
 _NOTHING: Any = object()
 
 
-class Unverifiable(Exception):
+class Unverifiable(ProofplaneError):
     """A chunk could not be recomputed (a seq missing, a row that is no event): the caller
     runs the exact pass, which says where."""
+
+    code = "unverifiable"
 
 
 def subtrees(leaves: Sequence[bytes]) -> list[Node]:
@@ -112,11 +123,7 @@ def exact_leaf(row: tuple[Any, ...]) -> bytes:
             raise ValueError(f"ts {ts!r} is not a stored timestamp")
     except ValueError as exc:
         raise Unverifiable(f"event seq {seq}: {exc}") from exc
-    q = quote_string
-    text = (
-        f'{{"action":{q(action)},"actor":{q(actor)},"details":{det},"outcome":{q(outcome)},'
-        f'"seq":{seq},"target_id":{q(tid)},"target_type":{q(ttype)},"ts":"{ts_text}","v":1}}'
-    )
+    text = entry_text(seq, ts_text, actor, action, ttype, tid, outcome, det)
     try:
         return merkle.leaf_hash(text.encode())
     except UnicodeEncodeError as exc:
@@ -142,7 +149,7 @@ def _laid_out_leaves(rows: Iterable[tuple[Any, ...]]) -> list[bytes]:
     else looked up."""
     sha = hashlib.sha256
     q = quote_string
-    parts: dict[tuple[Any, ...], tuple[str, str, str]] = {}
+    frames: dict[tuple[Any, ...], tuple[str, str, str]] = {}
     out: list[bytes] = []
     append = out.append
     p_ts = p_actor = p_action = p_ttype = p_outcome = _NOTHING  # unequal to any value
@@ -157,16 +164,15 @@ def _laid_out_leaves(rows: Iterable[tuple[Any, ...]]) -> list[bytes]:
         ):
             # ``!=`` is exact for str; any other type fails in ``q`` or the checks below
             key = p_ts, p_actor, p_action, p_ttype, p_outcome = ts, actor, action, ttype, outcome
-            fixed = parts.get(key)
-            if fixed is None:
+            frame = frames.get(key)
+            if frame is None:
                 if type(ts) is not str or len(ts) < 11 or ts[10] != " " or '"' in ts:
                     raise ValueError("ts is not in the stored shape")
-                fixed = parts[key] = (
-                    f'\x00{{"action":{q(action)},"actor":{q(actor)},"details":',
-                    f',"outcome":{q(outcome)},"seq":',
-                    f',"target_type":{q(ttype)},"ts":"{ts[:10]}T{ts[11:]}Z","v":1}}',
+                head, mid, tail = entry_frame(
+                    f"{ts[:10]}T{ts[11:]}Z", actor, action, ttype, outcome
                 )
-            head, mid, tail = fixed
+                frame = frames[key] = ("\x00" + head, mid, tail)  # 0x00: the leaf prefix
+            head, mid, tail = frame
         if type(details) is not str or type(seq) is not int:
             raise TypeError("a column of the wrong type")
         append(sha(f'{head}{details}{mid}{seq},"target_id":{q(tid)}{tail}'.encode()).digest())
@@ -283,17 +289,16 @@ def log_roots(
             results = None
     if results is None:
         results = [_chunk(path, lo, hi, cuts) for lo, hi in bounds]
-    edge: list[Node] = []
+    tree = merkle.CompactRange()
     roots = {0: merkle.EMPTY_ROOT} if 0 in cuts else {}
     slow = 0
     for nodes, at_cuts, fast in results:
         slow += not fast
         for c, part in at_cuts.items():
-            roots[c] = merkle.fold_range([h for _, h in edge] + [h for _, h in part])
+            upto = tree.copy()
+            for level, h in part:
+                upto.append_subtree(level, h)
+            roots[c] = upto.root()
         for level, h in nodes:
-            while edge and edge[-1][0] == level:
-                h = merkle._node(edge.pop()[1], h)
-                level += 1
-            edge.append((level, h))
-    full = merkle.fold_range([h for _, h in edge]) if edge else merkle.EMPTY_ROOT
-    return full, roots, slow
+            tree.append_subtree(level, h)
+    return tree.root(), roots, slow
