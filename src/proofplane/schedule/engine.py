@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from proofplane.hardware.skus import SKUS
 from proofplane.model import (
@@ -49,19 +49,21 @@ from proofplane.model import (
     missing_tags,
 )
 from proofplane.schedule.mig import layout_for
-from proofplane.schedule.quota import (
+from proofplane.schedule.quota import Cost, device_cost, quota_check, request_cost
+from proofplane.schedule.reasons import (
+    CO_RESIDENCY_NOTE,
+    GANG_NODE_TAKEN,
+    GANG_TEMPLATE,
+    INSUFFICIENT_CAPACITY,
+    NODE_NOT_ADMITTED,
     QUOTA_EXCEEDED,
-    Cost,
-    device_cost,
-    quota_check,
-    request_cost,
+    QUOTA_ITEM,
+    render,
 )
 from proofplane.schedule.snapshot import ClusterSnapshot
 from proofplane.schedule.values import Allocation, Decision, Request
 
 Pool = frozenset[tuple[str, str]]
-PREEMPTED = "preempted"
-GANG_NODE_TAKEN = "gang_node_taken"
 
 
 def pool_of(tags: Mapping[str, str]) -> Pool:
@@ -110,8 +112,7 @@ class Repartition:
 @dataclass(frozen=True, slots=True)
 class Outcome:
     placement: Placement | None
-    reason: str | None  # None when placed; else no_compliant_capacity, insufficient_capacity,
-    #                     quota_exceeded
+    reason: str | None  # None when placed; else a ``pending`` code of ``schedule.reasons``
     message: str
     rejections: dict[str, int] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
@@ -119,7 +120,8 @@ class Outcome:
     repartitions: tuple[Repartition, ...] = ()
 
 
-def _member_request(req: Request) -> Request:
+def member_request(req: Request) -> Request:
+    """What each member of a gang asks for (``req`` itself when it is not a gang)."""
     g = req.gpus
     if g.nodes <= 1:
         return req
@@ -221,7 +223,7 @@ class Scheduler:
         nothing. Nodes taken by earlier members are hidden by marking them cordoned in the
         snapshot for the duration of the search, then restored."""
         k, per = req.gpus.nodes, req.gpus.per_node
-        member = _member_request(req)
+        member = member_request(req)
         parts: list[Placement] = []
         masked: list[Node] = []
         try:
@@ -230,20 +232,19 @@ class Scheduler:
                 if d.placement is None:
                     rejections = dict(d.rejections)
                     if i:
-                        left = rejections.get("node_not_admitted", 0) - i
+                        left = rejections.get(NODE_NOT_ADMITTED, 0) - i
                         if left > 0:
-                            rejections["node_not_admitted"] = left
+                            rejections[NODE_NOT_ADMITTED] = left
                         else:
-                            rejections.pop("node_not_admitted", None)
+                            rejections.pop(NODE_NOT_ADMITTED, None)
                         rejections[GANG_NODE_TAKEN] = i
                     # Some compliant node took a member: the gang lacks capacity, not
                     # compliant nodes.
-                    reason = "insufficient_capacity" if i else d.reason
+                    reason = INSUFFICIENT_CAPACITY if i else d.reason
                     return None, Decision(
                         None,
                         reason,
-                        f"a gang of {k} nodes x {per} GPUs: only {i} node(s) can take a member "
-                        f"({d.message})",
+                        GANG_TEMPLATE.format(nodes=k, per_node=per, placed=i, message=d.message),
                         rejections,
                     )
                 parts.append(d.placement)
@@ -263,20 +264,20 @@ class Scheduler:
         over = self.quota_excess(req.tenant, req.gpus)
         if over is not None:
             what = ", ".join(
-                f"{k}: {v['used']:g} used + {v['requested']:g} asked > {v['limit']}"  # type: ignore[index]
+                QUOTA_ITEM.format(kind=k, **cast("Mapping[str, object]", v))
                 for k, v in over.items()
             )
             return Outcome(
                 None,
                 QUOTA_EXCEEDED,
-                f"tenant {req.tenant!r} quota would be exceeded ({what})",
+                render(QUOTA_EXCEEDED, tenant=req.tenant, what=what),
                 {QUOTA_EXCEEDED: len(self.snapshot)},
                 {"quota": over},
             )
         placement, decision = self.place(req)
         if placement is not None:
             return self._placed(job, placement, decision.message)
-        if decision.reason != "insufficient_capacity":
+        if decision.reason != INSUFFICIENT_CAPACITY:
             return Outcome(None, decision.reason, decision.message, dict(decision.rejections))
         if repartition and req.gpus.mig_profile is not None and req.gpus.nodes <= 1:
             found = self._repartition(req)
@@ -314,8 +315,7 @@ class Scheduler:
             return Outcome(
                 None,
                 decision.reason,
-                f"{decision.message}; its tenant refuses GPU co-residency, so GPUs holding "
-                "another tenant's MIG slices or shares are closed to it",
+                CO_RESIDENCY_NOTE.format(message=decision.message),
                 dict(decision.rejections),
                 {"co_residency": False},
             )

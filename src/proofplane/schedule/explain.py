@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from proofplane.schedule.engine import Held, Job, Scheduler, _member_request
-from proofplane.schedule.quota import QUOTA_EXCEEDED, Cost
+from proofplane.schedule.engine import Held, Job, Scheduler, member_request
+from proofplane.schedule.quota import Cost
+from proofplane.schedule.reasons import INSUFFICIENT_GPU_CAPACITY, QUOTA_EXCEEDED
 from proofplane.schedule.reference import reference_place
 
 MAX_CANDIDATES = 5
@@ -41,7 +42,7 @@ def explain_job(scheduler: Scheduler, job: Job, placed_on: tuple[str, ...] = ())
 
 
 def _explain(scheduler: Scheduler, job: Job) -> dict[str, Any]:
-    req = _member_request(job.request)
+    req = member_request(job.request)
     snap = scheduler.snapshot
     allocs = snap.allocations
     filters: Counter[str] = Counter()
@@ -50,7 +51,7 @@ def _explain(scheduler: Scheduler, job: Job) -> dict[str, Any]:
         on_node = [allocs[k] for k in snap.allocations_on(node.name)]
         d = reference_place(req, [node], on_node)
         if d.placement is None:
-            code = next(iter(d.rejections), "insufficient_gpu_capacity")
+            code = next(iter(d.rejections), INSUFFICIENT_GPU_CAPACITY)
             filters[code] += 1
             continue
         busy = {dev.gpu_index for a in on_node for dev in a.placement.devices}

@@ -2,7 +2,8 @@
 
 Pure arithmetic, no state: the engine keeps the per-tenant totals and asks ``quota_check``
 before it searches for a node (kube-scheduler's PreFilter: a request over quota is rejected by
-every node alike, so it is counted once per node under ``quota_exceeded``).
+every node alike, so it is counted once per node under ``quota_exceeded``, whose entry in
+``schedule.reasons`` also carries the message).
 
 Units (as ``model.Quota`` documents them): GPUs are counted in thousandths, a whole GPU being
 1000 and a shared fraction its ``share_milli``; MIG is counted in compute slices (``3g.40gb``
@@ -16,8 +17,6 @@ from dataclasses import dataclass
 
 from proofplane.model import GpuRequest, PlacedDevice, Quota
 from proofplane.schedule.values import FULL_GPU_MILLI
-
-QUOTA_EXCEEDED = "quota_exceeded"
 
 
 def mig_slices(profile: str) -> int:

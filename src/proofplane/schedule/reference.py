@@ -1,11 +1,12 @@
-"""The first placement engine, kept verbatim as the reference the snapshot is checked against.
+"""The first placement engine, kept as the reference the snapshot is checked against.
 
 It rebuilds usage from every allocation and scans every node on each call: O(nodes +
 allocations) per decision, far too slow at scale, but short enough to read in one sitting and
 trust. ``tests/test_snapshot.py`` replays random operations on a ``ClusterSnapshot`` and asks
 this function the same question after each one; the answers must be identical (placement,
 reason, message, rejection counts). ``bench/placement.py`` uses it for the before/after ratio.
-Not part of the public API.
+Not part of the public API. Its reason codes and messages come from ``schedule.reasons``, as
+the snapshot's do.
 """
 
 from __future__ import annotations
@@ -23,8 +24,20 @@ from proofplane.model import (
     Placement,
     missing_tags,
 )
-from proofplane.schedule.values import (
+from proofplane.schedule.reasons import (
     COMPLIANCE_FILTERS,
+    GPU_MODEL_UNAVAILABLE,
+    INSUFFICIENT_CAPACITY,
+    INSUFFICIENT_GPU_CAPACITY,
+    MISSING_CERTIFICATION,
+    NO_COMPLIANT_CAPACITY,
+    NODE_DEDICATED_TO_OTHER_TENANT,
+    NODE_NOT_ADMITTED,
+    NODE_SHARED_WITH_OTHER_TENANT,
+    blocking,
+    render,
+)
+from proofplane.schedule.values import (
     FULL_GPU_MILLI,
     Allocation,
     Decision,
@@ -121,25 +134,25 @@ _Filter = Callable[[Node, _Usage, Request], str | None]
 
 
 def _state(node: Node, _u: _Usage, _r: Request) -> str | None:
-    return None if node.state is NodeState.ADMITTED else "node_not_admitted"
+    return None if node.state is NodeState.ADMITTED else NODE_NOT_ADMITTED
 
 
 def _certifications(node: Node, _u: _Usage, req: Request) -> str | None:
-    return "missing_certification" if missing_tags(req.tags, node.certifications) else None
+    return MISSING_CERTIFICATION if missing_tags(req.tags, node.certifications) else None
 
 
 def _tenancy(_node: Node, u: _Usage, req: Request) -> str | None:
     if u.dedicated_to is not None and u.dedicated_to != req.tenant:
-        return "node_dedicated_to_other_tenant"
+        return NODE_DEDICATED_TO_OTHER_TENANT
     if req.isolation is IsolationLevel.DEDICATED_NODE and u.tenants - {req.tenant}:
-        return "node_shared_with_other_tenant"
+        return NODE_SHARED_WITH_OTHER_TENANT
     return None
 
 
 def _gpu_model(node: Node, _u: _Usage, req: Request) -> str | None:
     if req.gpus.model is None or any(g.model == req.gpus.model for g in node.gpus):
         return None
-    return "gpu_model_unavailable"
+    return GPU_MODEL_UNAVAILABLE
 
 
 _FILTERS: tuple[_Filter, ...] = (_state, _certifications, _tenancy, _gpu_model)
@@ -157,7 +170,7 @@ def reference_place(
         code = next((c for f in _FILTERS if (c := f(node, u, req)) is not None), None)
         devices = None if code else _fit(node, u, req)
         if code is None and devices is None:
-            code = "insufficient_gpu_capacity"
+            code = INSUFFICIENT_GPU_CAPACITY
         if code is not None:
             rejections[code] += 1
             continue
@@ -174,16 +187,13 @@ def reference_place(
     if compliant == 0:
         return Decision(
             None,
-            "no_compliant_capacity",
-            f"none of {total} nodes is admitted and certified for {dict(req.tags) or 'this'}",
+            NO_COMPLIANT_CAPACITY,
+            render(NO_COMPLIANT_CAPACITY, total=total, tags=dict(req.tags) or "this"),
             dict(rejections),
         )
-    blocking = ", ".join(
-        f"{code} on {n}" for code, n in sorted(rejections.items()) if code not in COMPLIANCE_FILTERS
-    )
     return Decision(
         None,
-        "insufficient_capacity",
-        f"{compliant} node(s) are admitted and certified, none can take it now ({blocking})",
+        INSUFFICIENT_CAPACITY,
+        render(INSUFFICIENT_CAPACITY, compliant=compliant, blocking=blocking(rejections)),
         dict(rejections),
     )

@@ -45,39 +45,41 @@ passing tenancy and model filters lacks capacity.
 
 Node names are unique (the snapshot is keyed by them) and GPU indexes are unique per node (the
 inventory check guarantees both).
+
+The parts live beside this module: per-node accounting (``schedule.usage``: ``NodeInfo``,
+``Usage``), the fit rules (``schedule.fit``: one filter each, codes from ``schedule.reasons``),
+the capacity signatures and buckets (``schedule.buckets``); this module is the snapshot itself
+(its indexes and their updates) and the search.
 """
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TypeVar
 
-from proofplane.model import (
-    Gpu,
-    IsolationLevel,
-    MigInstance,
-    Node,
-    NodeState,
-    PlacedDevice,
-    Placement,
+from proofplane.model import IsolationLevel, Node, PlacedDevice, Placement
+from proofplane.schedule.buckets import Buckets, Signature, request_class, signature
+from proofplane.schedule.fit import fit, gpu_model, tenancy
+from proofplane.schedule.reasons import (
+    GPU_MODEL_UNAVAILABLE,
+    INSUFFICIENT_CAPACITY,
+    INSUFFICIENT_GPU_CAPACITY,
+    MISSING_CERTIFICATION,
+    NO_COMPLIANT_CAPACITY,
+    NODE_DEDICATED_TO_OTHER_TENANT,
+    NODE_NOT_ADMITTED,
+    NODE_SHARED_WITH_OTHER_TENANT,
+    blocking,
+    render,
 )
-from proofplane.schedule.values import (
-    COMPLIANCE_FILTERS,
-    FULL_GPU_MILLI,
-    Allocation,
-    Decision,
-    Request,
-)
+from proofplane.schedule.usage import NO_USAGE, ClassKey, NodeInfo, Usage, decrement, node_info
+from proofplane.schedule.values import Allocation, Decision, Request
 
-ClassKey = tuple[str | None, ...]
-Amounts = tuple[int, int]  # (free, warm): capacity in a class, and the part not on idle GPUs
-Signature = tuple[int, dict[ClassKey, Amounts]]  # (idle GPUs, amounts per capacity class)
 _Best = tuple[int, str, tuple[PlacedDevice, ...]]  # (idle GPUs left, node, devices)
-_Slot = tuple[int, int]  # (GPU index, MIG start)
+_K = TypeVar("_K", bound=Hashable)
 
-_WHOLE, _SHARE, _MIG = "w", "s", "m"
 _DEDICATED = IsolationLevel.DEDICATED_NODE
 
 
@@ -93,377 +95,6 @@ class Tuning:
     scan_factor: float = 2.0
     walk_budget: int = 64
     walk_budget_factor: float = 8.0
-
-
-@dataclass(frozen=True, slots=True)
-class _NodeInfo:
-    """What placement needs from a node, precomputed once per upsert."""
-
-    node: Node
-    admitted: bool
-    indexes: tuple[int, ...]
-    plain: tuple[Gpu, ...]  # GPUs without MIG, in node order
-    # profile → (GPU, instance, its (index, start) slot), in node order
-    mig: dict[str, tuple[tuple[Gpu, MigInstance, _Slot], ...]]
-    models: frozenset[str]
-    # (index, whole-GPU class keys, share class keys) per plain GPU
-    plain_keys: tuple[tuple[int, tuple[ClassKey, ...], tuple[ClassKey, ...]], ...]
-    # per MIG GPU: (index, per profile on it: (MIG class keys, its (index, start) slots))
-    mig_gpus: tuple[tuple[int, tuple[tuple[tuple[ClassKey, ...], tuple[_Slot, ...]], ...]], ...]
-
-
-def _node_info(node: Node, intern: dict) -> _NodeInfo:
-    """``intern`` shares equal key tuples between nodes (thousands of nodes, a few keys)."""
-
-    def keys(*ks: ClassKey) -> tuple[ClassKey, ...]:
-        return tuple(intern.setdefault(k, k) for k in ks)
-
-    mig: dict[str, list[tuple[Gpu, MigInstance, _Slot]]] = {}
-    mig_gpus = []
-    plain: list[Gpu] = []
-    plain_keys: list[tuple[int, tuple[ClassKey, ...], tuple[ClassKey, ...]]] = []
-    for gpu in node.gpus:
-        if gpu.mig_enabled:
-            by_profile: dict[str, list[_Slot]] = {}
-            for inst in gpu.mig_instances:
-                slot = (gpu.index, inst.start)
-                mig.setdefault(inst.profile, []).append((gpu, inst, slot))
-                by_profile.setdefault(inst.profile, []).append(slot)
-            mig_gpus.append(
-                (
-                    gpu.index,
-                    tuple(
-                        (keys((_MIG, p, None), (_MIG, p, gpu.model)), tuple(slots))
-                        for p, slots in by_profile.items()
-                    ),
-                )
-            )
-        else:
-            plain.append(gpu)
-            plain_keys.append(
-                (
-                    gpu.index,
-                    keys((_WHOLE, None), (_WHOLE, gpu.model)),
-                    keys((_SHARE, None), (_SHARE, gpu.model)),
-                )
-            )
-    return _NodeInfo(
-        node=node,
-        admitted=node.state is NodeState.ADMITTED,
-        indexes=tuple(g.index for g in node.gpus),
-        plain=tuple(plain),
-        mig={p: tuple(v) for p, v in mig.items()},
-        models=frozenset(g.model for g in node.gpus),
-        plain_keys=tuple(plain_keys),
-        mig_gpus=tuple(mig_gpus),
-    )
-
-
-class _Usage:
-    """What the allocations on one node hold, by reference count (release undoes reserve)."""
-
-    __slots__ = (
-        "busy", "dedicated", "gpu_private", "gpu_tenants", "keys", "mig", "shares", "tenants",
-        "whole",
-    )  # fmt: skip
-
-    def __init__(self) -> None:
-        self.whole: dict[int, int] = {}  # GPU index → holders
-        self.mig: dict[tuple[int, int], int] = {}  # (GPU index, start) → holders
-        self.busy: dict[int, int] = {}  # GPU index → MIG instances in use on it
-        self.shares: dict[int, int] = {}  # GPU index → milli held
-        self.tenants: dict[str, int] = {}  # tenant → allocations
-        self.dedicated: dict[Hashable, str] = {}  # key → tenant, for dedicated-node holders
-        self.keys: dict[Hashable, None] = {}  # allocations here, in reservation order
-        # GPU index → tenant → holders of a MIG instance or share on it (co-residency rule);
-        # gpu_private: the same for holders that do not allow co-residency
-        self.gpu_tenants: dict[int, dict[str, int]] = {}
-        self.gpu_private: dict[int, dict[str, int]] = {}
-
-    def add(self, key: Hashable, alloc: Allocation) -> None:
-        self.keys[key] = None
-        tenant = alloc.tenant
-        self.tenants[tenant] = self.tenants.get(tenant, 0) + 1
-        if alloc.isolation is _DEDICATED:
-            self.dedicated[key] = tenant
-        for dev in alloc.placement.devices:
-            idx = dev.gpu_index
-            if dev.mig_start is not None or dev.share_milli is not None:
-                _count_holder(self.gpu_tenants, idx, tenant, 1)
-                if not alloc.co_residency:
-                    _count_holder(self.gpu_private, idx, tenant, 1)
-            if dev.mig_start is not None:
-                slot = (idx, dev.mig_start)
-                n = self.mig.get(slot, 0)
-                self.mig[slot] = n + 1
-                if n == 0:
-                    self.busy[idx] = self.busy.get(idx, 0) + 1
-            elif dev.share_milli is not None:
-                self.shares[idx] = self.shares.get(idx, 0) + dev.share_milli
-            else:
-                self.whole[idx] = self.whole.get(idx, 0) + 1
-
-    def remove(self, key: Hashable, alloc: Allocation) -> None:
-        del self.keys[key]
-        _decrement(self.tenants, alloc.tenant, 1)
-        self.dedicated.pop(key, None)
-        for dev in alloc.placement.devices:
-            idx = dev.gpu_index
-            if dev.mig_start is not None or dev.share_milli is not None:
-                _count_holder(self.gpu_tenants, idx, alloc.tenant, -1)
-                if not alloc.co_residency:
-                    _count_holder(self.gpu_private, idx, alloc.tenant, -1)
-            if dev.mig_start is not None:
-                if _decrement(self.mig, (idx, dev.mig_start), 1) == 0:
-                    _decrement(self.busy, idx, 1)
-            elif dev.share_milli is not None:
-                _decrement(self.shares, idx, dev.share_milli)
-            else:
-                _decrement(self.whole, idx, 1)
-
-    def idle(self, index: int) -> bool:
-        return index not in self.whole and index not in self.busy and not self.shares.get(index)
-
-    @property
-    def dedicated_to(self) -> str | None:
-        """The owner of the most recent dedicated-node reservation here, if any."""
-        return next(reversed(self.dedicated.values())) if self.dedicated else None
-
-
-_NO_USAGE = _Usage()  # stands in for a node nothing is reserved on; never mutated
-
-
-def _count_holder(index: dict[int, dict[str, int]], gpu: int, tenant: str, by: int) -> None:
-    per = index.get(gpu)
-    if per is None:
-        index[gpu] = {tenant: by}
-        return
-    left = per.get(tenant, 0) + by
-    if left:
-        per[tenant] = left
-    else:
-        del per[tenant]
-        if not per:
-            del index[gpu]
-
-
-def _blocked_gpus(u: _Usage, req: Request) -> set[int] | None:
-    """GPUs of the node the co-residency rule closes to ``req`` (``values.gpu_conflict``):
-    with co-residency, those holding a slice or share of another tenant that refuses it;
-    without, those holding any other tenant's. None when there are none (the common case)."""
-    src = u.gpu_tenants if not req.co_residency else u.gpu_private
-    if not src:
-        return None
-    tenant = req.tenant
-    out = {i for i, ts in src.items() if any(t != tenant for t in ts)}
-    return out or None
-
-
-def _decrement(counts: dict, key: Hashable, by: int) -> int:
-    left = counts.get(key, 0) - by  # shares: a 0-milli holder may find its GPU at 0 already
-    if left:
-        counts[key] = left
-    else:
-        counts.pop(key, None)
-    return left
-
-
-def _signature(info: _NodeInfo, u: _Usage) -> Signature:
-    """Idle GPUs, and per class the capacity a request that allows co-residency, of a tenant
-    holding nothing that refuses it, could take (GPUs with a holder refusing co-residency
-    count as full); other requests are answered by exact scans (``ClusterSnapshot.place``)."""
-    whole, shares, busy, mig = u.whole, u.shares, u.busy, u.mig
-    private = u.gpu_private
-    idle = 0
-    for i in info.indexes:
-        if i not in whole and i not in busy and not shares.get(i):
-            idle += 1
-    caps: dict[ClassKey, tuple[int, int]] = {}
-    for i, whole_keys, share_keys in info.plain_keys:
-        if i in whole:
-            continue
-        held = shares.get(i, 0)
-        room = FULL_GPU_MILLI - held
-        if room >= 1 and not (private and i in private):
-            for k in share_keys:
-                free, warm = caps.get(k, _NONE)
-                if held:
-                    caps[k] = (room if room > free else free, room if room > warm else warm)
-                elif room > free:
-                    caps[k] = (room, warm)
-        if not held:
-            for k in whole_keys:
-                caps[k] = (caps.get(k, _NONE)[0] + 1, 0)
-    for i, groups in info.mig_gpus:
-        if private and i in private:
-            continue
-        if i in busy:  # some instance on it is held: count the free ones, all warm
-            for ks, slots in groups:
-                n = 0
-                for slot in slots:
-                    if slot not in mig:
-                        n += 1
-                if n:
-                    for k in ks:
-                        free, warm = caps.get(k, _NONE)
-                        caps[k] = (free + n, warm + n)
-        else:  # nothing held on it: every instance is free, none warm
-            for ks, slots in groups:
-                n = len(slots)
-                for k in ks:
-                    free, warm = caps.get(k, _NONE)
-                    caps[k] = (free + n, warm)
-    return idle, caps
-
-
-_NONE = (0, 0)
-
-
-class _Buckets:
-    """Nodes by capacity class → idle GPUs → free amount → names, each list kept sorted."""
-
-    __slots__ = ("classes",)
-
-    def __init__(self) -> None:
-        self.classes: dict[ClassKey, dict[int, dict[Amounts, list[str]]]] = {}
-
-    def _add(self, name: str, key: ClassKey, idle: int, free: Amounts) -> None:
-        by_free = self.classes.setdefault(key, {}).setdefault(idle, {})
-        names = by_free.get(free)
-        if names is None:
-            by_free[free] = [name]
-        else:
-            bisect.insort(names, name)
-
-    def _discard(self, name: str, key: ClassKey, idle: int, free: Amounts) -> None:
-        levels = self.classes[key]
-        by_free = levels[idle]
-        names = by_free[free]
-        del names[bisect.bisect_left(names, name)]
-        if not names:
-            del by_free[free]
-            if not by_free:
-                del levels[idle]
-                if not levels:
-                    del self.classes[key]
-
-    def move(self, name: str, old: Signature | None, new: Signature | None) -> None:
-        if old == new:
-            return
-        if old is not None and new is not None and old[0] == new[0]:
-            idle, before, after = new[0], old[1], new[1]
-            for key, free in before.items():
-                if after.get(key) != free:
-                    self._discard(name, key, idle, free)
-            for key, free in after.items():
-                if before.get(key) != free:
-                    self._add(name, key, idle, free)
-            return
-        if old is not None:
-            for key, free in old[1].items():
-                self._discard(name, key, old[0], free)
-        if new is not None:
-            for key, free in new[1].items():
-                self._add(name, key, new[0], free)
-
-
-def _tenancy(u: _Usage, req: Request) -> str | None:
-    """One rule: a dedicated node serves only its owner; a dedicated request shares with no one."""
-    owner = u.dedicated_to
-    if owner is not None and owner != req.tenant:
-        return "node_dedicated_to_other_tenant"
-    if req.isolation is _DEDICATED and any(t != req.tenant for t in u.tenants):
-        return "node_shared_with_other_tenant"
-    return None
-
-
-def _gpu_model(info: _NodeInfo, req: Request) -> str | None:
-    """One rule: a pinned GPU model must exist on the node."""
-    model = req.gpus.model
-    if model is None or model in info.models:
-        return None
-    return "gpu_model_unavailable"
-
-
-def _fit(info: _NodeInfo, u: _Usage, req: Request) -> tuple[PlacedDevice, ...] | None:
-    """The devices this node would give the request, or None when it lacks the capacity."""
-    g = req.gpus
-    model = g.model
-    if g.mig_profile is not None:
-        # Pack: prefer GPUs that already carry work, so whole GPUs stay free; then the lowest
-        # GPU index and start.
-        slots, busy = u.mig, u.busy
-        blocked = _blocked_gpus(u, req) or _EMPTY_INTS
-        if g.count == 1:  # the common case: one pass, no sort
-            pick = None
-            pick_key = None
-            for gpu, inst, slot in info.mig.get(g.mig_profile, ()):
-                if slot in slots or (model is not None and gpu.model != model):
-                    continue
-                if slot[0] in blocked:
-                    continue
-                k = (-busy.get(slot[0], 0), slot[0], slot[1])
-                if pick_key is None or k < pick_key:
-                    pick, pick_key = (gpu, inst), k
-            if pick is None:
-                return None
-            gpu, inst = pick
-            return (
-                PlacedDevice(gpu.index, gpu.uuid, mig_profile=inst.profile, mig_start=inst.start),
-            )
-        free = [
-            (gpu, inst)
-            for gpu, inst, slot in info.mig.get(g.mig_profile, ())
-            if (model is None or gpu.model == model)
-            and slot not in slots
-            and slot[0] not in blocked
-        ]
-        if len(free) < g.count:
-            return None
-        free.sort(key=lambda gi: (-busy.get(gi[0].index, 0), gi[0].index, gi[1].start))
-        return tuple(
-            PlacedDevice(gpu.index, gpu.uuid, mig_profile=inst.profile, mig_start=inst.start)
-            for gpu, inst in free[: g.count]
-        )
-    whole, shares = u.whole, u.shares
-    if g.share_milli is not None:  # the fullest GPU that still has room, then lowest index
-        need = g.share_milli
-        best: Gpu | None = None
-        best_key = None
-        closed = _blocked_gpus(u, req) or _EMPTY_INTS
-        for gpu in info.plain:
-            i = gpu.index
-            if i in whole or (model is not None and gpu.model != model) or i in closed:
-                continue
-            held = shares.get(i, 0)
-            if held + need > FULL_GPU_MILLI:
-                continue
-            k = (FULL_GPU_MILLI - held, i)
-            if best_key is None or k < best_key:
-                best, best_key = gpu, k
-        if best is None:
-            return None
-        return (PlacedDevice(best.index, best.uuid, share_milli=need),)
-    plain = [
-        gpu
-        for gpu in info.plain
-        if (model is None or gpu.model == model) and gpu.index not in whole
-    ]
-    idle = [gpu for gpu in plain if not shares.get(gpu.index)]
-    if len(idle) < g.count:
-        return None
-    return tuple(PlacedDevice(gpu.index, gpu.uuid) for gpu in idle[: g.count])
-
-
-def _request_class(req: Request) -> tuple[ClassKey, int, int] | None:
-    """(capacity class, amount needed in it, most GPUs taken), or None for a degenerate shape
-    (count or share below 1), which is answered by an exact scan."""
-    g = req.gpus
-    if g.mig_profile is not None:
-        return ((_MIG, g.mig_profile, g.model), g.count, g.count) if g.count >= 1 else None
-    if g.share_milli is not None:
-        return ((_SHARE, g.model), g.share_milli, 1) if g.share_milli >= 1 else None
-    return ((_WHOLE, g.model), g.count, g.count) if g.count >= 1 else None
 
 
 def _beats(best: _Best | None, score: int, name: str) -> bool:
@@ -487,8 +118,8 @@ class ClusterSnapshot:
     ) -> None:
         self.tuning = tuning or Tuning()
         self._intern: dict[ClassKey, ClassKey] = {}
-        self._info: dict[str, _NodeInfo] = {}
-        self._usage: dict[str, _Usage] = {}
+        self._info: dict[str, NodeInfo] = {}
+        self._usage: dict[str, Usage] = {}
         self._allocs: dict[Hashable, Allocation] = {}
         self._admitted: set[str] = set()
         self._by_cert: dict[tuple[str, str], set[str]] = {}
@@ -496,11 +127,11 @@ class ClusterSnapshot:
         self._lacking: dict[str, set[str]] = {}  # model → known nodes without it
         self._compliant: dict[tuple[tuple[str, str], ...], set[str]] = {}
         self._sig: dict[str, Signature] = {}  # admitted nodes only
-        self._buckets = _Buckets()  # admitted nodes not dedicated to a tenant
+        self._buckets = Buckets()  # admitted nodes not dedicated to a tenant
         self._vacant: set[str] = set()  # admitted nodes nothing is reserved on
-        self._vacant_buckets = _Buckets()
+        self._vacant_buckets = Buckets()
         self._owner: dict[str, str] = {}  # node → tenant it is dedicated to
-        self._owned: dict[str, _Buckets] = {}  # tenant → buckets of nodes dedicated to it
+        self._owned: dict[str, Buckets] = {}  # tenant → buckets of nodes dedicated to it
         self._owned_names: dict[str, set[str]] = {}  # tenant → nodes dedicated to it
         self._occupied: set[str] = set()  # nodes with at least one allocation
         self._sole: dict[str, set[str]] = {}  # tenant → nodes it is the only tenant of
@@ -511,7 +142,7 @@ class ClusterSnapshot:
             self._set_info(node)
         for key, alloc in (allocations or {}).items():
             self._allocs[key] = alloc
-            self._usage.setdefault(alloc.placement.node, _Usage()).add(key, alloc)
+            self._usage.setdefault(alloc.placement.node, Usage()).add(key, alloc)
             if not alloc.co_residency:
                 self._private[alloc.tenant] = self._private.get(alloc.tenant, 0) + 1
         for name in self._info.keys() | self._usage.keys():
@@ -568,7 +199,7 @@ class ClusterSnapshot:
         node = allocation.placement.node
         u = self._usage.get(node)
         if u is None:
-            u = self._usage[node] = _Usage()
+            u = self._usage[node] = Usage()
         u.add(key, allocation)
         self._reindex(node)
 
@@ -578,7 +209,7 @@ class ClusterSnapshot:
         if alloc is None:
             return None
         if not alloc.co_residency:
-            _decrement(self._private, alloc.tenant, 1)
+            decrement(self._private, alloc.tenant, 1)
         node = alloc.placement.node
         u = self._usage[node]
         u.remove(key, alloc)
@@ -588,7 +219,7 @@ class ClusterSnapshot:
         return alloc
 
     def _set_info(self, node: Node) -> None:
-        info = _node_info(node, self._intern)
+        info = node_info(node, self._intern)
         name = node.name
         self._info[name] = info
         if info.admitted:
@@ -638,7 +269,7 @@ class ClusterSnapshot:
 
     def _reindex(self, name: str) -> None:
         """Bring every index that depends on node ``name`` up to date."""
-        u = self._usage.get(name, _NO_USAGE)
+        u = self._usage.get(name, NO_USAGE)
         # tenancy
         owner = u.dedicated_to
         sole = next(iter(u.tenants)) if len(u.tenants) == 1 else None
@@ -667,7 +298,7 @@ class ClusterSnapshot:
         # ones (only its owner may use it); vacant nodes also have buckets of their own
         info = self._info.get(name)
         old = self._sig.get(name)
-        new = _signature(info, u) if info is not None and info.admitted else None
+        new = signature(info, u) if info is not None and info.admitted else None
         was_vacant = name in self._vacant
         vacant = new is not None and not u.tenants
         if owner == old_owner:
@@ -688,12 +319,12 @@ class ClusterSnapshot:
         elif was_vacant:
             self._vacant.discard(name)
 
-    def _owner_buckets(self, owner: str | None) -> _Buckets:
+    def _owner_buckets(self, owner: str | None) -> Buckets:
         if owner is None:
             return self._buckets
         b = self._owned.get(owner)
         if b is None:
-            b = self._owned[owner] = _Buckets()
+            b = self._owned[owner] = Buckets()
         return b
 
     # ------------------------------------------------------------------ deciding
@@ -704,7 +335,7 @@ class ClusterSnapshot:
         compliant = self._compliant_set(req.tags)
         best: _Best | None = None
         if compliant:
-            cls = _request_class(req)
+            cls = request_class(req)
             if cls is None or (
                 (not req.co_residency or req.tenant in self._private)
                 and (req.gpus.mig_profile is not None or req.gpus.share_milli is not None)
@@ -784,13 +415,13 @@ class ClusterSnapshot:
     def _evaluate(self, name: str, req: Request) -> tuple[int, tuple[PlacedDevice, ...]] | None:
         """The per-node filters (tenancy, GPU model, capacity) and the best-fit score for one
         admitted, certified node: (idle GPUs left after placing, devices), or None."""
-        u = self._usage.get(name, _NO_USAGE)
-        if _tenancy(u, req) is not None:
+        u = self._usage.get(name, NO_USAGE)
+        if tenancy(u, req) is not None:
             return None
         info = self._info[name]
-        if _gpu_model(info, req) is not None:
+        if gpu_model(info, req) is not None:
             return None
-        devices = _fit(info, u, req)
+        devices = fit(info, u, req)
         if devices is None:
             return None
         idle = self._sig[name][0]
@@ -802,7 +433,7 @@ class ClusterSnapshot:
     def _walk(
         self,
         req: Request,
-        buckets: _Buckets,
+        buckets: Buckets,
         key: ClassKey,
         need: int,
         most: int,
@@ -908,13 +539,13 @@ class ClusterSnapshot:
         total = len(self._info)
         n_admitted = len(self._admitted)
         n_compliant = len(compliant)
-        count("node_not_admitted", total - n_admitted)
-        count("missing_certification", n_admitted - n_compliant)
+        count(NODE_NOT_ADMITTED, total - n_admitted)
+        count(MISSING_CERTIFICATION, n_admitted - n_compliant)
         tenant = req.tenant
         owner = self._owner
         mine = self._owned_names.get(tenant, _EMPTY)
         others = len(owner.keys() & compliant) - (len(mine & compliant) if mine else 0)
-        count("node_dedicated_to_other_tenant", others)
+        count(NODE_DEDICATED_TO_OTHER_TENANT, others)
         dedicated = req.isolation is _DEDICATED
         own = self._sole.get(tenant, _EMPTY)
         vacant = self._vacant
@@ -923,7 +554,7 @@ class ClusterSnapshot:
             # occupied compliant nodes, less this tenant's own, less those dedicated to others
             shared = n_compliant - len(vacant & compliant) - len(own & compliant)
             shared -= others
-            count("node_shared_with_other_tenant", shared)
+            count(NODE_SHARED_WITH_OTHER_TENANT, shared)
         left = n_compliant - others - shared
         model = req.gpus.model
         if model is not None and left:
@@ -939,35 +570,29 @@ class ClusterSnapshot:
                     if dedicated and n not in vacant and n not in own:
                         continue  # counted as shared with another tenant
                     bad += 1
-            count("gpu_model_unavailable", bad)
+            count(GPU_MODEL_UNAVAILABLE, bad)
             left -= bad
-        count("insufficient_gpu_capacity", left)
+        count(INSUFFICIENT_GPU_CAPACITY, left)
         if not compliant:
             return Decision(
                 None,
-                "no_compliant_capacity",
-                f"none of {total} nodes is admitted and certified for {dict(req.tags) or 'this'}",
+                NO_COMPLIANT_CAPACITY,
+                render(NO_COMPLIANT_CAPACITY, total=total, tags=dict(req.tags) or "this"),
                 rejections,
             )
-        blocking = ", ".join(
-            f"{code} on {n}"
-            for code, n in sorted(rejections.items())
-            if code not in COMPLIANCE_FILTERS
-        )
         return Decision(
             None,
-            "insufficient_capacity",
-            f"{n_compliant} node(s) are admitted and certified, none can take it now ({blocking})",
+            INSUFFICIENT_CAPACITY,
+            render(INSUFFICIENT_CAPACITY, compliant=n_compliant, blocking=blocking(rejections)),
             rejections,
         )
 
 
 _EMPTY: frozenset[str] = frozenset()
-_EMPTY_INTS: frozenset[int] = frozenset()
 _NO_TENANCY: tuple[None, None] = (None, None)
 
 
-def _discard(index: dict, key: Hashable, name: str) -> None:
+def _discard(index: dict[_K, set[str]], key: _K, name: str) -> None:
     names = index.get(key)
     if names is not None:
         names.discard(name)

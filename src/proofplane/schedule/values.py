@@ -13,10 +13,6 @@ from proofplane.model import GpuRequest, IsolationLevel, Placement
 
 FULL_GPU_MILLI = 1000
 
-# Filters whose rejections mean "this node may never host this workload" (as opposed to "not
-# enough free capacity right now").
-COMPLIANCE_FILTERS = frozenset({"node_not_admitted", "missing_certification"})
-
 
 @dataclass(frozen=True, slots=True)
 class Request:
@@ -60,6 +56,6 @@ def gpu_conflict(tenant: str, co_residency: bool, holders: Mapping[str, bool] | 
 @dataclass(frozen=True, slots=True)
 class Decision:
     placement: Placement | None
-    reason: str | None  # None when placed; else no_compliant_capacity | insufficient_capacity
+    reason: str | None  # None when placed; else a ``pending`` code of ``schedule.reasons``
     message: str
     rejections: dict[str, int] = field(default_factory=dict)

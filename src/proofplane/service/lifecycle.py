@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from proofplane.errors import InvalidState
 from proofplane.model import KEEPS_WORK, NodeState, can_transition
+from proofplane.schedule.reasons import node_left_service
 from proofplane.service import execution
 from proofplane.service.context import Tx
 from proofplane.service.scheduling import ClusterView, evict, reschedule_pending
@@ -49,14 +50,9 @@ def change_node_state(tx: Tx, row: NodeRow, state: NodeState, reason: str | None
     execution.node_state_changed(tx, row.name, current, state, reason)
     view = ClusterView(tx.session)
     if state not in KEEPS_WORK:
+        code, why = node_left_service(row.name, state, reason)
         for wl in workloads_on(tx, row):
-            evict(
-                tx,
-                wl,
-                view,
-                f"node_{state.value}",
-                f"node {row.name} is {state.value}" + (f": {reason}" if reason else ""),
-            )
+            evict(tx, wl, view, code, why)
     reschedule_pending(tx, view)
     execution.dispatch_new(tx, view)
 

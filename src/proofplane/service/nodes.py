@@ -17,6 +17,7 @@ from proofplane.model import (
     validate_name,
     validate_tags,
 )
+from proofplane.schedule.reasons import CERTIFICATION_REVOKED, render
 from proofplane.service import execution
 from proofplane.service.attestation import manual_admission_refused
 from proofplane.service.context import Store, Tx
@@ -227,8 +228,8 @@ def _recheck_workloads(tx: Tx, row: NodeRow) -> None:
                 tx,
                 wl,
                 view,
-                "certification_revoked",
-                f"node {row.name} no longer certified for {lost}",
+                CERTIFICATION_REVOKED,
+                render(CERTIFICATION_REVOKED, node=row.name, lost=lost),
             )
     reschedule_pending(tx, view)
     execution.dispatch_new(tx, view)

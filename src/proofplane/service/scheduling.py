@@ -17,8 +17,9 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import Pool
 
 from proofplane.model import GpuRequest, IsolationLevel, Node, Outcome, Placement, WorkloadStatus
-from proofplane.schedule.engine import PREEMPTED, Held, Job, Repartition, Scheduler, pool_of
+from proofplane.schedule.engine import Held, Job, Repartition, Scheduler, pool_of
 from proofplane.schedule.engine import Outcome as Decision
+from proofplane.schedule.reasons import PREEMPTED, render
 from proofplane.schedule.values import Request
 from proofplane.service.context import Tx
 from proofplane.service.jobs import cancel_engine_job
@@ -295,8 +296,13 @@ def apply_outcome(
                 tx,
                 victim,
                 PREEMPTED,
-                f"preempted by {row.tenant.name}/{row.name} (priority {row.priority} > "
-                f"{victim.priority}, same compliance pool {dict(sorted(row.tags.items()))})",
+                render(
+                    PREEMPTED,
+                    by=f"{row.tenant.name}/{row.name}",
+                    priority=row.priority,
+                    victim_priority=victim.priority,
+                    pool=dict(sorted(row.tags.items())),
+                ),
                 extra={"preempted_by": f"{row.tenant.name}/{row.name}"},
             )
         placement = outcome.placement

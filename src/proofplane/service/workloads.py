@@ -25,6 +25,7 @@ from proofplane.model import (
 )
 from proofplane.schedule.engine import Job
 from proofplane.schedule.explain import explain_job
+from proofplane.schedule.reasons import CANCELLED, render
 from proofplane.schedule.values import Request
 from proofplane.service import execution, jobs
 from proofplane.service.context import NewEvent, Store, Tx
@@ -526,8 +527,8 @@ def cancel_workload(
         jobs.cancel_engine_job(tx, row)
         row.placement = None
         row.status = WorkloadStatus.CANCELLED.value
-        row.reason = "cancelled"
-        row.reason_details = {"message": reason or f"cancelled by {actor.name}"}
+        row.reason = CANCELLED
+        row.reason_details = {"message": reason or render(CANCELLED, actor=actor.name)}
         row.updated_at = tx.now
         tx.session.flush()
         tx.record(
