@@ -24,19 +24,20 @@ from proofplane.api.app import create_app
 from proofplane.attest import load_record, replay_record
 from proofplane.attest.simulate import SimulatedAttester, demo_boot_log
 from proofplane.cli import credentials as cli_credentials
-from proofplane.cli import demo_swtpm
 from proofplane.cli import server as server_cli
 from proofplane.cli.main import app
 from proofplane.config import Settings, from_env
+from proofplane.demo import attester as demo
+from proofplane.demo import swtpm as demo_swtpm
 from proofplane.errors import InvalidState, ValidationFailed
 from proofplane.hardware.cluster_file import parse_cluster
 from proofplane.model import NodeState
 from proofplane.service import attestation as svc
-from proofplane.service import demo_attester as demo
 from proofplane.service.context import Store
 from proofplane.service.events import list_events
 from proofplane.service.nodes import get_node, list_nodes
 from proofplane.service.workloads import get_workload, list_workloads
+from proofplane.workers import StaleWorker
 
 API = "/api/v1"
 POLICY = {"id": "p", "node_class": "default", "require_eventlog": False,
@@ -73,7 +74,7 @@ def test_stale_worker_quarantines_only_under_an_enforcing_policy(
 ) -> None:
     _node(client, "n1")
     client.post(f"{API}/nodes/n1/state", json={"state": "admitted"}).raise_for_status()
-    worker = svc.StaleWorker(store, interval_s=3600, grace=timedelta(minutes=5))
+    worker = StaleWorker(store, interval_s=3600, grace=timedelta(minutes=5))
     before = len(list_events(store, SYSTEM, limit=500).items)
     assert worker.run_once() == []  # no policy: nothing checked, nothing written
     assert len(list_events(store, SYSTEM, limit=500).items) == before
@@ -89,7 +90,7 @@ def test_the_server_runs_the_stale_worker(store: Store) -> None:
     settings = Settings(attest_stale_check_interval_s=60, attest_grace_s=120)
     with TestClient(create_app(store, settings)) as c:
         checker = c.app.state.attest_stale_checker  # type: ignore[attr-defined]
-        assert isinstance(checker, svc.StaleWorker)
+        assert isinstance(checker, StaleWorker)
         assert checker.grace == timedelta(seconds=120) and checker.interval_s == 60
     with TestClient(create_app(store, Settings())) as c:
         assert c.app.state.attest_stale_checker is None  # type: ignore[attr-defined]

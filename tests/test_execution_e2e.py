@@ -361,7 +361,7 @@ def test_the_server_runs_the_engine_and_its_sync_worker(store: Store, tmp_path: 
             (configured,) = [b for b in c.get(f"{API}/backends").json()["items"] if b["configured"]]
             assert configured["name"] == "local"
             assert c.post(f"{API}/workloads/job/cancel", json={}).status_code == 200
-        assert not app.state.execution_sync.is_alive()  # stopped with the server
+        assert not app.state.execution_sync.running  # stopped with the server
     finally:
         store.backend = None
         execution.stop_jobs(engine, engine.adopt())

@@ -28,6 +28,7 @@ from proofplane.service.context import Store
 from proofplane.service.events import event_from_row
 from proofplane.store import migrate
 from proofplane.store.tables import EventRow
+from proofplane.workers import ExportWorker, export_worker
 
 API = "/api/v1"
 ADMIN_TOKEN = "ppt_siem-test-admin-token-0123456789"
@@ -423,7 +424,7 @@ def test_export_worker_backs_off_a_failing_sink_and_catches_up(lite, hec_server)
     make_events(store, 3)
     hec_sink(store, hec_server.url)
     now = [1000.0]
-    worker = svc.ExportWorker(store, interval_s=5, max_backoff_s=60, retry=NO_SLEEP,
+    worker = ExportWorker(store, interval_s=5, max_backoff_s=60, retry=NO_SLEEP,
                               clock=lambda: now[0])  # fmt: skip
     hec_server.fail_next = 10**6
     waits = []
@@ -446,14 +447,14 @@ def test_export_worker_thread_starts_and_stops(lite, hec_server):
     store = lite
     make_events(store, 2)
     hec_sink(store, hec_server.url)
-    with svc.export_worker(store, 0.05) as worker:
+    with export_worker(store, 0.05) as worker:
         assert worker is not None and worker.running
         deadline = datetime.now().timestamp() + 5
         while len(hec_server.seqs()) < 3 and datetime.now().timestamp() < deadline:
             threading.Event().wait(0.02)
     assert not worker.running
     assert hec_server.seqs()[:3] == [1, 2, 3]
-    with svc.export_worker(store, None) as none:
+    with export_worker(store, None) as none:
         assert none is None
 
 

@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
 from pathlib import Path
-from threading import Thread
 
 from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse
@@ -25,19 +24,23 @@ from proofplane.api import (
 from proofplane.api.deps import public
 from proofplane.api.routes import router
 from proofplane.config import ExecutionSettings, Settings
-from proofplane.service import attestation as attest_svc
 from proofplane.service import audit as audit_svc
 from proofplane.service import execution as execution_svc
-from proofplane.service import reconcile
-from proofplane.service import sinks as sinks_svc
 from proofplane.service.context import Store
 from proofplane.store import migrate
+from proofplane.workers import (
+    SyncWorker,
+    checkpoint_worker,
+    export_worker,
+    stale_worker,
+    sync_worker,
+)
 
 
 @contextmanager
 def _execution(
     app: FastAPI, store: Store, execution: ExecutionSettings | None
-) -> Iterator[Thread | None]:
+) -> Iterator[SyncWorker | None]:
     """While the server runs: the store's engine (the one it has, else built from
     ``execution``) and the reconciliation worker every ``execution.sync_interval_s``. Without
     ``execution`` the store is left as it is."""
@@ -48,7 +51,7 @@ def _execution(
     backend = given or execution_svc.build_backend(execution)
     store.backend = app.state.backend = backend
     try:
-        with reconcile.sync_worker(store, backend, execution.sync_interval_s) as syncer:
+        with sync_worker(store, backend, execution.sync_interval_s) as syncer:
             yield syncer
     finally:
         store.backend = given
@@ -67,12 +70,12 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # The SIEM exporter runs while the server serves (PROOFPLANE_SIEM_EXPORT_INTERVAL_SECONDS).
         with (
-            sinks_svc.export_worker(store, settings.siem_export_interval_s) as worker,
-            audit_svc.checkpoint_worker(
+            export_worker(store, settings.siem_export_interval_s) as worker,
+            checkpoint_worker(
                 store, app.state.audit_keys, settings.audit_checkpoint_interval_s
             ) as checkpointer,
             _execution(app, store, execution) as syncer,
-            attest_svc.stale_worker(
+            stale_worker(
                 store,
                 settings.attest_stale_check_interval_s,
                 timedelta(seconds=settings.attest_grace_s),

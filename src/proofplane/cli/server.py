@@ -44,15 +44,17 @@ from proofplane.access.credentials import new_token
 from proofplane.agent.tpm import swtpm
 from proofplane.api.app import create_app
 from proofplane.api.routes_attest import EK_CA_BUNDLE_ENV
-from proofplane.cli import credentials, demo_swtpm, render
+from proofplane.cli import credentials, render
 from proofplane.cli.client import DEFAULT_SERVER, CliError, format_details
+from proofplane.cli.demo_agents import HttpAgents
+from proofplane.demo import swtpm as demo_swtpm
+from proofplane.demo.attester import DemoAttester, load_attested_demo
 from proofplane.errors import Conflict, ProofplaneError, ValidationFailed
 from proofplane.hardware.cluster_file import ClusterSpec, parse_cluster
 from proofplane.service import execution as execution_svc
 from proofplane.service.access import MAX_TOKEN_TTL, bootstrap_admin
 from proofplane.service.cluster import load_cluster
 from proofplane.service.context import Store
-from proofplane.service.demo_attester import DemoAttester, load_attested_demo
 from proofplane.store import migrate
 from proofplane.store.db import default_database_url
 
@@ -481,22 +483,23 @@ def up(
         if jobs_dir == local_jobs_dir(url):  # ours, not one PROOFPLANE_LOCAL_STATE_DIR named
             _clear_jobs_dir(jobs_dir)
     store = open_store(url)
-    fleet: demo_swtpm.SwtpmFleet | None = None
+    real: HttpAgents | None = None  # the swtpm nodes' agents (stopping them stops the TPMs)
     try:
         if settings.demo_attester == "simulated":
             fleet, attesting = _swtpm_nodes(spec)  # their TPMs run until the demo stops
+            real = None if fleet is None else HttpAgents(fleet)
             render.print_line(attesting)
         with store_errors(f"cannot load {source}"):
             # The demo's placed workloads start as the cluster loads (and stop if it fails).
             store.backend = execution_svc.build_backend(execution)
             attester: DemoAttester | None = None
             if settings.demo_attester == "simulated":
-                counts, attester = load_attested_demo(store, spec, real=fleet)
+                counts, attester = load_attested_demo(store, spec, real=real)
             else:
                 counts = load_cluster(store, SYSTEM, spec)
     except BaseException as exc:
-        if fleet is not None:
-            fleet.stop()
+        if real is not None:
+            real.stop()
         if not isinstance(exc, CliError):
             raise
         store.dispose()

@@ -14,7 +14,8 @@ Flow of one node:
 3. ``issue_nonce`` then ``submit_evidence``, every round. Under an enforcing policy a pass
    admits a registered node and releases a quarantine that attestation imposed; a failure
    quarantines the node (its work moves to compliant nodes through ``change_node_state``).
-4. ``check_stale``: nodes that have not passed within the grace period are quarantined.
+4. ``check_stale``: nodes that have not passed within the grace period are quarantined (the
+   server runs it in the background: ``proofplane.workers.staleness``).
 
 An agent credential (actor ``node:<name>``) acts only for its own node: any other node does not
 exist for it (404).
@@ -24,19 +25,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import logging
 import os
 import secrets
-import threading
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
 
-from proofplane.access import SYSTEM, Actor, Permission, authorize
+from proofplane.access import Actor, Permission, authorize
 from proofplane.attest import AttestError, Evidence, Expected, Policy, PolicyError
 from proofplane.attest.credential import (
     CredentialError,
@@ -527,61 +525,6 @@ def check_stale(
                 _quarantine(tx, row, ident, f"attestation stale: {when}")
             done.append(row.name)
     return done
-
-
-log = logging.getLogger(__name__)
-
-
-class StaleWorker:
-    """The server's staleness check: a thread that runs :func:`check_stale` every
-    ``interval_s`` with grace ``grace``. A pass that fails is logged and retried at the next
-    tick (the nodes it would have quarantined stay stale, so the next pass catches them)."""
-
-    def __init__(self, store: Store, *, interval_s: float, grace: timedelta) -> None:
-        self.store = store
-        self.interval_s = interval_s
-        self.grace = grace
-        self.quarantined: list[str] = []  # every node a pass quarantined, in order
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def run_once(self, now: datetime | None = None) -> list[str]:
-        done = check_stale(self.store, SYSTEM, self.grace, now)
-        self.quarantined.extend(done)
-        return done
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.run_once()
-            except Exception:  # keep checking; a failed pass never admits anything
-                log.exception("attestation staleness check failed")
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="attest-stale", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-
-@contextmanager
-def stale_worker(
-    store: Store, interval_s: float | None, grace: timedelta
-) -> Iterator[StaleWorker | None]:
-    """The staleness checker for the duration of the block (none when ``interval_s`` is
-    falsy). Without an enforcing attestation policy each pass is a single read."""
-    if not interval_s:
-        yield None
-        return
-    worker = StaleWorker(store, interval_s=interval_s, grace=grace)
-    worker.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
 
 
 def manual_admission_refused(tx: Tx, row: NodeRow, target: NodeState) -> str | None:

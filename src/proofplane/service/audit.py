@@ -1,5 +1,6 @@
-"""Audit-log use cases: checkpoints (signed on demand and by a background worker), proofs,
-canonical entries, whole-log verification on the database, and offline evidence bundles.
+"""Audit-log use cases: checkpoints (signed on demand, and in the background by
+``proofplane.workers.checkpoints``), proofs, canonical entries, whole-log verification on the
+database, and offline evidence bundles.
 
 The signing key lives outside the database, in a file with 0600 permissions (created on first
 use); the key name is the log's origin, ``proofplane/<cluster-id>``. Checkpoints are not
@@ -15,9 +16,8 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -195,50 +195,6 @@ def sign_checkpoint(
         signed = note.sign_checkpoint(note.Checkpoint(keys.origin, size, root), signer)
         s.add(AuditCheckpointRow(tree_size=size, root_hash=root, note=signed, created_at=now))
     return signed
-
-
-class CheckpointWorker:
-    """Signs a checkpoint every ``interval_s`` seconds when the log grew (server thread)."""
-
-    def __init__(self, store: Store, keys: AuditKeys, interval_s: float) -> None:
-        from proofplane.access import SYSTEM
-
-        self.store, self.keys, self.interval_s, self.actor = store, keys, interval_s, SYSTEM
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="audit-checkpoints", daemon=True)
-        self.last_error: str | None = None
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                sign_checkpoint(
-                    self.store, self.actor, self.keys, datetime.now(UTC), only_if_grown=True
-                )
-                self.last_error = None
-            except Exception as exc:  # keep serving; the next round retries
-                self.last_error = str(exc)
-
-
-@contextmanager
-def checkpoint_worker(
-    store: Store, keys: AuditKeys, interval_s: float | None
-) -> Iterator[CheckpointWorker | None]:
-    if not interval_s:
-        yield None
-        return
-    worker = CheckpointWorker(store, keys, interval_s)
-    worker.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
 
 
 # --- verification on the database ----------------------------------------------------------

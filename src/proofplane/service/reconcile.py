@@ -1,4 +1,5 @@
-"""The reconciliation pass between proofplane and the engine (``sync``) and its worker.
+"""The reconciliation pass between proofplane and the engine (``sync``; the server runs it in
+the background: ``proofplane.workers.reconcile``).
 
 One pass, in one write transaction: cancel engine jobs whose workload lost its placement
 (evictions from any flow), apply the engine's status changes, mark nodes the engine lost as
@@ -10,10 +11,6 @@ crash between placement and dispatch loses nothing). Engine trouble is reported 
 
 from __future__ import annotations
 
-import logging
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -30,8 +27,6 @@ from proofplane.service.lifecycle import change_node_state
 from proofplane.service.scheduling import reschedule_pending
 from proofplane.store.repo import WORKLOAD_LOAD, node_from_row, workload_from_row
 from proofplane.store.tables import ExecutionJobRow, NodeRow, WorkloadRow
-
-log = logging.getLogger("proofplane.execution")
 
 
 @dataclass
@@ -174,30 +169,3 @@ def sync(store: Store, backend: Backend, now: datetime | None = None) -> SyncRep
             if row.status == WorkloadStatus.PLACED.value and dispatch_placed(tx, backend, row):
                 report.dispatched.append(row.name)
     return report
-
-
-@contextmanager
-def sync_worker(store: Store, backend: Backend, interval_s: float | None) -> Iterator[Any]:
-    """Run ``sync`` every ``interval_s`` seconds in a daemon thread while the context is open
-    (the API server's lifespan); None or 0: no thread."""
-    if not interval_s:
-        yield None
-        return
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.wait(interval_s):
-            try:
-                report = sync(store, backend)
-                if report.error:
-                    log.warning("execution sync: %s", report.error)
-            except Exception:  # keep the loop alive; the next pass retries
-                log.exception("execution sync failed")
-
-    thread = threading.Thread(target=loop, name="proofplane-execution-sync", daemon=True)
-    thread.start()
-    try:
-        yield thread
-    finally:
-        stop.set()
-        thread.join(timeout=interval_s + 5)

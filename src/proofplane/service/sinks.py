@@ -12,17 +12,15 @@ bookkeeping, not a change of the cluster, and writes no event (it would feed its
 that starts failing, and one that recovers, does write one (``sink.delivery_failed``,
 ``sink.delivery_recovered``), since a broken audit trail is itself an audit fact (AU-5).
 
-``ExportWorker`` runs ``export_once`` in a background thread of the API server;
-``proofplane sinks flush`` runs one pass.
+``proofplane.workers.siem.ExportWorker`` runs ``export_once`` in a background thread of the API
+server; ``proofplane sinks flush`` runs one pass.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -367,98 +365,7 @@ def export_once(
     return results
 
 
-class ExportWorker:
-    """The exporter in the API server: a thread that runs an export pass every ``interval_s``.
-
-    A sink whose pass failed waits ``interval_s · 2^(failures-1)`` (capped at
-    ``max_backoff_s``) before its next pass, so a receiver that is down for ten minutes is
-    probed about once a minute and caught up from its cursor as soon as it answers.
-    """
-
-    def __init__(
-        self,
-        store: Store,
-        *,
-        interval_s: float = 5.0,
-        max_backoff_s: float = 60.0,
-        max_batches: int = 20,
-        retry: RetryPolicy | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.store = store
-        self.interval_s = interval_s
-        self.max_backoff_s = max_backoff_s
-        self.max_batches = max_batches
-        self.retry = retry or RetryPolicy()
-        self.clock = clock
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._failures: dict[str, int] = {}
-        self._next_try: dict[str, float] = {}
-
-    def due(self) -> list[str]:
-        """The enabled sinks whose backoff has passed."""
-        now = self.clock()
-        with self.store.read() as session:
-            names = list(session.scalars(select(SinkRow.name).where(SinkRow.enabled.is_(True))))
-        return [n for n in names if self._next_try.get(n, 0.0) <= now]
-
-    def run_once(self) -> list[PassResult]:
-        names = self.due()
-        if not names:
-            return []
-        results = export_once(
-            self.store, names=names, retry=self.retry, max_batches=self.max_batches
-        )
-        now = self.clock()
-        for r in results:
-            if r.error is None:
-                self._failures.pop(r.name, None)
-                self._next_try.pop(r.name, None)
-            else:
-                n = self._failures.get(r.name, 0) + 1
-                self._failures[r.name] = n
-                wait = min(self.max_backoff_s, self.interval_s * 2 ** (n - 1))
-                self._next_try[r.name] = now + wait
-        return results
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.run_once()
-            except NotFound:
-                pass  # a sink deleted between listing and export
-            except Exception:
-                log.exception("SIEM export pass failed")
-            self._stop.wait(self.interval_s)
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._loop, name="siem-export", daemon=True)
-            self._thread.start()
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-
-@contextmanager
-def export_worker(store: Store, interval_s: float | None) -> Iterator[ExportWorker | None]:
-    """The server's exporter for the duration of the block (none when ``interval_s`` is
-    falsy)."""
-    if not interval_s:
-        yield None
-        return
-    worker = ExportWorker(store, interval_s=interval_s)
-    worker.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
+def enabled_sink_names(store: Store) -> list[str]:
+    """The names of the enabled sinks (what a background export pass may deliver to)."""
+    with store.read() as session:
+        return list(session.scalars(select(SinkRow.name).where(SinkRow.enabled.is_(True))))

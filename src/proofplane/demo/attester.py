@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
@@ -32,6 +31,7 @@ from proofplane.service.cluster import load_cluster
 from proofplane.service.context import Store
 from proofplane.service.nodes import grant_certification, set_node_state
 from proofplane.service.workloads import WorkloadSpec, submit_workloads
+from proofplane.workers.base import Worker
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +117,11 @@ class RealAgents(Protocol):
         ...
 
 
-class DemoAttester:
+class DemoAttester(Worker):
     """The simulated agents of the demo's nodes, run in-process against the service layer,
-    and the real agents of the few nodes that have one (``agents``; ``real`` owns them)."""
+    and the real agents of the few nodes that have one (``agents``; ``real`` owns them).
+    Once started, every node re-attests every ``interval_s`` (one node's failed round is
+    logged and stops no other node's)."""
 
     def __init__(
         self,
@@ -128,12 +130,11 @@ class DemoAttester:
         agents: list[RealAgent] | None = None,
         real: RealAgents | None = None,
     ) -> None:
+        super().__init__("demo-attester", DEMO_INTERVAL_S)
         self.store = store
         self.nodes = nodes
         self.agents = agents or []
         self.real = real
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def enroll_all(self) -> None:
         """Enroll and activate every node (MakeCredential answered by the software EK)."""
@@ -162,31 +163,28 @@ class DemoAttester:
     def round_all(self) -> list[svc.AttestOutcome]:
         return [self.round(n) for n in self.nodes] + [a.round() for a in self.agents]
 
-    def _loop(self, interval_s: float) -> None:
-        while not self._stop.wait(interval_s):
-            for n in self.nodes:
-                try:
-                    self.round(n)
-                except Exception:  # one node's failure must not stop the others' rounds
-                    log.exception("simulated attestation round of %s failed", n.name)
-            for a in self.agents:
-                try:
-                    a.round()
-                except Exception:
-                    log.exception("attestation round of %s's agent failed", a.name)
+    def run_once(self) -> None:
+        """One round of every node, each on its own (the background loop's pass)."""
+        for n in self.nodes:
+            try:
+                self.round(n)
+            except Exception:  # one node's failure must not stop the others' rounds
+                log.exception("simulated attestation round of %s failed", n.name)
+        for a in self.agents:
+            try:
+                a.round()
+            except Exception:
+                log.exception("attestation round of %s's agent failed", a.name)
 
     def start(self, interval_s: float = DEMO_INTERVAL_S) -> None:
-        self._thread = threading.Thread(
-            target=self._loop, args=(interval_s,), name="demo-attester", daemon=True
-        )
-        self._thread.start()
+        """Re-attest every ``interval_s`` seconds on a daemon thread."""
+        self.interval_s = interval_s
+        super().start()
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float | None = None) -> None:
         """Stop re-attesting; then the real agents and their TPMs stop."""
-        self._stop.set()
         try:
-            if self._thread is not None:
-                self._thread.join(timeout=10)
+            super().stop(timeout_s)
         finally:
             if self.real is not None:
                 self.real.stop()

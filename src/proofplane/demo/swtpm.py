@@ -2,7 +2,9 @@
 demo nodes (``SWTPM_NODES``) are attested by the node agent's own round
 (:func:`proofplane.cli.agent.attest_once`: enrollment with EK and AK, MakeCredential answered by
 ``tpm2_activatecredential``, nonce, ``tpm2_quote``, event log, inventory) against their own
-swtpm process, not by the simulated attester.
+swtpm process, not by the simulated attester. This module launches and stops those swtpm
+processes and derives their policy; the agents that speak to the API with them are the edge's
+(:mod:`proofplane.cli.demo_agents`).
 
 Each swtpm is manufactured in a temporary directory (its own EK, EK certificate and ECC AK) and
 "boots" by extending its PCRs with the events of a real Secure-Boot-enabled firmware log
@@ -27,21 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import anyio
-import httpx
-
-from proofplane.access import SYSTEM
 from proofplane.agent.tpm import swtpm
-from proofplane.agent.tpm.tpm2tools import Tpm
 from proofplane.attest.policy import parse_version
-from proofplane.cli.agent import AK_HANDLE, EK_HANDLE, attest_once
-from proofplane.cli.client import ApiClient
+from proofplane.demo.attester import DRIFT_NODE, inventory
 from proofplane.hardware.cluster_file import ClusterSpec
 from proofplane.model import Node, NodeState
-from proofplane.service import attestation as svc
-from proofplane.service.access import issue_agent_credential
-from proofplane.service.context import Store
-from proofplane.service.demo_attester import DRIFT_NODE, RealAgent, inventory
 
 #: the demo nodes attested by swtpm (us-east nodes without certifications: no placement
 #: depends on them being simulated)
@@ -50,7 +42,6 @@ NODE_CLASS = "demo-swtpm"
 EVENTLOG_ENV = "PROOFPLANE_DEMO_EVENTLOG"
 REAL_LOG = "intel_svr.bin"  # an Intel server's firmware log: Secure Boot on, shim, grub, Debian
 SHARED_LOGS = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "tcg-eventlogs"
-assert swtpm.AK_HANDLES["ecc"] == AK_HANDLE and swtpm.EK_HANDLE == EK_HANDLE
 
 
 def missing_tools() -> list[str]:
@@ -82,44 +73,14 @@ def demo_eventlog() -> tuple[str, bytes]:
     return "synthetic shim + grub log", swtpm.boot_log()
 
 
-class AppTransport(httpx.BaseTransport):
-    """Synchronous HTTP to an ASGI app in this process (``httpx.ASGITransport`` is async
-    only): each request runs in an event loop of its own, from any thread."""
-
-    def __init__(self, app: Any) -> None:
-        self._asgi = httpx.ASGITransport(app=app)
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        body = request.read()
-
-        async def send() -> httpx.Response:
-            req = httpx.Request(request.method, request.url, headers=request.headers, content=body)
-            resp = await self._asgi.handle_async_request(req)
-            content = await resp.aread()
-            return httpx.Response(resp.status_code, headers=resp.headers, content=content)
-
-        return anyio.run(send)
-
-
 @dataclass
 class SwtpmAgent:
-    """One swtpm node's agent: the agent's round, on its TPM, its log and its inventory."""
+    """What one swtpm node's agent attests with: its TPM, its boot log and its inventory."""
 
     name: str
     tpm: swtpm.SwtpmNode
     eventlog: bytes
     inventory: dict[str, Any]
-    api: ApiClient | None = None
-
-    def round(self) -> svc.AttestOutcome:
-        assert self.api is not None, "connect() first"
-        scratch = self.tpm.workdir / "agent"
-        scratch.mkdir(exist_ok=True)
-        agent_tpm = Tpm(self.tpm.tcti, scratch)
-        out = attest_once(self.api, self.name, agent_tpm, eventlog=self.eventlog,
-                          inventory=self.inventory)  # fmt: skip
-        return svc.AttestOutcome(out["node"], out["evidence_id"], out["verdict"], out["state"],
-                                 out["state_reason"])  # fmt: skip
 
 
 class SwtpmFleet:
@@ -173,24 +134,10 @@ class SwtpmFleet:
         )
         return doc
 
-    def connect(self, store: Store) -> list[RealAgent]:
-        """Give each node's agent its credential and a client of the API on ``store``."""
-        from proofplane.api.app import create_app
-
-        transport = AppTransport(create_app(store))
-        for a in self.agents:
-            token = issue_agent_credential(store, SYSTEM, a.name, ttl_days=1).token
-            a.api = ApiClient("http://proofplane.demo", token=token, transport=transport)
-        return list(self.agents)
-
     def stop(self) -> None:
         """Stop every swtpm and remove their state."""
         for a in self.agents:
-            try:
-                if a.api is not None:
-                    a.api.close()
-            finally:
-                a.tpm.stop()
+            a.tpm.stop()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     @property
