@@ -1,8 +1,10 @@
 """RFC 9162 (RFC 6962) Merkle tree hashing, proofs and proof verification. Pure.
 
 leaf = SHA-256(0x00 ‖ entry), node = SHA-256(0x01 ‖ left ‖ right), the empty tree hashes to
-SHA-256(""). The six public functions are what auditors and our own tools call; they take
-values and return values (entries are the raw entry bytes, proofs are lists of 32-byte hashes).
+SHA-256(""). The six functions of ``__all__`` are what auditors and our own tools call; they
+take values and return values (entries are the raw entry bytes, proofs are lists of 32-byte
+hashes). The other public names below are the building blocks our log storage and verifiers
+share (no caller reaches for a private one).
 
 The proof functions are also written over *ranges*: every hash in an RFC 6962 proof is the
 Merkle tree hash of a contiguous range of leaves ``[start, end)`` whose ``start`` is aligned
