@@ -147,6 +147,9 @@ def test_every_node_state_that_evicts_has_its_reason() -> None:
 def test_a_reason_without_a_template_has_no_message() -> None:
     with pytest.raises(ValueError, match="backend_unavailable"):
         render(reasons.BACKEND_UNAVAILABLE)
+    with pytest.raises(ValueError, match="backend_unavailable"):
+        reasons.template(reasons.BACKEND_UNAVAILABLE)
+    assert reasons.template("cancelled") == "cancelled by {actor}"
 
 
 # --- every code a filter or decision answers with is in the registry, and the reverse ------------

@@ -224,6 +224,14 @@ CO_RESIDENCY_NOTE = (
 )
 
 
+def template(code: str) -> str:
+    """The message template of reason ``code`` (for a caller that formats it on a hot path)."""
+    text = REASONS[code].template
+    if text is None:
+        raise ValueError(f"reason {code!r} has no message template")
+    return text
+
+
 def render(code: str, **fields: object) -> str:
     """The message of reason ``code`` with ``fields`` filled into its template."""
     return REASONS[code].message(**fields)

@@ -72,7 +72,7 @@ from proofplane.schedule.reasons import (
     NODE_NOT_ADMITTED,
     NODE_SHARED_WITH_OTHER_TENANT,
     blocking,
-    render,
+    template,
 )
 from proofplane.schedule.usage import NO_USAGE, ClassKey, NodeInfo, Usage, decrement, node_info
 from proofplane.schedule.values import Allocation, Decision, Request
@@ -81,6 +81,9 @@ _Best = tuple[int, str, tuple[PlacedDevice, ...]]  # (idle GPUs left, node, devi
 _K = TypeVar("_K", bound=Hashable)
 
 _DEDICATED = IsolationLevel.DEDICATED_NODE
+# A pending decision's messages, looked up once.
+_NO_COMPLIANT_MESSAGE = template(NO_COMPLIANT_CAPACITY)
+_INSUFFICIENT_MESSAGE = template(INSUFFICIENT_CAPACITY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -577,13 +580,13 @@ class ClusterSnapshot:
             return Decision(
                 None,
                 NO_COMPLIANT_CAPACITY,
-                render(NO_COMPLIANT_CAPACITY, total=total, tags=dict(req.tags) or "this"),
+                _NO_COMPLIANT_MESSAGE.format(total=total, tags=dict(req.tags) or "this"),
                 rejections,
             )
         return Decision(
             None,
             INSUFFICIENT_CAPACITY,
-            render(INSUFFICIENT_CAPACITY, compliant=n_compliant, blocking=blocking(rejections)),
+            _INSUFFICIENT_MESSAGE.format(compliant=n_compliant, blocking=blocking(rejections)),
             rejections,
         )
 
