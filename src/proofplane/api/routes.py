@@ -34,7 +34,6 @@ from proofplane.api.schemas import (
 from proofplane.model import (
     ComplianceProfile,
     Gpu,
-    GpuRequest,
     MigInstance,
     Node,
     NodeState,
@@ -263,13 +262,7 @@ def _workload_spec(body: WorkloadIn) -> workloads_svc.WorkloadSpec:
         tenant=body.tenant,
         tags=dict(body.tags),
         isolation=body.isolation,
-        gpus=GpuRequest(
-            body.gpus.count,
-            body.gpus.model,
-            body.gpus.mig_profile,
-            body.gpus.share_milli,
-            body.gpus.nodes,
-        ),
+        gpus=body.gpus.to_domain(),
         priority=body.priority,
         command=tuple(body.command),
     )

@@ -9,19 +9,22 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from proofplane.model import (
     Event,
+    GpuRequest,
     IsolationLevel,
     Node,
     NodeState,
     Outcome,
+    PlacedDevice,
     Placement,
     Tenant,
     Workload,
     WorkloadStatus,
 )
-from proofplane.store.repo import devices_to_json, profile_to_json
+from proofplane.model.tags import NAME_PATTERN
+from proofplane.model.tenant import profile_to_json
+from proofplane.model.workload import MAX_BATCH
 
 T = TypeVar("T")
-NAME_PATTERN = r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$"
 Name = Annotated[str, Field(pattern=NAME_PATTERN, description="DNS-label-like, at most 63")]
 
 
@@ -240,6 +243,25 @@ class GpuRequestIO(_In):
         "distinct nodes, placed all together or not at all",
     )
 
+    def to_domain(self) -> GpuRequest:
+        return GpuRequest(
+            count=self.count,
+            model=self.model,
+            mig_profile=self.mig_profile,
+            share_milli=self.share_milli,
+            nodes=self.nodes,
+        )
+
+    @classmethod
+    def from_domain(cls, g: GpuRequest) -> GpuRequestIO:
+        return cls(
+            count=g.count,
+            model=g.model,
+            mig_profile=g.mig_profile,
+            share_milli=g.share_milli,
+            nodes=g.nodes,
+        )
+
 
 class WorkloadIn(_In):
     name: Name
@@ -256,9 +278,9 @@ class WorkloadIn(_In):
 class WorkloadBatchIn(_In):
     items: list[WorkloadIn] = Field(
         min_length=1,
-        max_length=1000,
-        description="up to 1000 workloads (the POST /workloads body each), submitted in one "
-        "transaction, all or nothing, and placed in this order",
+        max_length=MAX_BATCH,
+        description=f"up to {MAX_BATCH} workloads (the POST /workloads body each), submitted in "
+        "one transaction, all or nothing, and placed in this order",
     )
 
 
@@ -272,6 +294,16 @@ class DeviceOut(BaseModel):
     mig_profile: str | None
     mig_start: int | None
     share_milli: int | None
+
+    @classmethod
+    def from_domain(cls, d: PlacedDevice) -> DeviceOut:
+        return cls(
+            gpu_index=d.gpu_index,
+            gpu_uuid=d.gpu_uuid,
+            mig_profile=d.mig_profile,
+            mig_start=d.mig_start,
+            share_milli=d.share_milli,
+        )
 
 
 class PlacementPartOut(BaseModel):
@@ -290,11 +322,9 @@ class PlacementOut(BaseModel):
     def of(cls, p: Placement) -> PlacementOut:
         return cls(
             node=p.node,
-            devices=[DeviceOut(**d) for d in devices_to_json(p.devices)],
+            devices=[DeviceOut.from_domain(d) for d in p.devices],
             members=[
-                PlacementPartOut(
-                    node=m.node, devices=[DeviceOut(**d) for d in devices_to_json(m.devices)]
-                )
+                PlacementPartOut(node=m.node, devices=[DeviceOut.from_domain(d) for d in m.devices])
                 for m in p.parts
             ],
         )
@@ -323,13 +353,7 @@ class WorkloadOut(BaseModel):
             tenant=w.tenant,
             tags=w.tags,
             isolation=w.isolation,
-            gpus=GpuRequestIO(
-                count=w.gpus.count,
-                model=w.gpus.model,
-                mig_profile=w.gpus.mig_profile,
-                share_milli=w.gpus.share_milli,
-                nodes=w.gpus.nodes,
-            ),
+            gpus=GpuRequestIO.from_domain(w.gpus),
             priority=w.priority,
             command=list(w.command),
             status=w.status,

@@ -23,6 +23,7 @@ from proofplane.cli.common import (
     send,
 )
 from proofplane.model import IsolationLevel, WorkloadStatus
+from proofplane.model.workload import MAX_BATCH  # the API's bound on one batch
 
 app = typer.Typer(help="Workloads: submit, inspect, explain, cancel.", no_args_is_help=True)
 
@@ -107,9 +108,6 @@ def submit(
         render.print_json(workload)
     else:
         render.workload_outcome(workload, "submitted")
-
-
-MAX_BATCH = 1000  # the API's bound on one batch (one transaction)
 
 
 def _read_batch(path: str) -> list[Any]:

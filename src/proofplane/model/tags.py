@@ -15,7 +15,8 @@ _KEY = re.compile(r"^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$")
 _VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 
 
-_NAME = re.compile(r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")
+NAME_PATTERN = r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$"  # nodes, tenants, workloads (DNS label)
+_NAME = re.compile(NAME_PATTERN)
 
 
 def validate_name(name: str, what: str) -> str:

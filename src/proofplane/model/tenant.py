@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 
 class IsolationLevel(StrEnum):
@@ -57,6 +58,25 @@ class ComplianceProfile:
             if tags.get(key) == value:
                 floor = floor.at_least(level)
         return floor
+
+
+def profile_to_json(profile: ComplianceProfile) -> dict[str, Any]:
+    """The profile as JSON: how it is stored, recorded in events and served."""
+    return {
+        "required_tags": dict(profile.required_tags),
+        "min_isolation": profile.min_isolation.value,
+        "isolation_rules": {k: v.value for k, v in profile.isolation_rules.items()},
+        "co_residency": profile.co_residency,
+    }
+
+
+def profile_from_json(data: dict[str, Any]) -> ComplianceProfile:
+    return ComplianceProfile(
+        required_tags=dict(data.get("required_tags", {})),
+        min_isolation=IsolationLevel(data.get("min_isolation", "shared")),
+        isolation_rules={k: IsolationLevel(v) for k, v in data.get("isolation_rules", {}).items()},
+        co_residency=bool(data.get("co_residency", True)),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -28,6 +29,8 @@ class WorkloadStatus(StrEnum):
 
 
 _TERMINAL = frozenset({WorkloadStatus.SUCCEEDED, WorkloadStatus.FAILED, WorkloadStatus.CANCELLED})
+
+MAX_BATCH = 1000  # workloads in one batch submission: one transaction, all or nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,36 @@ class GpuRequest:
         if self.share_milli is not None:
             return IsolationLevel.SHARED
         return IsolationLevel.EXCLUSIVE_GPU
+
+    def to_row(self) -> dict[str, Any]:
+        """The workload table's columns that hold this request, by column name."""
+        return {
+            "gpu_count": self.count,
+            "gpu_model": self.model,
+            "mig_profile": self.mig_profile,
+            "share_milli": self.share_milli,
+            "gpu_nodes": self.nodes,
+        }
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any] | Any) -> GpuRequest:
+        """Back from those columns: a mapping of column values (what ``to_row`` gives, an
+        insert's parameters) or an object with them as attributes (a workload row)."""
+        if isinstance(row, Mapping):
+            return cls(
+                count=row["gpu_count"],
+                model=row["gpu_model"],
+                mig_profile=row["mig_profile"],
+                share_milli=row["share_milli"],
+                nodes=row["gpu_nodes"],
+            )
+        return cls(
+            count=row.gpu_count,
+            model=row.gpu_model,
+            mig_profile=row.mig_profile,
+            share_milli=row.share_milli,
+            nodes=row.gpu_nodes,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -211,7 +211,7 @@ def decision_details(row: WorkloadRow) -> dict[str, object]:
         row.tenant.name,
         row.tags,
         row.isolation,
-        GpuRequest(row.gpu_count, row.gpu_model, row.mig_profile, row.share_milli, row.gpu_nodes),
+        GpuRequest.from_row(row),
         row.co_residency,
     )
 

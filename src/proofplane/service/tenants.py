@@ -9,11 +9,12 @@ from sqlalchemy import select
 from proofplane.access import Actor, Permission, authorize
 from proofplane.errors import Conflict, ValidationFailed
 from proofplane.model import ComplianceProfile, Quota, Tenant, validate_name, validate_tags
+from proofplane.model.tenant import profile_to_json
 from proofplane.service import execution
 from proofplane.service.context import Store, Tx
 from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
 from proofplane.service.scheduling import ClusterView, reschedule_pending
-from proofplane.store.repo import profile_to_json, tenant_from_row, tenant_row
+from proofplane.store.repo import tenant_from_row, tenant_row
 from proofplane.store.tables import TenantRow
 
 

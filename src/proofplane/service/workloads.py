@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import bindparam, insert, select, update
@@ -23,6 +23,7 @@ from proofplane.model import (
     validate_name,
     validate_tags,
 )
+from proofplane.model.workload import MAX_BATCH
 from proofplane.schedule.engine import Job
 from proofplane.schedule.explain import explain_job
 from proofplane.schedule.reasons import CANCELLED, render
@@ -60,7 +61,6 @@ from proofplane.store.tables import (
 MAX_GPUS = 64  # per node
 MAX_GANG_NODES = 64
 MAX_COMMAND_ARGS = 256
-MAX_BATCH = 1000  # workloads in one submit_workloads call (one transaction)
 _IN_CHUNK = 500  # names per "IN (...)" query: well under every database's bound-parameter limit
 
 
@@ -141,7 +141,7 @@ def check_gpu_request(g: GpuRequest) -> GpuRequest:
                 code="unknown_mig_profile",
                 details={"mig_profile": g.mig_profile, "known": known},
             )
-    return GpuRequest(g.count, model, g.mig_profile, g.share_milli, g.nodes)
+    return replace(g, model=model)
 
 
 def resolve(spec: WorkloadSpec, tenant: Tenant) -> tuple[dict[str, str], IsolationLevel, str]:
@@ -416,11 +416,7 @@ def _row_values(
         "tenant_id": tenant_id,
         "tags": tags,
         "isolation": isolation.value,
-        "gpu_count": gpus.count,
-        "gpu_model": gpus.model,
-        "mig_profile": gpus.mig_profile,
-        "share_milli": gpus.share_milli,
-        "gpu_nodes": gpus.nodes,
+        **gpus.to_row(),
         "priority": spec.priority,
         "command": list(spec.command),
         "status": WorkloadStatus.PENDING.value,
@@ -467,9 +463,7 @@ def _workload_of(
         tenant=spec.tenant,
         tags=dict(v["tags"]),
         isolation=IsolationLevel(v["isolation"]),
-        gpus=GpuRequest(
-            v["gpu_count"], v["gpu_model"], v["mig_profile"], v["share_milli"], v["gpu_nodes"]
-        ),
+        gpus=GpuRequest.from_row(v),
         priority=v["priority"],
         command=tuple(v["command"]),
         status=WorkloadStatus(change["b_status"]),

@@ -9,7 +9,6 @@ from sqlalchemy.orm import Session, selectinload
 
 from proofplane.errors import Conflict, NotFound
 from proofplane.model import (
-    ComplianceProfile,
     Gpu,
     GpuRequest,
     IsolationLevel,
@@ -23,6 +22,7 @@ from proofplane.model import (
     Workload,
     WorkloadStatus,
 )
+from proofplane.model.tenant import profile_from_json
 from proofplane.store.tables import NodeRow, PlacementRow, TenantRow, WorkloadRow
 
 NODE_LOAD = (selectinload(NodeRow.gpus), selectinload(NodeRow.certifications))
@@ -30,24 +30,6 @@ WORKLOAD_LOAD = (
     selectinload(WorkloadRow.tenant),
     selectinload(WorkloadRow.placement).selectinload(PlacementRow.node),
 )
-
-
-def profile_to_json(profile: ComplianceProfile) -> dict[str, Any]:
-    return {
-        "required_tags": dict(profile.required_tags),
-        "min_isolation": profile.min_isolation.value,
-        "isolation_rules": {k: v.value for k, v in profile.isolation_rules.items()},
-        "co_residency": profile.co_residency,
-    }
-
-
-def profile_from_json(data: dict[str, Any]) -> ComplianceProfile:
-    return ComplianceProfile(
-        required_tags=dict(data.get("required_tags", {})),
-        min_isolation=IsolationLevel(data.get("min_isolation", "shared")),
-        isolation_rules={k: IsolationLevel(v) for k, v in data.get("isolation_rules", {}).items()},
-        co_residency=bool(data.get("co_residency", True)),
-    )
 
 
 def tenant_from_row(row: TenantRow) -> Tenant:
@@ -135,13 +117,7 @@ def workload_from_row(row: WorkloadRow) -> Workload:
         tenant=row.tenant.name,
         tags=dict(row.tags),
         isolation=IsolationLevel(row.isolation),
-        gpus=GpuRequest(
-            count=row.gpu_count,
-            model=row.gpu_model,
-            mig_profile=row.mig_profile,
-            share_milli=row.share_milli,
-            nodes=row.gpu_nodes,
-        ),
+        gpus=GpuRequest.from_row(row),
         priority=row.priority,
         command=tuple(row.command),
         status=WorkloadStatus(row.status),
