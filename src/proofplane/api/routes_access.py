@@ -20,7 +20,7 @@ from proofplane.api.deps import (
     set_session_cookies,
     signed_in,
 )
-from proofplane.api.schemas import ErrorResponse, Name, Page, _In
+from proofplane.api.schemas import BodyIn, ErrorResponse, Name, Page
 from proofplane.config import Settings
 from proofplane.service import access as svc
 from proofplane.service.context import Store
@@ -42,7 +42,7 @@ Username = Annotated[str, Field(pattern=svc.USERNAME_PATTERN)]
 # --- bodies ------------------------------------------------------------------------------------
 
 
-class LoginIn(_In):
+class LoginIn(BodyIn):
     username: str = Field(max_length=255)
     password: str = Field(max_length=1024)
     totp: str | None = Field(None, max_length=64, description="TOTP code or a recovery code")
@@ -82,7 +82,7 @@ class MfaEnrollOut(BaseModel):
     otpauth_uri: str
 
 
-class MfaConfirmIn(_In):
+class MfaConfirmIn(BodyIn):
     totp: str = Field(max_length=16)
 
 
@@ -90,14 +90,14 @@ class RecoveryCodesOut(BaseModel):
     recovery_codes: list[str] = Field(description="single-use; shown once")
 
 
-class UserIn(_In):
+class UserIn(BodyIn):
     username: Username
     password: str | None = Field(None, max_length=1024, description="omit for SSO-only users")
     roles: list[str] = Field(default_factory=list, max_length=10)
     tenants: list[str] = Field(default_factory=list, max_length=100)
 
 
-class UserPatch(_In):
+class UserPatch(BodyIn):
     roles: list[str] | None = Field(None, max_length=10)
     tenants: list[str] | None = Field(None, max_length=100)
     disabled: bool | None = None
@@ -132,14 +132,14 @@ class UserOut(BaseModel):
         )
 
 
-class TokenIn(_In):
+class TokenIn(BodyIn):
     roles: list[str] | None = Field(None, max_length=10, description="default: all of yours")
     tenants: list[str] | None = Field(None, max_length=100, description="default: all of yours")
     expires_in: int = Field(ge=1, le=2**31, description="seconds; at most 90 days")
     name: str = Field("", max_length=255)
 
 
-class RotateIn(_In):
+class RotateIn(BodyIn):
     expires_in: int | None = Field(None, ge=1, le=2**31)
 
 
@@ -171,7 +171,7 @@ class TokenInfoOut(BaseModel):
         )
 
 
-class AgentCredentialIn(_In):
+class AgentCredentialIn(BodyIn):
     ttl_days: int = Field(90, ge=1, le=90)
 
 

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from proofplane.access import Actor
 from proofplane.access import Permission as P
 from proofplane.api.deps import get_store, requires
-from proofplane.api.schemas import ErrorResponse, Name, Page, _In
+from proofplane.api.schemas import BodyIn, ErrorResponse, Name, Page
 from proofplane.service import sinks as sinks_svc
 from proofplane.service.context import Store
 
@@ -26,7 +26,7 @@ router = APIRouter(prefix="/api/v1", responses=_ERRORS, tags=["sinks"])  # type:
 StoreDep = Annotated[Store, Depends(get_store)]
 
 
-class SinkIn(_In):
+class SinkIn(BodyIn):
     name: Name
     type: str = Field(max_length=32, description="syslog | ocsf-file | ocsf-http | splunk-hec")
     config: dict[str, Any] = Field(

@@ -38,7 +38,7 @@ def _has_nul(value: Any) -> bool:
     return False
 
 
-class _In(BaseModel):
+class BodyIn(BaseModel):
     """Request bodies: unknown fields are refused, and so is the NUL character, which no store
     keeps faithfully (PostgreSQL refuses it, SQLite truncates on it in places)."""
 
@@ -70,7 +70,7 @@ class ErrorResponse(BaseModel):
 # --- tenants -----------------------------------------------------------------------------------
 
 
-class ProfileIn(_In):
+class ProfileIn(BodyIn):
     required_tags: dict[str, str] = {}
     min_isolation: IsolationLevel = IsolationLevel.SHARED
     isolation_rules: dict[str, IsolationLevel] = Field(
@@ -83,18 +83,18 @@ class ProfileIn(_In):
     )
 
 
-class TenantIn(_In):
+class TenantIn(BodyIn):
     name: Name
     description: str = Field("", max_length=1000)
     profile: ProfileIn = ProfileIn()
 
 
-class TenantPatch(_In):
+class TenantPatch(BodyIn):
     description: str | None = Field(None, max_length=1000)
     profile: ProfileIn | None = None
 
 
-class QuotaIO(_In):
+class QuotaIO(BodyIn):
     """null: no limit. ``gpus`` counts whole GPUs (a shared fraction counts as its fraction);
     ``mig_slices`` counts MIG compute slices (a 3g.40gb instance is 3)."""
 
@@ -125,12 +125,12 @@ class TenantOut(BaseModel):
 # --- nodes -------------------------------------------------------------------------------------
 
 
-class MigInstanceIO(_In):
+class MigInstanceIO(BodyIn):
     profile: str
     start: int = Field(ge=0, le=7)
 
 
-class GpuIn(_In):
+class GpuIn(BodyIn):
     index: int = Field(ge=0, le=255)
     uuid: str = Field(min_length=1, max_length=64)
     model: str
@@ -141,7 +141,7 @@ class GpuIn(_In):
     driver_version: str | None = Field(None, max_length=63)
 
 
-class NodeIn(_In):
+class NodeIn(BodyIn):
     name: Name
     region: Name
     zone: Name
@@ -150,17 +150,17 @@ class NodeIn(_In):
     gpus: list[GpuIn] = Field([], max_length=64)
 
 
-class NodePatch(_In):
+class NodePatch(BodyIn):
     labels: dict[str, str] | None = None
     rack: Name | None = None
 
 
-class NodeStateIn(_In):
+class NodeStateIn(BodyIn):
     state: NodeState
     reason: str | None = Field(None, max_length=1000)
 
 
-class CertificationIn(_In):
+class CertificationIn(BodyIn):
     key: str
     value: str
 
@@ -223,7 +223,7 @@ class NodeOut(BaseModel):
 # --- workloads ---------------------------------------------------------------------------------
 
 
-class GpuRequestIO(_In):
+class GpuRequestIO(BodyIn):
     count: int = Field(
         1,
         ge=-(2**31),
@@ -263,7 +263,7 @@ class GpuRequestIO(_In):
         )
 
 
-class WorkloadIn(_In):
+class WorkloadIn(BodyIn):
     name: Name
     tenant: Name
     tags: dict[str, str] = Field({}, examples=[{"hipaa": "true"}])
@@ -275,7 +275,7 @@ class WorkloadIn(_In):
     command: list[str] = []
 
 
-class WorkloadBatchIn(_In):
+class WorkloadBatchIn(BodyIn):
     items: list[WorkloadIn] = Field(
         min_length=1,
         max_length=MAX_BATCH,
@@ -284,7 +284,7 @@ class WorkloadBatchIn(_In):
     )
 
 
-class CancelIn(_In):
+class CancelIn(BodyIn):
     reason: str | None = Field(None, max_length=1000)
 
 
