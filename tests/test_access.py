@@ -14,6 +14,7 @@ from sqlalchemy import select
 
 from proofplane.access import totp
 from proofplane.access.credentials import csrf_token
+from proofplane.api.errors import status_for
 from proofplane.errors import ProofplaneError
 from proofplane.service import access as svc
 from proofplane.service.context import Store
@@ -183,7 +184,7 @@ def test_ten_failures_lock_for_thirty_minutes(client: TestClient, store: Store) 
             session_ttl=timedelta(hours=1),
             now=t0 + timedelta(minutes=29),
         )
-    assert exc.value.status == 423
+    assert exc.value.code == "account_locked" and status_for(exc.value) == 423
     ok = svc.login(
         store,
         "victim",

@@ -37,6 +37,7 @@ from sqlalchemy import select
 from ci import unavailable
 from proofplane.access import SYSTEM, oidc
 from proofplane.api.app import create_app
+from proofplane.api.errors import status_for
 from proofplane.config import OidcSettings, Settings
 from proofplane.service.context import Store
 from proofplane.store.tables import EventRow, OidcLoginRow, UserRow
@@ -319,7 +320,7 @@ def test_id_token_claim_checks(over: dict[str, Any], message: str) -> None:
     token = sign(claims_of(**over))
     with pytest.raises(oidc.OidcFailed, match=message) as err:
         validate(token)
-    assert err.value.status == 401 and err.value.code == "oidc_failed"
+    assert status_for(err.value) == 401 and err.value.code == "oidc_failed"
     assert token not in str(err.value.to_dict())
 
 

@@ -21,12 +21,10 @@ from proofplane.errors import NotFound, ProofplaneError, ValidationFailed
 
 
 class Unauthenticated(ProofplaneError):
-    status = 401
     code = "unauthenticated"
 
 
 class Forbidden(ProofplaneError):
-    status = 403
     code = "forbidden"
 
 

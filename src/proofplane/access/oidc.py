@@ -75,7 +75,6 @@ class OidcFailed(ProofplaneError):
     never contains a token.
     """
 
-    status = 401
     code = "oidc_failed"
 
     def __init__(self, message: str, *, reason: str, details: Any = None) -> None:
@@ -90,14 +89,12 @@ class UnknownSigningKey(OidcFailed):
 class OidcUnavailable(ProofplaneError):
     """The provider's discovery document or keys cannot be fetched, or make no sense."""
 
-    status = 502
     code = "oidc_provider_unavailable"
 
 
 class OidcMisconfigured(ProofplaneError):
     """Our own OIDC settings are wrong (an unknown role in the group map)."""
 
-    status = 500
     code = "invalid_setting"
 
 

@@ -1,7 +1,17 @@
-"""Every error the API returns has one shape: {"error": {"code", "message", "details"}}."""
+"""Every error the API returns has one shape: {"error": {"code", "message", "details"}}.
+
+The HTTP status of a domain error is decided here, at the edge, not by the error: ``STATUS``
+maps classes of the :class:`~proofplane.errors.ProofplaneError` tree to statuses, resolved
+along the class's MRO (a subclass answers with its nearest listed ancestor's status; the root
+answers 400). ``NOT_ANSWERS`` are the tree's branches that no route gives out as they are (the
+pure core's and the I/O tools' own failures, which a service turns into a verdict or into one
+of the errors above): one that reaches the API is a bug and is handled as any unexpected
+exception is (500 ``internal_error``, the details in the server log).
+"""
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -10,9 +20,91 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from proofplane.errors import ProofplaneError
+from proofplane.access.authz import Forbidden, Unauthenticated
+from proofplane.access.oidc import OidcFailed, OidcMisconfigured, OidcUnavailable
+from proofplane.agent.tpm.tpm2tools import TpmToolError
+from proofplane.attest.errors import AttestError
+from proofplane.audit.bundle import BundleError
+from proofplane.audit.note import NoteError
+from proofplane.backends.base import BackendError, BackendUnavailable, DrainFailed, JobRejected
+from proofplane.errors import (
+    Conflict,
+    InvalidState,
+    NotFound,
+    ProofplaneError,
+    Unavailable,
+    ValidationFailed,
+)
+from proofplane.hardware.nvml import NvmlError
+from proofplane.service.access import AccountLocked, InvalidOidcState, OidcProviderError
+from proofplane.service.audit import ProofOutOfRange
+from proofplane.service.sinks import DeliveryFailed
+from proofplane.siem.transport import DeliveryError
+from proofplane.sim.mig import MigSimError
+from proofplane.sim.trace import TraceError
+from proofplane.store.audit_log import LogCorrupted, ProofRangeError
+from proofplane.store.audit_verify import Unverifiable
 
 log = logging.getLogger("proofplane.api")
+
+#: The HTTP status of each answered error class (subclasses inherit along their MRO).
+STATUS: dict[type[ProofplaneError], int] = {
+    ProofplaneError: 400,
+    NotFound: 404,
+    Conflict: 409,
+    InvalidState: 409,
+    ValidationFailed: 422,
+    Unavailable: 503,
+    # access
+    Unauthenticated: 401,
+    Forbidden: 403,
+    AccountLocked: 423,
+    OidcFailed: 401,
+    OidcUnavailable: 502,
+    OidcMisconfigured: 500,
+    InvalidOidcState: 400,
+    OidcProviderError: 400,
+    # audit log and SIEM
+    ProofOutOfRange: 400,
+    LogCorrupted: 500,
+    DeliveryFailed: 502,
+    # execution engines
+    BackendError: 502,
+    BackendUnavailable: 503,
+    JobRejected: 422,
+    DrainFailed: 502,
+}
+
+#: Branches of the tree that are never an answer (see the module docstring): 500.
+NOT_ANSWERS: tuple[type[ProofplaneError], ...] = (
+    AttestError,
+    NoteError,
+    BundleError,
+    ProofRangeError,
+    Unverifiable,
+    DeliveryError,
+    NvmlError,
+    TpmToolError,
+    TraceError,
+    MigSimError,
+)
+
+
+@functools.cache
+def _status_of(cls: type[ProofplaneError]) -> int:
+    if issubclass(cls, NOT_ANSWERS):
+        return 500
+    for klass in cls.__mro__:
+        status = STATUS.get(klass)
+        if status is not None:
+            return status
+    return 400  # pragma: no cover - ProofplaneError is in STATUS
+
+
+def status_for(error: ProofplaneError | type[ProofplaneError]) -> int:
+    """The HTTP status an error (or an error class) answers with."""
+    return _status_of(error if isinstance(error, type) else type(error))
+
 
 _HTTP_CODES = {
     400: "bad_request",
@@ -45,8 +137,11 @@ def _clean(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def install(app: FastAPI) -> None:
     @app.exception_handler(ProofplaneError)
     async def _domain(_req: Request, exc: ProofplaneError) -> JSONResponse:
-        response = error_response(exc.status, exc.code, exc.message, exc.details)
-        if exc.status == 401:
+        if isinstance(exc, NOT_ANSWERS):
+            raise exc  # a bug, not an answer: to the server-error handler below
+        status = status_for(exc)
+        response = error_response(status, exc.code, exc.message, exc.details)
+        if status == 401:
             response.headers["WWW-Authenticate"] = 'Bearer realm="proofplane"'
         return response
 

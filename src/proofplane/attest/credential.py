@@ -40,17 +40,28 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 try:  # cryptography >= 47 moved CFB to the "decrepit" module
     from cryptography.hazmat.decrepit.ciphers.modes import CFB
 except ImportError:  # pragma: no cover - older cryptography
-    from cryptography.hazmat.primitives.ciphers.modes import CFB  # type: ignore[no-redef]
+    from cryptography.hazmat.primitives.ciphers.modes import CFB
 
 from proofplane.attest import tpm
 from proofplane.attest.errors import AttestError, TpmStructError
+
+__all__ = [
+    "CFB",  # re-exported: the mode TPM 2.0 credential blobs use, from wherever cryptography has it
+    "TOOLS_MAGIC",
+    "TOOLS_VERSION",
+    "CredentialError",
+    "kdfa",
+    "kdfe",
+    "make_credential",
+    "tpm2_tools_credential_file",
+]
 
 TOOLS_MAGIC = 0xBADCC0DE  # tpm2-tools' credential file header (tpm2_makecredential -o)
 TOOLS_VERSION = 1
 
 
 class CredentialError(AttestError):
-    reason = "credential_error"
+    code = "credential_error"
 
 
 def kdfa(hash_alg: int, key: bytes, label: bytes, context_u: bytes, context_v: bytes,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
@@ -78,12 +78,13 @@ WINDOWS_VIRTUAL_PCR: Final = 0xFFFFFFFF
 MAX_PCR: Final = 23
 EFI_GLOBAL_VARIABLE: Final = uuid.UUID("8be4df61-93ca-11d2-aa0d-00e098032b8c")
 EFI_IMAGE_SECURITY_DATABASE: Final = uuid.UUID("d719b2cb-3d3a-4596-a3bc-dad00e67656f")
-_MAX_EVENTS: Final = 100_000
-_MAX_EVENT_SIZE: Final = 16 * 1024 * 1024
+MAX_EVENTS: Final = 100_000  # more events than this: eventlog_too_long
+MAX_EVENT_SIZE: Final = 16 * 1024 * 1024  # the largest eventSize accepted
 
 _U32 = struct.Struct("<I")
 _HDR2 = struct.Struct("<III")  # pcrIndex, eventType, digest count (crypto-agile)
-_HDR1 = struct.Struct("<II20sI")  # pcrIndex, eventType, sha1 digest, eventSize (SHA-1 format)
+#: pcrIndex, eventType, sha1 digest, eventSize: the SHA-1 format's header (and every log's first)
+SHA1_EVENT_HEADER: Final = struct.Struct("<II20sI")
 _U16 = struct.Struct("<H")
 
 
@@ -133,7 +134,9 @@ class EventLog:
         return replay(self, banks)
 
 
-def _bank_info(alg: int, size: int | None) -> tuple[str, int]:
+def bank_info(alg: int, size: int | None) -> tuple[str, int]:
+    """(bank name, digest size) of TCG algorithm ``alg``; an unknown one is ``alg_0x…`` with
+    the declared ``size`` (EventLogError without one, or when a known size is contradicted)."""
     known = _ALGS.get(alg)
     if known is None:
         if size is None:
@@ -149,7 +152,8 @@ def _bank_info(alg: int, size: int | None) -> tuple[str, int]:
     return known[0], known[1]
 
 
-def _parse_spec_id(data: bytes) -> SpecId:
+def parse_spec_id(data: bytes) -> SpecId:
+    """The ``TCG_EfiSpecIdEvent`` in the first event's data; EventLogError when malformed."""
     if len(data) < 29:
         raise EventLogError("Spec ID event too short", reason="eventlog_bad_spec_id")
     sig = data[:16].rstrip(b"\0").decode("ascii", "replace")
@@ -159,7 +163,7 @@ def _parse_spec_id(data: bytes) -> SpecId:
     algs: dict[int, int] = {}
     for i in range(n):
         alg, size = struct.unpack_from("<HH", data, 28 + 4 * i)
-        _bank_info(alg, size)
+        bank_info(alg, size)
         algs[alg] = size
     vendor_size = data[28 + 4 * n]
     if len(data) != 28 + 4 * n + 1 + vendor_size:
@@ -235,10 +239,10 @@ def parse_eventlog(blob: bytes) -> EventLog:
     """Parse a binary TCG event log (SHA-1 or crypto-agile format)."""
     buf = bytes(blob)
     size = len(buf)
-    if size < _HDR1.size:
+    if size < SHA1_EVENT_HEADER.size:
         raise EventLogError("event log shorter than one event header", reason="eventlog_truncated")
-    pcr, etype, sha1, esize = _HDR1.unpack_from(buf, 0)
-    pos = _HDR1.size
+    pcr, etype, sha1, esize = SHA1_EVENT_HEADER.unpack_from(buf, 0)
+    pos = SHA1_EVENT_HEADER.size
     if esize > size - pos:
         raise EventLogError("first event truncated", reason="eventlog_truncated")
     first_data = buf[pos : pos + esize]
@@ -246,9 +250,9 @@ def parse_eventlog(blob: bytes) -> EventLog:
     events: list[Event] = []
     locality = 0
     if etype == EV_NO_ACTION and pcr == 0 and first_data[:16] == b"Spec ID Event03\0":
-        spec = _parse_spec_id(first_data)
+        spec = parse_spec_id(first_data)
         events.append(Event(0, pcr, etype, {"sha1": sha1}, first_data))
-        sizes = {alg: _bank_info(alg, sz) for alg, sz in spec.algorithms.items()}
+        sizes = {alg: bank_info(alg, sz) for alg, sz in spec.algorithms.items()}
         n_algs = len(sizes)
         # Fast path: an event carrying every declared digest in the declared order (nearly all
         # events of real logs) is unpacked with one precompiled struct.
@@ -296,7 +300,7 @@ def parse_eventlog(blob: bytes) -> EventLog:
                         reason="eventlog_bad_digest_count",
                     )
                 digests, esize, pos = _slow_digests(buf, pos, n, start, count, sizes)
-            if esize > size - pos or esize > _MAX_EVENT_SIZE:
+            if esize > size - pos or esize > MAX_EVENT_SIZE:
                 raise EventLogError(
                     f"event {n} at offset {start} claims {esize} data bytes, {size - pos} remain",
                     reason="eventlog_truncated",
@@ -309,7 +313,7 @@ def parse_eventlog(blob: bytes) -> EventLog:
                     locality = loc
             events.append(ev)
             n += 1
-            if n > _MAX_EVENTS:
+            if n > MAX_EVENTS:
                 raise EventLogError("more than 100000 events", reason="eventlog_too_long")
         del unpack_u16, unpack_u32
         banks = tuple(info[0] for info in sizes.values())
@@ -319,17 +323,17 @@ def parse_eventlog(blob: bytes) -> EventLog:
     pos = 0
     n = 0
     while pos < size:
-        if size - pos < _HDR1.size:
+        if size - pos < SHA1_EVENT_HEADER.size:
             if not any(buf[pos:]):
                 break
             raise EventLogError(
                 f"event {n} header truncated at offset {pos}", reason="eventlog_truncated"
             )
-        pcr, etype, sha1, esize = _HDR1.unpack_from(buf, pos)
+        pcr, etype, sha1, esize = SHA1_EVENT_HEADER.unpack_from(buf, pos)
         if n > 0 and pcr == 0 and etype == 0 and esize == 0 and not any(buf[pos:]):
             break
         _check_pcr(pcr, etype, pos)
-        pos += _HDR1.size
+        pos += SHA1_EVENT_HEADER.size
         if esize > size - pos:
             raise EventLogError(
                 f"event {n} claims {esize} data bytes, {size - pos} remain",
@@ -343,13 +347,15 @@ def parse_eventlog(blob: bytes) -> EventLog:
                 locality = loc
         events.append(ev)
         n += 1
-        if n > _MAX_EVENTS:
+        if n > MAX_EVENTS:
             raise EventLogError("more than 100000 events", reason="eventlog_too_long")
     return EventLog(False, None, tuple(events), locality, ("sha1",))
 
 
-def _hash_func(bank: str):
-    fast = getattr(hashlib, bank, None)
+def hash_func(bank: str) -> Callable[..., Any]:
+    """The hash constructor of ``bank`` (``hashlib.sha256`` for sha256): called with the
+    data, it returns an object with ``digest()``. EventLogError when this Python lacks it."""
+    fast: Callable[..., Any] | None = getattr(hashlib, bank, None)
     if fast is not None:
         return fast
     hname = {"sm3_256": "sm3"}.get(bank, bank)
@@ -373,7 +379,7 @@ def replay(log: EventLog, banks: Iterable[str] | None = None) -> dict[str, dict[
     for bank in wanted:
         if bank not in log.banks:
             raise EventLogError(f"the log has no {bank} digests", reason="eventlog_missing_bank")
-        hfunc = _hash_func(bank)
+        hfunc = hash_func(bank)
         size = hfunc().digest_size
         pcrs: dict[int, bytes] = {}
         if log.startup_locality:
@@ -512,14 +518,14 @@ def build_eventlog(
         for item in events:
             pcr, etype, data = item[0], item[1], item[2]
             dg = item[3]["sha1"] if len(item) > 3 else hashlib.sha1(data).digest()
-            out += _HDR1.pack(pcr, etype, dg, len(data)) + data
+            out += SHA1_EVENT_HEADER.pack(pcr, etype, dg, len(data)) + data
         return bytes(out)
     ids = {v[0]: k for k, v in _ALGS.items()}
     spec = b"Spec ID Event03\0" + struct.pack("<IBBBBI", 0, 0, 2, 0, 2, len(banks))
     for b in banks:
         spec += struct.pack("<HH", ids[b], _ALGS[ids[b]][1])
     spec += b"\0"
-    out += _HDR1.pack(0, EV_NO_ACTION, bytes(20), len(spec)) + spec
+    out += SHA1_EVENT_HEADER.pack(0, EV_NO_ACTION, bytes(20), len(spec)) + spec
     if startup_locality is not None:
         loc = b"StartupLocality\0" + bytes([startup_locality])
         out += _HDR2.pack(0, EV_NO_ACTION, len(banks))

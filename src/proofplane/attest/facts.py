@@ -95,7 +95,7 @@ def _layout(algs: tuple[tuple[int, int], ...], bank: str) -> tuple[Any, ...] | N
     itself is parsed and checked on every call of the scan): memoizing it is compiling a format,
     like ``re``'s pattern cache, not remembering anything about a log.
     """
-    info = [el._bank_info(alg, sz) for alg, sz in algs]
+    info = [el.bank_info(alg, sz) for alg, sz in algs]
     banks = tuple(b for b, _ in info)
     if bank not in banks:
         return None
@@ -132,21 +132,21 @@ def _scan_regular(buf: bytes, bank: str, digest: str) -> LogFacts | None:
     EV_EFI_BOOT_SERVICES_APPLICATION and PCR 9 EV_IPL.
     """
     size = len(buf)
-    if size < 48 or size > el._MAX_EVENT_SIZE:  # (so that eventSize > 16 MiB overruns the log)
+    if size < 48 or size > el.MAX_EVENT_SIZE:  # (so that eventSize > 16 MiB overruns the log)
         return None
-    pcr, etype, _sha1, esize = el._HDR1.unpack_from(buf, 0)
+    pcr, etype, _sha1, esize = el.SHA1_EVENT_HEADER.unpack_from(buf, 0)
     if etype != el.EV_NO_ACTION or pcr != 0 or buf[32:48] != b"Spec ID Event03\0":
         return None
     pos = 32 + esize
     if pos > size:
         return None
-    spec = el._parse_spec_id(buf[32:pos])
+    spec = el.parse_spec_id(buf[32:pos])
     layout = _layout(tuple(spec.algorithms.items()), bank)
     if layout is None:
         return None
     head, ids, full, banks, expect = layout
     unpack, check, hsize = head.unpack_from, ids.unpack_from, head.size
-    hfunc = el._hash_func(bank)
+    hfunc = el.hash_func(bank)
     zero = bytes(hfunc().digest_size)
     pcrs = [zero] * (el.MAX_PCR + 1)
     apps: list[tuple[int, bytes]] = []
@@ -194,7 +194,7 @@ def _scan_regular(buf: bytes, bank: str, digest: str) -> LogFacts | None:
             n += 1
     except struct.error:
         return None
-    if pos != size or n > el._MAX_EVENTS:
+    if pos != size or n > el.MAX_EVENTS:
         return None
     replayed = {i: v for i, v in enumerate(pcrs) if v is not zero}
     return LogFacts(digest, bank, replayed, n, secure_boot, sb_error,

@@ -23,7 +23,7 @@ DEFAULT_EVENTLOG_PCRS: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)
 class PolicyError(AttestError):
     """A policy document that cannot be used (bad field, bad hex, unknown key)."""
 
-    reason = "policy_invalid"
+    code = "policy_invalid"
 
 
 def canonical_json(value: Any) -> bytes:

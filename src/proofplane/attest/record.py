@@ -14,8 +14,9 @@ from datetime import datetime
 from typing import Any
 
 from proofplane.attest.errors import AttestError
+from proofplane.attest.evidence import Evidence, Expected, Verdict, parse_time
 from proofplane.attest.policy import Policy
-from proofplane.attest.verifier import Evidence, Expected, Verdict, _parse_time, verify
+from proofplane.attest.verifier import verify
 
 RECORD_VERSION = 1
 
@@ -57,7 +58,7 @@ class EvidenceRecord:
             evidence=Evidence.from_json(data["evidence"]),
             expected=Expected.from_json(data["expected"]),
             policy=Policy.from_json(data["policy"]),
-            verified_at=_parse_time(data["verified_at"], "verified_at"),
+            verified_at=parse_time(data["verified_at"], "verified_at"),
             verdict=verdict if isinstance(verdict, Mapping) else None,
         )
 

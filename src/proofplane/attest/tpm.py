@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -129,10 +130,11 @@ def digest(alg: int, data: bytes) -> bytes:
 
 
 # --- reader ---------------------------------------------------------------------------------------
-_BE8 = struct.Struct(">B").unpack_from
-_BE16 = struct.Struct(">H").unpack_from
-_BE32 = struct.Struct(">I").unpack_from
-_BE64 = struct.Struct(">Q").unpack_from
+_Unpack = Callable[[bytes, int], tuple[int]]  # one unsigned integer at an offset
+_BE8: Final[_Unpack] = struct.Struct(">B").unpack_from
+_BE16: Final[_Unpack] = struct.Struct(">H").unpack_from
+_BE32: Final[_Unpack] = struct.Struct(">I").unpack_from
+_BE64: Final[_Unpack] = struct.Struct(">Q").unpack_from
 
 
 class Reader:
@@ -278,7 +280,7 @@ class ClockInfo:
         }
 
     @classmethod
-    def from_json(cls, data: dict) -> ClockInfo:
+    def from_json(cls, data: dict[str, Any]) -> ClockInfo:
         return cls(
             clock=int(data["clock"]),
             reset_count=int(data["reset_count"]),

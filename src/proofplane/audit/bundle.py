@@ -22,12 +22,15 @@ from datetime import datetime
 from typing import Any
 
 from proofplane.audit import merkle, note
+from proofplane.errors import ProofplaneError
 
 FORMAT = "proofplane-audit-bundle/v1"
 
 
-class BundleError(ValueError):
+class BundleError(ProofplaneError, ValueError):
     """The bundle is malformed (not a verdict on its contents)."""
+
+    code = "bundle_malformed"
 
 
 @dataclass

@@ -23,12 +23,16 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from proofplane.errors import ProofplaneError
+
 ED25519 = 0x01
 SIG_PREFIX = "\u2014 "  # em dash, space
 
 
-class NoteError(ValueError):
+class NoteError(ProofplaneError, ValueError):
     """A note, key or checkpoint that is malformed or does not verify."""
+
+    code = "note_invalid"
 
 
 @dataclass(frozen=True, slots=True)

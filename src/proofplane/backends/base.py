@@ -33,28 +33,24 @@ from proofplane.model import (
 class BackendError(ProofplaneError):
     """Base class of every error an execution backend raises."""
 
-    status = 502
     code = "backend_error"
 
 
 class BackendUnavailable(BackendError):
     """The engine cannot be reached (daemon down, command missing, timeout). Retry later."""
 
-    status = 503
     code = "backend_unavailable"
 
 
 class JobRejected(BackendError):
     """The engine refused the job (bad request, unknown node, unsupported shape)."""
 
-    status = 422
     code = "job_rejected"
 
 
 class DrainFailed(BackendError):
     """A drain or resume of a node did not take effect in the engine."""
 
-    status = 502
     code = "drain_failed"
 
 

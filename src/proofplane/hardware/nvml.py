@@ -34,6 +34,7 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from proofplane.errors import ProofplaneError
 from proofplane.hardware.skus import SKUS, Sku
 
 T = TypeVar("T")
@@ -55,16 +56,16 @@ _UNAVAILABLE_ERRORS = {
 }
 
 
-class NvmlError(Exception):
+class NvmlError(ProofplaneError):
     """NVML answered with an error the collector cannot turn into a null field."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+    code = "nvml_error"
 
 
 class NvmlUnavailable(NvmlError):
     """No NVML here: ``nvidia-ml-py`` is not installed, or there is no (working) driver."""
+
+    code = "nvml_unavailable"
 
 
 def load() -> Any:

@@ -40,7 +40,6 @@ KEY_FILE_ENV = "PROOFPLANE_AUDIT_KEY_FILE"
 
 
 class ProofOutOfRange(ProofplaneError):
-    status = 400
     code = "proof_out_of_range"
 
 

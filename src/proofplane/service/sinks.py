@@ -48,7 +48,6 @@ MAX_ERROR_CHARS = 500
 class DeliveryFailed(ProofplaneError):
     """The sink's receiver did not acknowledge (a test message, a flush)."""
 
-    status = 502
     code = "delivery_failed"
 
 

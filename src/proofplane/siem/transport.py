@@ -26,10 +26,13 @@ from typing import Protocol
 import httpx
 
 from proofplane.audit.export.syslog import frame
+from proofplane.errors import ProofplaneError
 
 
-class DeliveryError(Exception):
+class DeliveryError(ProofplaneError):
     """A batch was not acknowledged; it will be sent again."""
+
+    code = "delivery_error"
 
 
 class Transport(Protocol):

@@ -37,6 +37,7 @@ from functools import lru_cache
 from itertools import accumulate
 from typing import Any
 
+from proofplane.errors import ProofplaneError
 from proofplane.hardware.skus import COMPUTE_SLICES, MigProfile, Sku, get_sku, layout_errors
 from proofplane.model.node import MigInstance
 from proofplane.sim.gorand import Rng, make_rng
@@ -64,8 +65,10 @@ SYNTHETIC_CPU_PER_SLICE = 1000
 SYNTHETIC_MEM_PER_SLICE = 4096
 
 
-class MigSimError(ValueError):
+class MigSimError(ProofplaneError, ValueError):
     """A MIG-mode input that cannot be replayed (unknown policy, mix or profile)."""
+
+    code = "mig_sim_invalid"
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
+from proofplane.errors import ProofplaneError
 from proofplane.sim.gorand import Rng
 
 INFLATION = 1.3  # "tune": grow (or cut) the stream to 130 % of the cluster's GPU capacity
@@ -16,8 +17,10 @@ TYPICAL_COVERAGE = 0.95  # FGD's typical-pod popularity threshold
 INFORMER_DRAWS = 10  # Float64() draws of the scheduler's reflectors before the node permutation
 
 
-class TraceError(ValueError):
+class TraceError(ProofplaneError, ValueError):
     """A node or pod row that cannot be read."""
+
+    code = "trace_invalid"
 
 
 @dataclass(frozen=True, slots=True)

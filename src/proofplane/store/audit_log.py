@@ -49,15 +49,16 @@ def size_from_count(count: int) -> int:
 class LogCorrupted(ProofplaneError):
     """The stored hashes do not form the log the events say they should."""
 
-    status = 500
     code = "audit_log_inconsistent"
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
 
 
-class ProofRangeError(ValueError):
+class ProofRangeError(ProofplaneError, ValueError):
     """A proof asked for sizes or indices outside the log."""
+
+    code = "proof_range_invalid"
 
 
 class Appender:

@@ -21,6 +21,7 @@ import yaml
 from cryptography import x509
 
 from proofplane.attest import tpm as tpms
+from proofplane.errors import ProofplaneError
 
 #: NV index of the RSA 2048 EK certificate (TCG EK Credential Profile 2.x, low range)
 EK_CERT_NV_INDEX = "0x01c00002"
@@ -41,12 +42,10 @@ EK_POLICY_C = {
 TOOL_TIMEOUT_S = 60
 
 
-class TpmToolError(RuntimeError):
+class TpmToolError(ProofplaneError, RuntimeError):
     """A tpm2-tools command (or the TPM behind it) failed; ``message`` says which and why."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+    code = "tpm_tool_failed"
 
 
 def ek_policy_branches(ek_public: bytes) -> tuple[str, list[bytes]]:
