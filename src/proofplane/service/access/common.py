@@ -23,7 +23,6 @@ _USERNAME = re.compile(USERNAME_PATTERN)
 
 
 class AccountLocked(ProofplaneError):
-    status = 423
     code = "account_locked"
 
 

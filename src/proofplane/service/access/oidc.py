@@ -36,12 +36,10 @@ _UNSAFE_PATH = re.compile(r"[\\\x00-\x1f\x7f]")
 
 
 class InvalidOidcState(ProofplaneError):
-    status = 400
     code = "invalid_oidc_state"
 
 
 class OidcProviderError(ProofplaneError):
-    status = 400
     code = "oidc_error"
 
 
