@@ -11,7 +11,6 @@ exception is (500 ``internal_error``, the details in the server log).
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
@@ -90,8 +89,10 @@ NOT_ANSWERS: tuple[type[ProofplaneError], ...] = (
 )
 
 
-@functools.cache
-def _status_of(cls: type[ProofplaneError]) -> int:
+def status_for(error: ProofplaneError | type[ProofplaneError]) -> int:
+    """The HTTP status an error (or an error class) answers with: its nearest ancestor's in
+    ``STATUS`` (500 for the ``NOT_ANSWERS``)."""
+    cls = error if isinstance(error, type) else type(error)
     if issubclass(cls, NOT_ANSWERS):
         return 500
     for klass in cls.__mro__:
@@ -99,11 +100,6 @@ def _status_of(cls: type[ProofplaneError]) -> int:
         if status is not None:
             return status
     return 400  # pragma: no cover - ProofplaneError is in STATUS
-
-
-def status_for(error: ProofplaneError | type[ProofplaneError]) -> int:
-    """The HTTP status an error (or an error class) answers with."""
-    return _status_of(error if isinstance(error, type) else type(error))
 
 
 _HTTP_CODES = {
