@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from proofplane.errors import ValidationFailed
 from proofplane.service.pagination import (
     DEFAULT_LIMIT,
+    MAX_CURSOR,
+    MAX_KEY,
     MAX_LIMIT,
     Page,
     check_limit,
@@ -56,6 +58,21 @@ def test_round_trip(last, expected):
 @given(st.text(max_size=255), st.text(min_size=1, max_size=10))
 def test_round_trip_any_string(last, kind):
     assert decode_cursor(kind, encode_cursor(kind, last), str) == last
+
+
+@pytest.mark.parametrize("char", ["\x00", "\x1f", "\U0001f600", "\u00e9", "a"])
+def test_the_longest_key_of_any_character_round_trips(char):
+    # 255 control characters made an 827-character cursor the old 512-character cap refused
+    last = char * MAX_KEY
+    cursor = encode_cursor("workloads", last)
+    assert len(cursor) <= MAX_CURSOR
+    assert decode_cursor("workloads", cursor, str) == last
+
+
+def test_a_cursor_longer_than_any_valid_one_is_refused_before_decoding():
+    with pytest.raises(ValidationFailed) as exc:
+        decode_cursor("workloads", "A" * (MAX_CURSOR + 1), str)
+    assert exc.value.code == "invalid_cursor"
 
 
 @given(st.integers(min_value=0, max_value=2**63 - 1))

@@ -13,6 +13,10 @@ from proofplane.errors import ValidationFailed
 T = TypeVar("T")
 MAX_LIMIT = 500
 DEFAULT_LIMIT = 100
+MAX_KEY = 255  # the longest string key a cursor carries (names are far shorter)
+# The longest cursor a valid key makes: JSON escapes a character in at most 12 bytes (a
+# surrogate pair, "\\ud83d\\ude00"), plus the envelope and a short kind, in base64 (4 per 3).
+MAX_CURSOR = -(-(MAX_KEY * 12 + 64) // 3) * 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,14 +35,14 @@ def decode_cursor(kind: str, cursor: str | None, expected: type) -> str | int | 
     if cursor is None or cursor == "":
         return None
     try:
-        if len(cursor) > 512:  # ours are far shorter; refuse before decoding anything huge
+        if len(cursor) > MAX_CURSOR:  # refuse before decoding anything huge
             raise ValueError("cursor too long")
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         data = json.loads(raw)
         after = data["after"]
         ok = data.get("k") == kind and isinstance(after, expected) and not isinstance(after, bool)
         ok = ok and (not isinstance(after, int) or 0 <= after < 2**63)
-        ok = ok and (not isinstance(after, str) or len(after) <= 255)
+        ok = ok and (not isinstance(after, str) or len(after) <= MAX_KEY)
     except (binascii.Error, ValueError, TypeError, KeyError, RecursionError):
         ok = False
     if not ok:
