@@ -11,12 +11,14 @@ from typing import NoReturn
 import pytest
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
 # ../shared beside the checkout: the openb trace, the TCG event logs, the OCSF schema, …
-SHARED = Path(__file__).resolve().parents[1] / ".." / "shared"
+SHARED = REPO / ".." / "shared"
 
 
 def unavailable(reason: str) -> NoReturn:
     """Skip (a developer's machine) or fail (CI) because ``reason`` is missing."""
     if IN_CI:
         pytest.fail(f"{reason} (required in CI)", pytrace=False)
-    pytest.skip(reason)
+    pytest.skip(reason, allow_module_level=True)

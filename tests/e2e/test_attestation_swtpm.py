@@ -27,7 +27,6 @@ from ci import unavailable
 from proofplane.access import SYSTEM
 from proofplane.agent.tpm.tpm2tools import Tpm
 from proofplane.attest import Evidence, load_record, replay_record
-from proofplane.attest import eventlog as el
 from proofplane.cli.agent import attest_once
 from proofplane.cli.client import ApiClient, ApiError
 from proofplane.service import attestation as svc
@@ -35,15 +34,20 @@ from proofplane.service.access import bootstrap_admin
 from proofplane.service.context import Store
 from proofplane.store import migrate
 from proofplane.store.tables import EventRow
-from swtpm import AK_HANDLES, SwtpmNode, boot_log, manufacture, measure, missing_tools
+from swtpm import (
+    AK_HANDLES,
+    INVENTORY,
+    SwtpmNode,
+    boot_log,
+    golden_policy,
+    manufacture,
+    measure,
+    missing_tools,
+    node_body,
+)
 
 ADMIN = "ppt_attestation-admin-token-0123456789"
 API = "/api/v1"
-INVENTORY = {
-    "driver_version": "550.54.15",
-    "gpus": [{"index": 0, "uuid": "GPU-a0", "name": "NVIDIA H100 80GB HBM3",
-              "vbios_version": "96.00.99.00.01", "driver_version": "550.54.15"}],
-}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -62,34 +66,6 @@ def tpm(tpm_template: Path, tmp_path: Path) -> Iterator[SwtpmNode]:
         yield node
     finally:
         node.stop()
-
-
-def golden_policy(log: bytes) -> dict[str, Any]:
-    parsed = el.parse_eventlog(log)
-    golden = el.replay(parsed, ["sha256"])["sha256"]
-    apps = sorted(
-        e.digests["sha256"].hex()
-        for e in parsed.events
-        if e.type == el.EV_EFI_BOOT_SERVICES_APPLICATION
-    )
-    return {
-        "id": "h100-golden",
-        "node_class": "default",
-        "golden_pcrs": {str(i): [v.hex()] for i, v in golden.items()},
-        "allowed_boot_apps": apps,
-        "allowed_vbios": ["96.00.99.00.01"],
-        "min_driver": "550.54.0",
-        "max_quote_age_s": 60,
-    }
-
-
-def node_body(name: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "region": "eu-frankfurt",
-        "zone": "eu-frankfurt-1a",
-        "gpus": [{"index": 0, "uuid": f"GPU-{name}-0", "model": "H100-80GB"}],
-    }
 
 
 def ok(resp: Any, status: int = 200) -> Any:
@@ -237,8 +213,8 @@ def test_ecc_ek_enrollment_with_the_nvml_inventory(tpm: SwtpmNode, tmp_path: Pat
     the server's VBIOS/driver allow-list judges them; without NVML the round fails closed."""
     import pynvml
 
+    from fake_nvml import FakeNvml, h100_node
     from proofplane.cli.agent import gpu_inventory
-    from test_nvml import FakeNvml, h100_node
 
     ecc_ek, ecc_ak = "0x81010016", "0x81010012"
     ctx = str(tmp_path / "ak.ctx")

@@ -7,13 +7,13 @@ import subprocess
 import sys
 from dataclasses import replace
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ci import REPO
 from proofplane.attest import REASONS, Evidence, Expected, Policy, Verdict, VerifierCache, verify
 from proofplane.attest import eventlog as el
 from proofplane.attest.simulate import SoftTpm
@@ -109,7 +109,7 @@ def test_policy_json_round_trip_and_typos():
 
 
 def test_bench_quick_runs():
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     out = subprocess.run(
         [sys.executable, str(root / "bench" / "attest.py"), "--quick", "--json"],
         capture_output=True, text=True, timeout=120, check=True,

@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ci import SHARED
 from proofplane.audit import merkle
 from proofplane.audit.merkle import CompactRange, leaf_hash, node_hash, root, root_of_hashes
 from proofplane.store import audit_log
 
-VECTORS = Path(__file__).resolve().parents[2] / "shared" / "data" / "merkle-vectors"
+VECTORS = SHARED / "data" / "merkle-vectors"
 
 ENTRIES = [b"entry %d" % i for i in range(301)]
 LEAVES = [leaf_hash(e) for e in ENTRIES]

@@ -80,8 +80,9 @@ def test_gang_submit_and_quota(server: str) -> None:  # noqa: F811
 
 
 def test_submit_batch(server: str, tmp_path) -> None:  # noqa: F811
-    from proofplane.cli.main import app
     from test_cli import ADMIN_TOKEN, no_traceback, runner
+
+    from proofplane.cli.main import app
 
     lines = [
         {"name": "batch-a", "tenant": "research-lab", "gpus": {"share_milli": 250}},

@@ -11,13 +11,13 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from typer.testing import CliRunner
 
-from ci import unavailable
+from ci import SHARED, unavailable
 from proofplane.attest import Evidence, Expected, Policy, make_record, verify
 from proofplane.attest import eventlog as el
 from proofplane.attest.simulate import SoftTpm
 from proofplane.cli.main import app
 
-LOGS = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "tcg-eventlogs"
+LOGS = SHARED / "data" / "tcg-eventlogs"
 T0 = datetime(2026, 3, 1, 8, 0, tzinfo=UTC)
 runner = CliRunner()
 

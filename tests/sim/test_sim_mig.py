@@ -7,12 +7,12 @@ Unit tests on hand-made GPUs and small clusters run everywhere; the figure check
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from ci import unavailable
 from proofplane.cli import sim as sim_cli
 from proofplane.hardware.skus import COMPUTE_SLICES, get_sku, layout_errors
 from proofplane.model.node import MigInstance
@@ -268,9 +268,7 @@ def test_random_replays_are_valid_and_deterministic() -> None:
 @pytest.fixture(scope="module")
 def openb() -> tuple[list[Pod], list[Node]]:
     if not (DATA / loader.NODE_FILE).is_file():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"openb data missing under {DATA} (CI=true)")
-        pytest.skip(f"openb data missing under {DATA}")
+        unavailable(f"openb data missing under {DATA}")
     return loader.load_pods(loader.pod_file("default", DATA)), loader.load_nodes(
         loader.node_file(DATA)
     )

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "placement.py"
+from ci import REPO
+
+BENCH = REPO / "bench" / "placement.py"
 
 
 def test_quick_run_prints_the_figures() -> None:

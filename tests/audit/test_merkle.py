@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ci import SHARED
 from proofplane.audit import merkle
 from proofplane.audit.merkle import (
     consistency_proof,
@@ -21,7 +21,7 @@ from proofplane.audit.merkle import (
     verify_inclusion,
 )
 
-VECTORS = Path(__file__).resolve().parents[2] / "shared" / "data" / "merkle-vectors"
+VECTORS = SHARED / "data" / "merkle-vectors"
 RFC = json.loads((VECTORS / "rfc6962_vectors.json").read_text())
 TILES = json.loads((VECTORS / "tlog_tiles_vectors.json").read_text())
 H = bytes.fromhex

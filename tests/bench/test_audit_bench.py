@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from ci import REPO
+
+ROOT = REPO
 
 
 def test_bench_audit_quick(tmp_path):

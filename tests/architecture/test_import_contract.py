@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from ci import REPO
+
 SCRIPT = REPO / "scripts" / "import_contract.py"
 
 _spec = importlib.util.spec_from_file_location("import_contract", SCRIPT)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from ci import unavailable
 from proofplane.cli import sim as sim_cli
 from proofplane.sim import loader
 from proofplane.sim.engine import feasible, replay
@@ -51,9 +52,7 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def openb() -> Path:
     if not (DATA / loader.NODE_FILE).is_file():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"openb data missing under {DATA} (CI=true)")
-        pytest.skip(f"openb data missing under {DATA}")
+        unavailable(f"openb data missing under {DATA}")
     return DATA
 
 

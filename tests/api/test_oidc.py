@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote_plus, urlencode, urljoin, urlsplit
 
@@ -34,7 +33,7 @@ from joserfc import jwt
 from joserfc.jwk import ECKey, KeySet, OctKey, RSAKey
 from sqlalchemy import select
 
-from ci import unavailable
+from ci import TESTS, unavailable
 from proofplane.access import SYSTEM, oidc
 from proofplane.api.app import create_app
 from proofplane.api.errors import status_for
@@ -42,7 +41,7 @@ from proofplane.config import OidcSettings, Settings
 from proofplane.service.context import Store
 from proofplane.store.tables import EventRow, OidcLoginRow, UserRow
 
-OIDC_DIR = Path(__file__).parent / "oidc"
+OIDC_DIR = TESTS / "oidc"
 CLIENT_ID = "proofplane-test"
 CLIENT_SECRET = "s3cret:with/odd+chars &more"  # exercises client_secret_basic's urlencoding
 GROUP_MAP: dict[str, dict[str, list[str]]] = {

@@ -18,8 +18,17 @@ from proofplane.cli.main import app
 from proofplane.service.access import bootstrap_admin
 from proofplane.service.context import Store
 from proofplane.store import migrate
-from swtpm import AK_HANDLES, SwtpmNode, boot_log, manufacture, measure, missing_tools
-from test_attestation_swtpm import INVENTORY, golden_policy, node_body
+from swtpm import (
+    AK_HANDLES,
+    INVENTORY,
+    SwtpmNode,
+    boot_log,
+    golden_policy,
+    manufacture,
+    measure,
+    missing_tools,
+    node_body,
+)
 
 ADMIN = "ppt_attestation-cli-admin-0123456789"
 runner = CliRunner()

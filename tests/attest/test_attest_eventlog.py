@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from ci import unavailable
+from ci import SHARED, unavailable
 from proofplane.attest import AttestError
 from proofplane.attest import eventlog as el
 from proofplane.attest.facts import _scan_regular, analyze_eventlog, analyze_eventlog_general
 from proofplane.attest.tpm import parse_attest, parse_public, parse_signature
 
-LOGS = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "tcg-eventlogs"
+LOGS = SHARED / "data" / "tcg-eventlogs"
 ALL_LOGS = sorted(LOGS.glob("*.bin"))
 # Windows logs end with an EV_NO_ACTION at virtual PCR 0xFFFFFFFF, which tpm2_eventlog 5.4
 # rejects ("PCR Index -1 is out of bounds"); the event is never extended, so the tool's replay

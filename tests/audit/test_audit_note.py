@@ -7,14 +7,14 @@ import base64
 import hashlib
 import json
 import os
-from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from ci import SHARED
 from proofplane.audit import merkle, note
 
-VECTORS = Path(__file__).resolve().parents[2] / "shared" / "data" / "merkle-vectors"
+VECTORS = SHARED / "data" / "merkle-vectors"
 SN = json.loads((VECTORS / "signed_note_vectors.json").read_text())
 TILES = json.loads((VECTORS / "tlog_tiles_vectors.json").read_text())
 
