@@ -147,7 +147,8 @@ class ExecutionSettings:
 
     ``PROOFPLANE_BACKEND`` = local (default) | slurm | kubernetes, then per backend:
     local: ``PROOFPLANE_LOCAL_STATE_DIR``, ``PROOFPLANE_LOCAL_MEMORY_MB``,
-    ``PROOFPLANE_LOCAL_CPUS``, ``PROOFPLANE_LOCAL_PIDS``; slurm: ``PROOFPLANE_SLURM_CONF``,
+    ``PROOFPLANE_LOCAL_CPUS``, ``PROOFPLANE_LOCAL_PIDS``, ``PROOFPLANE_LOCAL_SANDBOX`` (on | off),
+    ``PROOFPLANE_LOCAL_JOB_USER``; slurm: ``PROOFPLANE_SLURM_CONF``,
     ``PROOFPLANE_SLURM_BIN_DIR``, ``PROOFPLANE_SLURM_PARTITION``, ``PROOFPLANE_SLURM_OUTPUT_DIR``;
     kubernetes: ``PROOFPLANE_K8S_IMAGE``, ``PROOFPLANE_K8S_NAMESPACE_PREFIX``,
     ``PROOFPLANE_K8S_PIN`` (selector | nodeName). ``PROOFPLANE_EXECUTION_SYNC_SECONDS``: how
@@ -158,6 +159,9 @@ class ExecutionSettings:
     local_memory_mb: int | None = None
     local_cpus: float | None = None
     local_pids: int | None = None
+    # issue 19, §1: jobs run in a bubblewrap sandbox as an unprivileged user; off is insecure
+    local_sandbox: bool = True
+    local_job_user: str = "proofplane-job"
     slurm_conf: str | None = None
     slurm_bin_dir: str | None = None
     slurm_partition: str | None = None
@@ -196,12 +200,19 @@ def execution_from_env(env: dict[str, str] | None = None) -> ExecutionSettings:
             "PROOFPLANE_K8S_PIN must be selector or nodeName", code="invalid_setting"
         )
     sync_s = _seconds(env, "PROOFPLANE_EXECUTION_SYNC_SECONDS", "5", 0, 3600)
+    sandbox = env.get("PROOFPLANE_LOCAL_SANDBOX", "on").strip().lower() or "on"
+    if sandbox not in ("on", "off"):
+        raise ValidationFailed(
+            "PROOFPLANE_LOCAL_SANDBOX must be on or off (off is insecure)", code="invalid_setting"
+        )
     return ExecutionSettings(
         backend=backend,
         local_state_dir=env.get("PROOFPLANE_LOCAL_STATE_DIR") or None,
         local_memory_mb=_positive(env, "PROOFPLANE_LOCAL_MEMORY_MB", int),
         local_cpus=_positive(env, "PROOFPLANE_LOCAL_CPUS", float),
         local_pids=_positive(env, "PROOFPLANE_LOCAL_PIDS", int),
+        local_sandbox=sandbox == "on",
+        local_job_user=env.get("PROOFPLANE_LOCAL_JOB_USER") or "proofplane-job",
         slurm_conf=env.get("PROOFPLANE_SLURM_CONF") or None,
         slurm_bin_dir=env.get("PROOFPLANE_SLURM_BIN_DIR") or None,
         slurm_partition=env.get("PROOFPLANE_SLURM_PARTITION") or None,

@@ -155,8 +155,8 @@ def test_cancel_kills_the_whole_process_group(executor: LocalExecutor) -> None:
 
 def test_a_restarted_executor_readopts_running_work_and_reports_lost_work(tmp_path: Path) -> None:
     first = LocalExecutor(tmp_path / "state", limit_mode=RLIMIT)
-    marker = tmp_path / "go"
-    wait_for_marker = f"import os,time\nwhile not os.path.exists({str(marker)!r}): time.sleep(0.02)"
+    # the job sees only its own work directory (its cwd): the marker is put there
+    wait_for_marker = "import os,time\nwhile not os.path.exists('go'): time.sleep(0.02)"
     keeps = first.submit(job([PY, "-c", wait_for_marker], name="keeps"))
     dies = first.submit(job([PY, "-c", "import time; time.sleep(60)"], name="dies"))
     del first  # the server goes away; its jobs do not
@@ -167,7 +167,7 @@ def test_a_restarted_executor_readopts_running_work_and_reports_lost_work(tmp_pa
     # While "nobody watched", the supervisor of one job is killed outright (OOM killer, kill -9).
     pid = json.loads((second.jobs_dir / dies / "state.json").read_text())["pid"]
     os.killpg(pid, signal.SIGKILL)
-    marker.touch()
+    (second.jobs_dir / keeps / "work" / "go").touch()
 
     third = LocalExecutor(tmp_path / "state", limit_mode=RLIMIT)
     assert third.wait(keeps).kind is ChangeKind.SUCCEEDED

@@ -112,9 +112,20 @@ def output(client: TestClient, name: str) -> str:
 
 
 def pids(engine: LocalExecutor, job_id: str, text: str) -> tuple[int, int]:
-    """(process group of the job, the pid of the child its command started)."""
-    state = execution_state(engine, job_id)
-    return int(state["pgid"]), int(text.split("child=")[1].split()[0])
+    """(process group of the job, the host pid of the child its command started: the job
+    prints the pid it sees in its sandbox's PID namespace)."""
+    pgid = int(execution_state(engine, job_id)["pgid"])
+    inner = text.split("child=")[1].split()[0]
+    for entry in Path("/proc").iterdir():
+        try:
+            status = (entry / "status").read_text() if entry.name.isdigit() else ""
+            group = os.getpgid(int(entry.name)) if status else None
+        except OSError:  # ended meanwhile
+            continue
+        nspids = next((ln.split()[1:] for ln in status.splitlines() if ln.startswith("NSpid:")), [])
+        if nspids and nspids[-1] == inner and group == pgid:
+            return pgid, int(entry.name)
+    raise AssertionError(f"no process of group {pgid} has the pid {inner} in its namespace")
 
 
 def execution_state(engine: LocalExecutor, job_id: str) -> dict[str, Any]:

@@ -9,6 +9,24 @@ job again after a restart of the control plane:
 * ``stdout.log`` / ``stderr.log``  the command's output
 * ``exit.json``   the exit status, written by the supervisor when the command ends
 * ``cancel.json`` written before a cancel signals the group
+* ``work/``       the only directory the command can write (``/job`` inside its sandbox)
+
+The directory is 0700 and owned by the server: the command reaches its logs only through the
+file descriptors it is given and cannot forge ``exit.json``.
+
+The sandbox (issue 19): every command runs under bubblewrap (``bwrap``) in its own mount, PID,
+network, IPC and UTS namespaces. Its filesystem is built from a list of what it may see: the
+system's ``/usr`` (and the ``/bin``, ``/lib`` links), a few files of ``/etc`` (users, name
+resolution, certificates), the Python the server runs on, ``/sys``, a fresh ``/proc``, a
+minimal ``/dev`` plus the NVIDIA device files, a private ``/tmp``, and its own ``work/`` at
+``/job``. The server's database, key files, configuration, other jobs' directories and sockets
+are simply not there. A server running as root drops the command to a dedicated unprivileged
+user (``proofplane-job``, created on first use) that owns nothing of the server's; a server
+running as another user cannot switch uid, so the command runs in a user namespace as uid
+65534 (the server's uid outside it, with none of the server's files in view). When the sandbox
+cannot be set up the job fails with the reason; it never runs unsandboxed. Only
+``Sandbox(enabled=False)`` (``PROOFPLANE_LOCAL_SANDBOX=off``) runs commands as the server's
+user, and says it is insecure wherever it can.
 
 A job whose ``exit.json`` is missing and whose process identity no longer matches is reported
 failed with the reason; nothing is guessed.
@@ -20,9 +38,13 @@ needed controllers, rlimits otherwise. ``limit_mode()`` says which, and why.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
+import logging
 import os
+import pwd
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +63,8 @@ from proofplane.backends.base import (
 )
 from proofplane.errors import NotFound
 from proofplane.model import PlacedDevice
+
+logger = logging.getLogger(__name__)
 
 SUPERVISOR = Path(__file__).with_name("_supervise.py")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -66,6 +90,156 @@ class LimitMode:
     mode: str  # "cgroup2" | "rlimit"
     reason: str
     parent: str | None = None  # the cgroup under which jobs get their own cgroup
+
+
+JOB_USER = "proofplane-job"
+JOB_MOUNT = "/job"  # where the job's work directory appears inside its sandbox
+USERNS_UID = 65534  # the uid a non-root server's jobs have inside their user namespace
+# What of /etc a job sees: users and groups, name resolution, the dynamic linker, time zone,
+# CA certificates, alternatives links. Nothing else (no shadow, no service configuration).
+ETC_VISIBLE = (
+    "passwd",
+    "group",
+    "nsswitch.conf",
+    "host.conf",
+    "hosts",
+    "resolv.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "timezone",
+    "ssl/certs",
+    "ca-certificates",
+    "alternatives",
+    "mime.types",
+    "protocols",
+    "services",
+    "os-release",
+)
+INSECURE = "insecure: jobs run as the server's user and can read everything it can"
+
+
+class SandboxUnavailable(Exception):
+    """The sandbox cannot be set up for a job (the job fails with this reason)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sandbox:
+    """How the local executor confines commands (see the module docstring).
+
+    ``enabled=False`` runs them as the server's user with its whole filesystem in view: for a
+    developer's machine where bubblewrap cannot run, never for a shared one."""
+
+    enabled: bool = True
+    user: str = JOB_USER  # the job uid when the server runs as root (created on first use)
+    bwrap: str = "bwrap"
+    ro_paths: tuple[str, ...] = ()  # more read-only paths jobs may see (e.g. /opt/cuda)
+
+
+def interpreter_paths() -> tuple[str, ...]:
+    """The directories the server's Python lives in (outside ``/usr``), which the supervisor's
+    exec stub and ``sys.executable`` commands need inside the sandbox."""
+    out: list[str] = []
+    for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix):
+        real = os.path.realpath(p)
+        for path in (p, real):
+            if path not in out and not _within(path, "/usr") and os.path.isdir(path):
+                out.append(path)
+    return tuple(out)
+
+
+def _within(path: str, parent: str) -> bool:
+    path, parent = os.path.normpath(path), os.path.normpath(parent)
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def bwrap_args(
+    work_dir: str,
+    *,
+    userns: bool,
+    ro_paths: tuple[str, ...] = (),
+    devices: tuple[str, ...] = (),
+) -> list[str]:
+    """bubblewrap's options for one job: namespaces, and a filesystem of only what the job may
+    see (everything not listed here does not exist for it). ``userns``: the server is not
+    root, so the job gets a user namespace (uid 65534 inside) instead of a uid switch."""
+    args = [
+        "--die-with-parent",
+        "--unshare-ipc",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--hostname",
+        "proofplane-job",
+    ]
+    if userns:
+        args += ["--unshare-user", "--uid", str(USERNS_UID), "--gid", str(USERNS_UID)]
+    else:
+        # root without a user namespace keeps only what the exec stub needs to drop to the
+        # job's uid (after which the kernel clears them); no_new_privs is always set
+        args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    made: set[str] = set()
+
+    def bind(how: str, path: str, dest: str | None = None) -> None:
+        # bwrap would create a destination's parents with mode 0700 (or the host's, /root),
+        # which the job user could not traverse: they are empty 0755 directories here
+        for parent in reversed(Path(dest or path).parents):
+            if str(parent) != "/" and str(parent) not in made:
+                made.add(str(parent))
+                args.extend(["--perms", "0755", "--dir", str(parent)])
+        args.extend([how, path, dest or path])
+
+    bind("--ro-bind", "/usr")
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            bind("--ro-bind", top)
+    for name in ETC_VISIBLE:
+        if os.path.exists(f"/etc/{name}"):
+            bind("--ro-bind", f"/etc/{name}")
+    for path in ro_paths:
+        if not _within(path, "/usr"):
+            bind("--ro-bind", path)
+    args += ["--ro-bind-try", "/sys", "/sys", "--proc", "/proc", "--dev", "/dev"]
+    for dev in devices:  # CUDA needs them; CUDA_VISIBLE_DEVICES picks the job's GPUs
+        args += ["--dev-bind", dev, dev]
+    args += ["--perms", "1777", "--tmpfs", "/tmp"]
+    bind("--bind", work_dir, JOB_MOUNT)  # the stub enters it after the uid switch
+    return args
+
+
+def gpu_device_files() -> tuple[str, ...]:
+    """The NVIDIA device files of this host (``/dev/nvidia*``, ``/dev/nvidia-caps`` for MIG)."""
+    return tuple(sorted(glob.glob("/dev/nvidia*")))
+
+
+def ensure_job_user(name: str) -> tuple[int, int]:
+    """(uid, gid) of the job user, created as a system user without home or shell on first
+    use. Refuses a user that is root or the server's own."""
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+        cmd = [useradd, "--system", "--user-group", "--no-create-home"]
+        cmd += ["--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", name]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SandboxUnavailable(f"cannot create the job user {name!r}: {exc}") from exc
+        try:
+            entry = pwd.getpwnam(name)  # another server may have created it meanwhile
+        except KeyError:
+            why = done.stderr.strip() or f"useradd exit status {done.returncode}"
+            raise SandboxUnavailable(f"cannot create the job user {name!r}: {why}") from None
+        logger.info("created the job user %s (uid %d)", name, entry.pw_uid)
+    if entry.pw_uid in (0, os.geteuid()) or entry.pw_gid == 0:
+        raise SandboxUnavailable(
+            f"the job user {name!r} (uid {entry.pw_uid}) is root or the server's own user"
+        )
+    return entry.pw_uid, entry.pw_gid
 
 
 def simulated_mig_uuid(gpu_uuid: str, profile: str, start: int) -> str:
@@ -206,6 +380,7 @@ class LocalExecutor:
         kill_grace_s: float = 5.0,
         limit_mode: LimitMode | None = None,
         base_env: Mapping[str, str] | None = None,
+        sandbox: Sandbox | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.jobs_dir = self.state_dir / "jobs"
@@ -219,6 +394,9 @@ class LocalExecutor:
             else {k: os.environ[k] for k in ("PATH", "LANG", "HOME") if k in os.environ}
         )
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self.sandbox = sandbox or Sandbox()
+        if not self.sandbox.enabled:
+            logger.warning("the local executor's sandbox is off (%s)", INSECURE)
 
     @property
     def limit_mode(self) -> LimitMode:
@@ -236,13 +414,31 @@ class LocalExecutor:
             )
         job_id = f"{job.tenant}.{job.workload}.{secrets.token_hex(4)}"
         job_dir = self.jobs_dir / job_id
+        work_dir = job_dir / "work"
         try:
-            job_dir.mkdir(parents=True)
+            self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _private_dir(self.jobs_dir)
+            _private_dir(job_dir, exist_ok=False)
+            work_dir.mkdir(mode=0o700)
+            os.chmod(work_dir, 0o700)
         except OSError as exc:
             raise BackendUnavailable(
                 f"local executor state directory {self.jobs_dir} is not usable: {exc}"
             ) from exc
         env = {**self.base_env, **job_environment(job, job_id, self.mig_resolver)}
+        try:
+            sandbox = self._sandbox_plan(work_dir)
+        except SandboxUnavailable as exc:
+            # recorded as the job's end: it fails with the reason and nothing runs
+            reason = f"cannot set up the job sandbox: {exc}; the command did not run"
+            logger.error("job %s: %s", job_id, reason)
+            _write_json(
+                job_dir / "exit.json",
+                {"returncode": 126, "error": reason, "finished_at": time.time()},
+            )
+            return job_id
+        if sandbox is not None:
+            env["HOME"] = JOB_MOUNT
         spec: dict[str, Any] = {
             "job_id": job_id,
             "workload": job.workload,
@@ -253,6 +449,8 @@ class LocalExecutor:
             "limit_mode": self.limit_mode.mode,
             "cgroup": self._make_cgroup(job_id),
             "rlimits": rlimits_for(self.limits) if self.limit_mode.mode == "rlimit" else {},
+            "cwd": str(work_dir),
+            "sandbox": sandbox,
         }
         _write_json(job_dir / "spec.json", spec)
         try:
@@ -330,6 +528,7 @@ class LocalExecutor:
             "limits": {k: v for k, v in asdict(self.limits).items() if v is not None},
             "limit_mode": mode.mode,
             "limit_mode_reason": mode.reason,
+            "sandbox": self._sandbox_description(),
             "healthy": os.access(parent, os.W_OK),
         }
 
@@ -338,7 +537,7 @@ class LocalExecutor:
     def adopt(self) -> list[str]:
         """Job ids found still running from an earlier server (for a log line at start-up);
         ``sync`` does the real re-adoption by checking each job's process identity."""
-        found = []
+        found: list[str] = []
         if not self.jobs_dir.is_dir():
             return found
         for job_dir in sorted(self.jobs_dir.iterdir()):
@@ -379,6 +578,55 @@ class LocalExecutor:
             return None
         job_dir = self.jobs_dir / job_id
         return job_dir if job_dir.is_dir() else None
+
+    def _sandbox_plan(self, work_dir: Path) -> dict[str, Any] | None:
+        """What the supervisor needs to start the command in its sandbox (None: sandbox off).
+        Raises SandboxUnavailable with the reason when it cannot be had."""
+        if not self.sandbox.enabled:
+            return None
+        bwrap = shutil.which(self.sandbox.bwrap)
+        if bwrap is None:
+            raise SandboxUnavailable(
+                f"{self.sandbox.bwrap!r} (Debian/Ubuntu package bubblewrap) is not installed;"
+                " install it, or set PROOFPLANE_LOCAL_SANDBOX=off to run jobs unsandboxed"
+                f" ({INSECURE})"
+            )
+        ro_paths = tuple(dict.fromkeys((*interpreter_paths(), *self.sandbox.ro_paths)))
+        data_dir = str(self.state_dir.resolve().parent)  # where the SQLite database lives
+        for path in ro_paths:
+            if path in ("/", "") or _within(data_dir, path):
+                raise SandboxUnavailable(
+                    f"the read-only path {path} that jobs see holds the server's data"
+                    f" directory {data_dir}; move the state directory out of it"
+                )
+        userns = os.geteuid() != 0
+        if userns:
+            uid = gid = -1  # no switch: bwrap's user namespace gives uid 65534 inside
+        else:
+            uid, gid = ensure_job_user(self.sandbox.user)
+            try:
+                os.chown(work_dir, uid, gid)
+            except OSError as exc:
+                raise SandboxUnavailable(f"cannot give {work_dir} to the job user: {exc}") from exc
+        return {
+            "bwrap": bwrap,
+            "args": bwrap_args(
+                str(work_dir), userns=userns, ro_paths=ro_paths, devices=gpu_device_files()
+            ),
+            "uid": uid,
+            "gid": gid,
+            "cwd": JOB_MOUNT,
+        }
+
+    def _sandbox_description(self) -> str:
+        if not self.sandbox.enabled:
+            return f"off ({INSECURE})"
+        if os.geteuid() == 0:
+            return f"bubblewrap namespaces, as the unprivileged user {self.sandbox.user}"
+        return (
+            f"bubblewrap namespaces, in a user namespace as uid {USERNS_UID} (the server is not"
+            " root: outside the namespace the job has the server's uid, but none of its files)"
+        )
 
     def _make_cgroup(self, job_id: str) -> str | None:
         if self.limit_mode.mode != "cgroup2" or self.limit_mode.parent is None:
@@ -439,6 +687,13 @@ class LocalExecutor:
         else:
             message = f"exit status {rc}"
         return Change(ChangeKind.FAILED, job_id, message=message, exit_code=rc)
+
+
+def _private_dir(path: Path, *, exist_ok: bool = True) -> None:
+    """A directory only its owner can enter: 0700 whatever the umask (a directory that already
+    exists is tightened too)."""
+    path.mkdir(mode=0o700, exist_ok=exist_ok)
+    os.chmod(path, 0o700)
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

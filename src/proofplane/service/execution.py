@@ -85,7 +85,7 @@ def build_backend(settings: ExecutionSettings) -> Backend:
         )
     import platformdirs
 
-    from proofplane.backends.local import Limits, LocalExecutor
+    from proofplane.backends.local import Limits, LocalExecutor, Sandbox
 
     state_dir = settings.local_state_dir or str(
         Path(platformdirs.user_data_dir("proofplane")) / "executor"
@@ -95,6 +95,7 @@ def build_backend(settings: ExecutionSettings) -> Backend:
         limits=Limits(
             memory_mb=settings.local_memory_mb, cpus=settings.local_cpus, pids=settings.local_pids
         ),
+        sandbox=Sandbox(enabled=settings.local_sandbox, user=settings.local_job_user),
     )
 
 
