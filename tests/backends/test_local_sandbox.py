@@ -115,6 +115,8 @@ def other_processes():
 attempt("processes", other_processes)
 out["id -u"] = subprocess.run(["id", "-u"], capture_output=True, text=True).stdout.strip()
 out["uid"] = os.getuid()
+status = dict(ln.split(":\t", 1) for ln in open("/proc/self/status").read().splitlines())
+out["caps"] = [status[k].strip() for k in ("CapPrm", "CapEff", "CapAmb", "NoNewPrivs")]
 out["cwd"] = os.getcwd()
 open("written-by-the-job", "w").write("fine")
 print(json.dumps(out))
@@ -175,6 +177,7 @@ def test_a_workload_cannot_reach_the_server_or_other_tenants(server: dict[str, P
     server_uid = os.geteuid()
     assert seen["id -u"] == str(seen["uid"]) and seen["uid"] not in (0, server_uid)
     assert seen["cwd"] == JOB_MOUNT
+    assert seen["caps"] == ["0000000000000000"] * 3 + ["1"]  # no capabilities, no way to gain any
     work = ex.jobs_dir / attacker / "work"
     assert (work / "written-by-the-job").read_text() == "fine"  # its own directory is writable
     if server_uid == 0:  # a dedicated user that owns nothing of the server's
