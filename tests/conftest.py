@@ -62,6 +62,18 @@ def _audit_key_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ["PROOFPLANE_AUDIT_KEY_FILE"] = previous
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _sink_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """File sinks write into a temporary directory, never the user's data directory."""
+    previous = os.environ.get("PROOFPLANE_SINK_DIR")
+    os.environ["PROOFPLANE_SINK_DIR"] = str(tmp_path_factory.mktemp("sinks"))
+    yield
+    if previous is None:
+        os.environ.pop("PROOFPLANE_SINK_DIR", None)
+    else:
+        os.environ["PROOFPLANE_SINK_DIR"] = previous
+
+
 @pytest.fixture(scope="session")
 def pg_template() -> Iterator[str]:
     """Name of a migrated template database for this test run."""

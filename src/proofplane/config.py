@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
+
+import platformdirs
 
 from proofplane.errors import ValidationFailed
 
@@ -221,4 +225,64 @@ def execution_from_env(env: dict[str, str] | None = None) -> ExecutionSettings:
         k8s_namespace_prefix=env.get("PROOFPLANE_K8S_NAMESPACE_PREFIX", "tenant-"),
         k8s_pin=pin,
         sync_interval_s=sync_s or None,
+    )
+
+
+# --- SIEM sinks (issue 19, §5) ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SinkSettings:
+    """What SIEM sinks may reach (``proofplane.audit.export.config.SinkPolicy`` is built from
+    it): ``PROOFPLANE_SINK_DIR`` (where file sinks write; default ``<user data dir>/sinks``),
+    ``PROOFPLANE_SINK_ALLOW_INSECURE`` (1: ``http://`` HEC/OCSF receivers allowed),
+    ``PROOFPLANE_SINK_ALLOW_HOSTS`` (host names, addresses, CIDR networks a sink may reach
+    although they are loopback, link-local or unspecified; the metadata address only by its
+    exact address)."""
+
+    sink_dir: str
+    allow_insecure: bool = False
+    allow_hosts: tuple[str, ...] = ()
+
+
+def default_sink_dir() -> str:
+    return str(Path(platformdirs.user_data_dir("proofplane")) / "sinks")
+
+
+def _allow_host(entry: str) -> bool:
+    try:
+        ipaddress.ip_network(entry, strict=False)
+        return True
+    except ValueError:
+        labels = entry.rstrip(".").split(".")
+        return 0 < len(entry) <= 253 and all(
+            0 < len(label) <= 63 and label.replace("-", "").replace("_", "").isalnum()
+            for label in labels
+        )
+
+
+def sink_settings_from_env(env: dict[str, str] | None = None) -> SinkSettings:
+    """Sink settings from ``PROOFPLANE_SINK_*``; a malformed one is an error, not a default."""
+    env = dict(os.environ if env is None else env)
+    sink_dir = env.get("PROOFPLANE_SINK_DIR", "").strip() or default_sink_dir()
+    if not os.path.isabs(sink_dir):
+        raise ValidationFailed(
+            "PROOFPLANE_SINK_DIR must be an absolute path", code="invalid_setting"
+        )
+    insecure = env.get("PROOFPLANE_SINK_ALLOW_INSECURE", "").strip().lower()
+    if insecure not in ("", "0", "1", "true", "false"):
+        raise ValidationFailed(
+            "PROOFPLANE_SINK_ALLOW_INSECURE must be 1 or 0", code="invalid_setting"
+        )
+    hosts = tuple(env.get("PROOFPLANE_SINK_ALLOW_HOSTS", "").replace(",", " ").split())
+    bad = [h for h in hosts if not _allow_host(h)]
+    if bad:
+        raise ValidationFailed(
+            f"PROOFPLANE_SINK_ALLOW_HOSTS: {bad[0]!r} is not a host name, address or network",
+            code="invalid_setting",
+        )
+    return SinkSettings(
+        sink_dir=os.path.normpath(sink_dir),
+        allow_insecure=insecure in ("1", "true"),
+        allow_hosts=hosts,
     )

@@ -44,6 +44,8 @@ the whole transaction back, so a refused request leaves neither state nor event 
     ├── ProofOutOfRange            proof_out_of_range      service.audit
     │   SIEM export
     ├── DeliveryError              delivery_error          siem.transport
+    ├── DestinationRefused         forbidden_sink_destination  siem.guard
+    ├── Unresolvable               unresolvable_sink_host  siem.guard
     ├── DeliveryFailed             delivery_failed         service.sinks
     │   hardware and the node agent's tools
     ├── NvmlError                  nvml_error              hardware.nvml

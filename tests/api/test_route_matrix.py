@@ -173,8 +173,8 @@ class World:
         return self.spare.get(ident.username or "", self.spare[role_user(Role.ADMIN)])
 
     def sink_path(self) -> str:
-        """Where the world's OCSF file sinks write (absolute, next to the template)."""
-        return str(self.template.parent / "sink.jsonl")
+        """The file the world's OCSF file sinks write (a name in PROOFPLANE_SINK_DIR)."""
+        return "sink.jsonl"
 
     def totp_now(self, ident: Identity) -> str:
         secret = self.totp.get(ident.username or "")
@@ -454,7 +454,7 @@ MATRIX: dict[tuple[str, str], Entry] = {
         201,
         others_need=P.TOKENS_REVOKE_ALL,
     ),
-    # SIEM sinks: not tenant objects; "s1" is an OCSF file sink next to the template database
+    # SIEM sinks: not tenant objects; "s1" is an OCSF file sink (a file in PROOFPLANE_SINK_DIR)
     ("GET", f"{API}/sinks"): Entry(P.SINKS_READ, fixed(f"{API}/sinks"), 200),
     ("POST", f"{API}/sinks"): Entry(
         P.SINKS_WRITE,

@@ -270,7 +270,7 @@ def test_hec_url():
 def test_exported_leaf_hash_is_the_audit_leaf_hash():
     ev = event(details={"k": NASTY})
     sink = build(config.SPLUNK_HEC, config.validate(config.SPLUNK_HEC,
-                 {"url": "http://x", "token": "t"}))  # fmt: skip
+                 {"url": "https://x", "token": "t"}))  # fmt: skip
     obj = json.loads(sink.encode(ev, event_leaf_hash(ev)))
     e = obj["event"]
     rebuilt = Event(
@@ -307,7 +307,7 @@ def test_config_codes():
     assert _code("splunk-hec", {"url": "http://h"}) == "invalid_sink_config"
     assert _code("splunk-hec", {"url": "http://h", "token": "t", "x": 1}) == "invalid_sink_config"
     assert _code("splunk-hec", {"url": "http://h", "token": 5}) == "invalid_sink_config"
-    assert _code("ocsf-file", {"path": "relative.jsonl"}) == "invalid_sink_config"
+    assert _code("ocsf-file", {"path": "../escape.jsonl"}) == "invalid_sink_path"
     assert _code("ocsf-file", {"path": "/x", "batch_size": 0}) == "invalid_sink_config"
     assert _code("ocsf-file", {"path": "/x", "batch_size": True}) == "invalid_sink_config"
     missing = _code("syslog", {"url": "tls://h:6514", **tls}, is_file=lambda p: p != "/k")

@@ -44,6 +44,7 @@ from proofplane.access.credentials import new_token
 from proofplane.agent.tpm import swtpm
 from proofplane.api.app import create_app
 from proofplane.api.routes_attest import EK_CA_BUNDLE_ENV
+from proofplane.audit.export.config import SinkPolicy
 from proofplane.cli import credentials, render
 from proofplane.cli.client import DEFAULT_SERVER, CliError, format_details
 from proofplane.cli.demo_agents import HttpAgents
@@ -52,11 +53,12 @@ from proofplane.demo.attester import DemoAttester, load_attested_demo
 from proofplane.errors import Conflict, ProofplaneError, ValidationFailed
 from proofplane.hardware.cluster_file import ClusterSpec, parse_cluster
 from proofplane.service import execution as execution_svc
+from proofplane.service import sinks as sinks_svc
 from proofplane.service.access import MAX_TOKEN_TTL, bootstrap_admin
 from proofplane.service.cluster import load_cluster
 from proofplane.service.context import Store
 from proofplane.store import migrate
-from proofplane.store.db import default_database_url
+from proofplane.store.db import check_private, default_database_url
 
 DB_ENV = "PROOFPLANE_DATABASE_URL"
 DEFAULT_PORT = 8470
@@ -114,8 +116,10 @@ def store_errors(what: str = "") -> Iterator[None]:
 
 
 def open_store(url: str) -> Store:
-    """A store on ``url`` with its schema migrated to the head revision."""
+    """A store on ``url`` with its schema migrated to the head revision; a SQLite file other
+    users can read is refused (with the chmod to run)."""
     with store_errors():
+        check_private(url)
         store = Store(url)
         try:
             migrate.upgrade(store.engine)
@@ -238,6 +242,15 @@ def load_settings() -> config.Settings:
     """The server settings from ``PROOFPLANE_*``; a malformed one is one error line (exit 1)."""
     try:
         return config.from_env()
+    except ValidationFailed as exc:
+        raise CliError(f"proofplane: invalid configuration: {exc.message}") from exc
+
+
+def load_sink_policy() -> SinkPolicy:
+    """What SIEM sinks may reach, from ``PROOFPLANE_SINK_*``; a malformed one is one error line
+    (exit 1)."""
+    try:
+        return sinks_svc.policy_from(config.sink_settings_from_env())
     except ValidationFailed as exc:
         raise CliError(f"proofplane: invalid configuration: {exc.message}") from exc
 
@@ -405,10 +418,12 @@ def serve(
     Settings come from PROOFPLANE_* variables; with PROOFPLANE_ADMIN_TOKEN set, a database
     without users gets an `admin` user holding that token (90 days)."""
     settings = load_settings()
+    sink_policy = load_sink_policy()
     url = db or default_database_url()
     execution = load_execution(url)
     check_port(host, port)
     store = open_store(url)
+    store.sink_policy = sink_policy
     installed = settings.admin_token is not None and bootstrap(store, settings.admin_token)
     render.print_line(
         f"proofplane serving on {base_url(host, port)} (docs {base_url(host, port)}/docs, "
@@ -474,6 +489,7 @@ def up(
     settings = dataclasses.replace(
         env_settings, admin_token=token, cookie_secure=False, demo_attester="simulated"
     )
+    sink_policy = load_sink_policy()
     spec, source = read_cluster(cluster)
     check_port(host, port)
     execution = load_execution(db or f"sqlite:///{demo_database_path()}", demo=True)
@@ -483,6 +499,7 @@ def up(
         if jobs_dir == local_jobs_dir(url):  # ours, not one PROOFPLANE_LOCAL_STATE_DIR named
             _clear_jobs_dir(jobs_dir)
     store = open_store(url)
+    store.sink_policy = sink_policy
     real: HttpAgents | None = None  # the swtpm nodes' agents (stopping them stops the TPMs)
     try:
         if settings.demo_attester == "simulated":

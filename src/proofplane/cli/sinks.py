@@ -26,7 +26,7 @@ from proofplane.cli.common import (
     run_list,
     send,
 )
-from proofplane.cli.server import open_store, store_errors
+from proofplane.cli.server import load_sink_policy, open_store, store_errors
 
 app = typer.Typer(
     help="SIEM export sinks: syslog (CEF over mutual TLS), OCSF (file or HTTP), Splunk HEC.",
@@ -81,9 +81,11 @@ def add(
         ..., "--type", "-t", help=f"One of: {', '.join(SINK_TYPES)}.", show_default=False
     ),
     url: str | None = typer.Option(
-        None, "--url", help="syslog: tls://HOST:PORT; ocsf-http, splunk-hec: http(s)://…"
+        None, "--url", help="syslog: tls://HOST:PORT; ocsf-http, splunk-hec: https://…"
     ),
-    path: str | None = typer.Option(None, "--path", help="ocsf-file: absolute file path."),
+    path: str | None = typer.Option(
+        None, "--path", help="ocsf-file: a file name in the server's PROOFPLANE_SINK_DIR."
+    ),
     ca_file: str | None = typer.Option(None, "--ca-file", help="CA bundle to verify the server."),
     cert_file: str | None = typer.Option(None, "--cert-file", help="syslog: client certificate."),
     key_file: str | None = typer.Option(None, "--key-file", help="syslog: client private key."),
@@ -211,7 +213,9 @@ def flush(
     if db is not None:
         from proofplane.service import sinks as sinks_svc
 
+        policy = load_sink_policy()
         store = open_store(db)
+        store.sink_policy = policy
         retry = sinks_svc.RetryPolicy(attempts=attempts)
         try:
             with store_errors("flush"):

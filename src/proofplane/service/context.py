@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from proofplane.access import Actor
 from proofplane.audit.canonical import entry_leaf_hashes, format_ts, stored_details
+from proofplane.audit.export.config import SinkPolicy
 from proofplane.errors import Conflict, Unavailable, ValidationFailed
 from proofplane.model import Outcome
 from proofplane.store.audit_log import Appender, sqlite_connection
@@ -169,6 +170,9 @@ def _sqlite_ts(now: datetime, dialect: Dialect) -> str:
 class Store:
     """The database a control plane instance works on, and the engine that runs its placed
     workloads (``backend``; None: placements are decisions only, nothing is executed)."""
+
+    # What SIEM sinks may reach (issue 19, §5); None: read from PROOFPLANE_SINK_* when needed.
+    sink_policy: SinkPolicy | None = None
 
     def __init__(
         self, url: str, engine: Engine | None = None, backend: Backend | None = None

@@ -12,6 +12,13 @@ bookkeeping, not a change of the cluster, and writes no event (it would feed its
 that starts failing, and one that recovers, does write one (``sink.delivery_failed``,
 ``sink.delivery_recovered``), since a broken audit trail is itself an audit fact (AU-5).
 
+Sinks must not become a way into the host (issue 19, §5): what they may reach is the store's
+``SinkPolicy`` (set by the server from ``PROOFPLANE_SINK_*``; read from the environment when a
+store has none): file sinks write only under the sink directory, HTTP sinks need ``https://``,
+loopback, link-local and metadata destinations are refused unless allow-listed (checked when a
+sink is configured and again at every connection), delivery errors carry a status and a short
+reason, never the receiver's answer, and a deleted sink's secrets are erased from the database.
+
 ``proofplane.workers.siem.ExportWorker`` runs ``export_once`` in a background thread of the API
 server; ``proofplane sinks flush`` runs one pass.
 """
@@ -27,6 +34,7 @@ from typing import Any, Literal
 
 from sqlalchemy import func, select, update
 
+from proofplane import config as settings
 from proofplane.access import SYSTEM, Actor, Permission, authorize
 from proofplane.audit.canonical import event_leaf_hash
 from proofplane.audit.export import config as sink_config
@@ -35,8 +43,10 @@ from proofplane.model import Event, Outcome, validate_name
 from proofplane.service.context import Store
 from proofplane.service.events import event_from_row
 from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
+from proofplane.siem import guard
 from proofplane.siem.sink import Sink, build, deliver
 from proofplane.siem.transport import DeliveryError
+from proofplane.store.db import erase_freed_pages
 from proofplane.store.tables import EventRow, SinkRow
 
 log = logging.getLogger("proofplane.export")
@@ -114,6 +124,27 @@ def _row(session: Any, name: str) -> SinkRow:
 # --- configuration -----------------------------------------------------------------------------
 
 
+def policy_from(sinks: settings.SinkSettings) -> sink_config.SinkPolicy:
+    return sink_config.SinkPolicy(
+        sink_dir=sinks.sink_dir,
+        allow_insecure=sinks.allow_insecure,
+        allow_hosts=sinks.allow_hosts,
+    )
+
+
+def sink_policy(store: Store) -> sink_config.SinkPolicy:
+    """What this store's sinks may reach: the server's policy, or ``PROOFPLANE_SINK_*``."""
+    if store.sink_policy is None:
+        return policy_from(settings.sink_settings_from_env())
+    return store.sink_policy
+
+
+def _check_destination(kind: str, cfg: dict[str, Any], policy: sink_config.SinkPolicy) -> None:
+    where = sink_config.destination(kind, cfg)
+    if where is not None:
+        guard.check(*where, policy)
+
+
 def create_sink(
     store: Store,
     actor: Actor,
@@ -127,7 +158,9 @@ def create_sink(
     """Add a sink. ``start_at="end"`` skips the history: delivery starts with this change."""
     authorize(actor, Permission.SINKS_WRITE)
     validate_name(name, "sink")
-    normalized = sink_config.validate(kind, config)
+    policy = sink_policy(store)
+    normalized = sink_config.validate(kind, config, policy=policy)
+    _check_destination(kind, normalized, policy)
     with store.write(actor) as tx:
         if tx.session.scalar(select(SinkRow.id).where(SinkRow.name == name)):
             raise Conflict(f"sink {name!r} already exists", details={"sink": name})
@@ -185,18 +218,26 @@ def get_sink(store: Store, actor: Actor, name: str) -> SinkView:
 
 
 def delete_sink(store: Store, actor: Actor, name: str) -> SinkView:
+    """Remove a sink and erase its secrets: the row's secrets are overwritten before it is
+    deleted, and on SQLite (``secure_delete``) the freed space is zeroed and the write-ahead
+    log truncated, so no copy of a token stays in the database files. (PostgreSQL keeps a
+    deleted row version until VACUUM reclaims it.)"""
     authorize(actor, Permission.SINKS_WRITE)
     with store.write(actor) as tx:
         row = _row(tx.session, name)
         view = _view(row, _head(tx.session))
+        kind, cursor = row.kind, row.cursor
+        row.config = sink_config.redact(dict(row.config))
+        tx.session.flush()
         tx.session.delete(row)
         tx.record(
             "sink.delete",
             "sink",
             name,
-            details={"type": row.kind, "config": view.config, "cursor": row.cursor},
+            details={"type": kind, "config": view.config, "cursor": cursor},
         )
-        return view
+    erase_freed_pages(store.engine)
+    return view
 
 
 def test_sink(store: Store, actor: Actor, name: str, *, now: datetime | None = None) -> SinkView:
@@ -217,12 +258,13 @@ def test_sink(store: Store, actor: Actor, name: str, *, now: datetime | None = N
         outcome=Outcome.SUCCESS,
         details={"test": True},
     )
-    sink = build(kind, cfg)
     try:
+        sink = build(kind, cfg, policy=sink_policy(store))
         sink.transport.send([sink.encode(event, event_leaf_hash(event))])
-    except DeliveryError as exc:
+    except (DeliveryError, ValueError) as exc:
         raise DeliveryFailed(
-            f"sink {name!r} did not accept the test message", details={"error": str(exc)}
+            f"sink {name!r} did not accept the test message",
+            details={"error": str(exc)[:MAX_ERROR_CHARS]},
         ) from exc
     return view
 
@@ -332,11 +374,18 @@ def export_once(
     names: list[str] | None = None,
     retry: RetryPolicy | None = None,
     max_batches: int | None = None,
-    build_sink: Callable[[str, dict[str, Any]], Sink] = build,
+    build_sink: Callable[[str, dict[str, Any]], Sink] | None = None,
 ) -> list[PassResult]:
     """One export pass over the enabled sinks (or the named ones, enabled or not)."""
     authorize(actor, Permission.SINKS_WRITE)
     retry = retry or RetryPolicy()
+    policy = sink_policy(store) if build_sink is None else None
+
+    def build_with_policy(kind: str, cfg: dict[str, Any]) -> Sink:
+        return build(kind, cfg, policy=policy)
+
+    make = build_sink or build_with_policy
+
     with store.read() as session:
         query = select(SinkRow).order_by(SinkRow.name)
         if names:
@@ -352,9 +401,10 @@ def export_once(
     results = []
     for row_id, name, kind, cfg, cursor, failures in plan:
         try:
-            sink = build_sink(kind, cfg)
-        except (DeliveryError, ValueError, OSError) as exc:
-            results.append(PassResult(name, cursor=cursor, error=str(exc)))
+            sink = make(kind, cfg)
+        except (ProofplaneError, ValueError, OSError) as exc:
+            error = exc.message if isinstance(exc, ProofplaneError) else str(exc)
+            results.append(PassResult(name, cursor=cursor, error=error[:MAX_ERROR_CHARS]))
             continue
         results.append(
             export_sink(

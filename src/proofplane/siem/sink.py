@@ -68,8 +68,18 @@ def _json_line(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, sort_keys=True).encode()
 
 
-def build(kind: str, cfg: dict[str, Any], *, hostname: str | None = None) -> Sink:
-    """The sink for a validated configuration (``config.validate``)."""
+def build(
+    kind: str,
+    cfg: dict[str, Any],
+    *,
+    hostname: str | None = None,
+    policy: config.SinkPolicy | None = None,
+) -> Sink:
+    """The sink for a validated configuration (``config.validate``), under ``policy`` (default:
+    the strict one): where its transport may connect, and the directory a file sink writes in.
+    A stored file sink's path is checked again here (ValidationFailed), so a sink configured
+    before the rules, or under another sink directory, writes nowhere else."""
+    policy = policy or config.SinkPolicy()
     host = hostname or socket.gethostname()
     version = __version__
     transport: Transport
@@ -89,6 +99,7 @@ def build(kind: str, cfg: dict[str, Any], *, hostname: str | None = None) -> Sin
             key_file=cfg["key_file"],
             server_name=cfg.get("server_name"),
             timeout_s=cfg["timeout_s"],
+            policy=policy,
         )
     elif kind in (config.OCSF_FILE, config.OCSF_HTTP):
 
@@ -97,7 +108,10 @@ def build(kind: str, cfg: dict[str, Any], *, hostname: str | None = None) -> Sin
             return line + b"\n" if kind == config.OCSF_FILE else line
 
         if kind == config.OCSF_FILE:
-            transport = FileTransport(cfg["path"])
+            if policy.sink_dir is None:
+                raise ValueError("file sinks need a sink directory (PROOFPLANE_SINK_DIR)")
+            name = config.sink_file_name(cfg["path"], policy.sink_dir)
+            transport = FileTransport(policy.sink_dir, name)
         else:
             headers = {"Content-Type": "application/json"}
             if cfg.get("bearer_token"):
@@ -108,6 +122,7 @@ def build(kind: str, cfg: dict[str, Any], *, hostname: str | None = None) -> Sin
                 joiner=(b"[", b",", b"]"),
                 ca_file=cfg.get("ca_file"),
                 timeout_s=cfg["timeout_s"],
+                policy=policy,
             )
     elif kind == config.SPLUNK_HEC:
         event_host = cfg.get("host") or host
@@ -129,6 +144,7 @@ def build(kind: str, cfg: dict[str, Any], *, hostname: str | None = None) -> Sin
             headers={"Authorization": f"Splunk {cfg['token']}", "Content-Type": "application/json"},
             ca_file=cfg.get("ca_file"),
             timeout_s=cfg["timeout_s"],
+            policy=policy,
         )
     else:
         raise ValueError(f"unknown sink type {kind!r}")

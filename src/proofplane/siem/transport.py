@@ -6,6 +6,13 @@ raises ``DeliveryError``. Returning means the receiver acknowledged the batch:
 * HTTP (HEC, OCSF): a 2xx answer;
 * file: written, flushed and fsync'd.
 
+Sinks must not become a way into the host (issue 19, §5): network transports connect only to
+addresses ``proofplane.siem.guard`` checked against the ``SinkPolicy`` (resolved at each
+connection, so a DNS answer changed after configuration cannot point a sink at loopback or the
+metadata service); a file sink opens one name in the sink directory, without following links;
+and a ``DeliveryError`` carries a status and a short reason, never what the receiver answered
+(the error is shown to operators and recorded in events).
+
 A fresh connection per batch is deliberate: a long-lived TLS connection to a receiver that died
 accepts the next write into the kernel's buffer and loses it; a new handshake proves the receiver
 is there before anything is counted as delivered.
@@ -16,17 +23,21 @@ from __future__ import annotations
 import contextlib
 import os
 import select
-import socket
 import ssl
+import stat
 import time
 from collections.abc import Sequence
+from http import HTTPStatus
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import urlsplit
 
 import httpx
 
+from proofplane.audit.export.config import SinkPolicy
 from proofplane.audit.export.syslog import frame
 from proofplane.errors import ProofplaneError
+from proofplane.siem import guard
 
 
 class DeliveryError(ProofplaneError):
@@ -52,9 +63,11 @@ class SyslogTlsTransport:
         key_file: str,
         server_name: str | None = None,
         timeout_s: float = 10.0,
+        policy: SinkPolicy | None = None,
     ) -> None:
         self.host = host
         self.port = port
+        self.policy = policy or SinkPolicy()
         self.server_name = server_name or host
         self.timeout_s = timeout_s
         self._files = (ca_file, cert_file, key_file)
@@ -74,7 +87,7 @@ class SyslogTlsTransport:
         ctx = self._context()
         try:
             with (
-                socket.create_connection((self.host, self.port), timeout=self.timeout_s) as raw,
+                guard.open_connection(self.host, self.port, self.policy, self.timeout_s) as raw,
                 ctx.wrap_socket(raw, server_hostname=self.server_name) as tls,
             ):
                 if tls.version() == "TLSv1.3":
@@ -85,6 +98,8 @@ class SyslogTlsTransport:
                     tls.unwrap()
         except (OSError, ssl.SSLError) as exc:
             raise DeliveryError(f"syslog {self.host}:{self.port}: {exc}") from exc
+        except (guard.DestinationRefused, guard.Unresolvable) as exc:
+            raise DeliveryError(f"syslog {self.host}:{self.port}: {exc.message}") from exc
 
 
 ACCEPTANCE_WAIT_S = 1.0
@@ -131,8 +146,10 @@ class HttpTransport:
         ca_file: str | None = None,
         timeout_s: float = 10.0,
         client: httpx.Client | None = None,
+        policy: SinkPolicy | None = None,
     ) -> None:
         self.url = url
+        self.policy = policy or SinkPolicy()
         self.headers = headers
         self.joiner = joiner  # (prefix, separator, suffix) around the records
         self._client = client
@@ -144,31 +161,92 @@ class HttpTransport:
     def send(self, records: Sequence[bytes]) -> None:
         prefix, sep, suffix = self.joiner
         body = prefix + sep.join(records) + suffix
+        shown = shown_url(self.url)
         try:
             if self._client is not None:
                 response = self._client.post(self.url, content=body, headers=self.headers)
             else:
-                with httpx.Client(verify=self._verify, timeout=self.timeout_s) as client:
-                    response = client.post(self.url, content=body, headers=self.headers)
+                response = self._post_pinned(body)
+        except (guard.DestinationRefused, guard.Unresolvable) as exc:
+            raise DeliveryError(f"POST {shown}: {exc.message}") from exc
+        except (httpx.ProtocolError, httpx.DecodingError) as exc:
+            # h11 quotes the offending bytes of the answer: not shown.
+            raise DeliveryError(f"POST {shown}: the answer is not valid HTTP") from exc
         except httpx.HTTPError as exc:
-            raise DeliveryError(f"POST {self.url}: {exc}") from exc
+            raise DeliveryError(f"POST {shown}: {type(exc).__name__}: {exc}"[:300]) from exc
         if not 200 <= response.status_code < 300:
-            raise DeliveryError(
-                f"POST {self.url}: HTTP {response.status_code} {response.text[:200]!r}"
-            )
+            # The status and its standard phrase only: the receiver's body (and its own reason
+            # phrase) could carry anything, a loopback service's secrets included.
+            raise DeliveryError(f"POST {shown}: HTTP {status_line(response.status_code)}")
+
+    def _post_pinned(self, body: bytes) -> httpx.Response:
+        """POST to an address ``guard`` checked: the URL's host resolved now, each address
+        checked, and the connection made to that address (Host header and TLS server name
+        stay the URL's host, so certificate checks are unchanged). No proxy from the
+        environment: it would resolve the name again, out of our sight."""
+        url = httpx.URL(self.url)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        addresses = guard.connect_addresses(url.host, port, self.policy)
+        host_header = url.netloc.decode("ascii")
+        last: httpx.HTTPError | None = None
+        with httpx.Client(verify=self._verify, timeout=self.timeout_s, trust_env=False) as client:
+            for address in addresses:
+                try:
+                    return client.post(
+                        url.copy_with(host=address.ip),
+                        content=body,
+                        headers={**self.headers, "Host": host_header},
+                        extensions={"sni_hostname": url.host},
+                    )
+                except httpx.ConnectError as exc:
+                    last = exc
+        assert last is not None
+        raise last
+
+
+def shown_url(url: str) -> str:
+    """A sink URL fit for an error message: scheme, host, port and path (no query)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+
+
+def status_line(status: int) -> str:
+    """``503 Service Unavailable``: the status and its standard phrase."""
+    try:
+        return f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return str(status)
 
 
 class FileTransport:
-    """Append records (each ending in a newline) to a file, durably."""
+    """Append records (each ending in a newline) to the file ``name`` in the sink directory,
+    durably. The directory is created 0700 and the file 0600; the name is opened relative to
+    the directory without following a link, and only a regular file is written to."""
 
-    def __init__(self, path: str) -> None:
-        self.path = Path(path)
+    def __init__(self, sink_dir: str, name: str) -> None:
+        self.sink_dir = Path(sink_dir)
+        self.name = name
+
+    @property
+    def path(self) -> Path:
+        return self.sink_dir / self.name
 
     def send(self, records: Sequence[bytes]) -> None:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            with self.path.open("ab") as fh:
+            self.sink_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            dir_fd = os.open(self.sink_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                # O_NONBLOCK: a FIFO planted under the name must not hang the exporter.
+                fd = os.open(self.name, flags | os.O_NONBLOCK, 0o600, dir_fd=dir_fd)
+            finally:
+                os.close(dir_fd)
+            with os.fdopen(fd, "ab") as fh:
+                if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                    raise DeliveryError(f"sink file {self.name}: not a regular file")
+                os.set_blocking(fh.fileno(), True)
                 fh.write(b"".join(records))
                 fh.flush()
                 os.fsync(fh.fileno())
         except OSError as exc:
-            raise DeliveryError(f"{self.path}: {exc}") from exc
+            raise DeliveryError(f"sink file {self.name}: {exc.strerror or exc}") from exc

@@ -5,10 +5,19 @@ lock is taken up front, so read-then-write never dead-ends in SQLITE_BUSY), and 
 write transaction takes one transaction-scoped advisory lock. The control plane makes decisions
 from what it just read (placement, event sequence numbers), so one writer at a time is the rule;
 reads stay concurrent.
+
+A SQLite database holds password hashes, token hashes and sink secrets: its file is created
+0600 whatever the umask (the WAL and SHM files SQLite creates take the database file's mode,
+and are set 0600 too), and a server refuses to start on a database file that other users can
+read (``check_private``), naming the ``chmod`` that fixes it (issue 19, §6). ``secure_delete``
+zeroes what a deleted row occupied.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import stat
 from pathlib import Path
 
 import platformdirs
@@ -60,6 +69,8 @@ def _sqlite_engine(url: str, database: str | None) -> Engine:
             code="invalid_database_url",
         )
     Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    if not database.startswith("file:"):
+        create_private(Path(database))
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
     @event.listens_for(engine, "connect")
@@ -71,7 +82,12 @@ def _sqlite_engine(url: str, database: str | None) -> Engine:
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute("PRAGMA secure_delete=ON")
         cur.close()
+        if not database.startswith("file:"):
+            for suffix in ("-wal", "-shm"):
+                with contextlib.suppress(OSError):
+                    os.chmod(f"{database}{suffix}", 0o600)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn) -> None:  # noqa: ANN001
@@ -79,6 +95,65 @@ def _sqlite_engine(url: str, database: str | None) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
+
+
+PRIVATE_MODE = 0o600
+
+
+def create_private(path: Path) -> None:
+    """Create a new SQLite file 0600 before SQLite would create it with the umask's mode (its
+    WAL and SHM files then take that mode too). An existing file is left as it is."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_MODE)
+    except OSError:
+        return  # it exists, or SQLite will say why it cannot open it
+    try:
+        os.fchmod(fd, PRIVATE_MODE)
+    finally:
+        os.close(fd)
+
+
+def check_private(url: str) -> None:
+    """At start-up: a SQLite database file other users can read or write is refused with
+    ValidationFailed (``insecure_database_file``) naming the ``chmod`` to run. (A copy made
+    with ``cp`` for an offline ``audit verify`` is not the server's business.)"""
+    try:
+        parsed = make_url(normalize_url(url))
+    except ArgumentError:
+        return
+    database = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not database or database == ":memory:":
+        return
+    if database.startswith("file:"):
+        return
+    path = Path(database)
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return  # not there yet: it will be created 0600
+    if mode & 0o077:
+        raise ValidationFailed(
+            f"the database file {path} is open to other users (mode {mode:04o}); it holds "
+            f"credentials and secrets: run `chmod 600 {path}` (and its -wal and -shm files) "
+            "and start again",
+            code="insecure_database_file",
+            details={"path": str(path), "mode": f"{mode:04o}", "fix": f"chmod 600 {path}"},
+        )
+
+
+def erase_freed_pages(engine: Engine) -> None:
+    """After deleting secrets: on SQLite, move the write-ahead log into the database and
+    truncate it, so the log keeps no older copy of the deleted rows (``secure_delete`` has
+    zeroed them in the database pages). Best effort: a busy reader postpones it."""
+    if engine.dialect.name != "sqlite":
+        return
+    raw = engine.raw_connection()
+    try:
+        cursor = raw.cursor()
+        cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        cursor.close()
+    finally:
+        raw.close()
 
 
 def write_session(engine: Engine) -> Session:

@@ -6,15 +6,30 @@
 * ``unknown_sink_type``: not one of ``SINK_TYPES``;
 * ``invalid_sink_config``: an unknown or missing field, or a value of the wrong type or range;
 * ``invalid_sink_url``: a URL that is not ``tls://host:port`` (syslog) or ``http(s)://host…``;
+* ``insecure_sink_url``: an ``http://`` URL (tokens in clear) while the policy wants HTTPS;
+* ``forbidden_sink_destination``: a host that is a loopback, link-local, unspecified or cloud
+  metadata address (and not allow-listed);
+* ``invalid_sink_path``: an ``ocsf-file`` path that is not a plain file name in the sink
+  directory;
 * ``tls_file_missing``: a CA, certificate or key file that is not a readable file.
+
+Sinks must not become a way into the host (issue 19, §5). What the deployment allows comes in
+as a ``SinkPolicy`` (read from ``PROOFPLANE_SINK_*`` at the edge, never here): file sinks write
+only under ``sink_dir``, by name; HTTP sinks need ``https://`` unless ``allow_insecure``; and
+``refusal(address, host, policy)`` says why an address may not be connected to. Only literal
+addresses are checked here; ``proofplane.siem.guard`` resolves host names, at configuration
+and again at every connection (DNS rebinding).
 
 ``redact(config)`` is what may be shown: secrets (tokens, private-key paths) are replaced.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import posixpath
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -30,6 +45,136 @@ SECRET_FIELDS = frozenset({"token", "bearer_token", "key_file"})
 REDACTED = "<redacted>"
 TLS_FILE_FIELDS = ("ca_file", "cert_file", "key_file")
 MAX_BATCH = 5000
+
+# The cloud instance metadata service (AWS, GCP, Azure, OpenStack: IPv4; AWS Nitro: IPv6):
+# refused even when a network around it is allow-listed; only the exact address unlocks it.
+METADATA_ADDRESSES = frozenset(
+    {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
+)
+_THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")  # "this host": 0.0.0.0 reaches loopback
+FILE_NAME_MAX = 255
+
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+@dataclass(frozen=True, slots=True)
+class SinkPolicy:
+    """What the deployment lets sinks reach (``PROOFPLANE_SINK_DIR``,
+    ``PROOFPLANE_SINK_ALLOW_INSECURE``, ``PROOFPLANE_SINK_ALLOW_HOSTS``).
+
+    ``sink_dir``: the directory file sinks write to (absolute; None: not known here, so only a
+    bare file name is accepted). ``allow_hosts``: host names (matched as written in the URL,
+    case-insensitively), addresses and networks (CIDR) that may be connected to although they
+    are loopback, link-local or unspecified; the metadata addresses need their exact address.
+    """
+
+    sink_dir: str | None = None
+    allow_insecure: bool = False
+    allow_hosts: tuple[str, ...] = ()
+
+    def host_listed(self, host: str) -> bool:
+        """Whether the host name as written is on the allow-list (not an address entry)."""
+        name = host.strip("[]").rstrip(".").lower()
+        return any(_is_name(e) and e.rstrip(".").lower() == name for e in self.allow_hosts)
+
+    def address_listed(self, address: IpAddress, *, exact: bool = False) -> bool:
+        for entry in self.allow_hosts:
+            if _is_name(entry):
+                continue
+            network = ipaddress.ip_network(entry, strict=False)
+            if exact and network.num_addresses != 1:
+                continue
+            if address.version == network.version and address in network:
+                return True
+        return False
+
+
+def _is_name(entry: str) -> bool:
+    try:
+        ipaddress.ip_network(entry, strict=False)
+    except ValueError:
+        return True
+    return False
+
+
+def refusal(address: IpAddress, host: str, policy: SinkPolicy) -> str | None:
+    """Why a sink may not connect to ``address`` (reached through ``host`` as written in its
+    URL), or None. Loopback, link-local and unspecified addresses reach the server itself or
+    its neighbourhood, not a SIEM: refused unless allow-listed; the metadata address hands out
+    cloud credentials: refused unless that exact address is listed."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if address in METADATA_ADDRESSES:
+        if policy.address_listed(address, exact=True):
+            return None
+        return "the cloud metadata address"
+    if address.is_loopback:
+        what = "a loopback address"
+    elif address.is_link_local:
+        what = "a link-local address"
+    elif address.is_unspecified or (address.version == 4 and address in _THIS_NETWORK):
+        what = "an unspecified address"
+    else:
+        return None
+    if policy.host_listed(host) or policy.address_listed(address):
+        return None
+    return what
+
+
+def literal_address(host: str) -> IpAddress | None:
+    """The address when ``host`` is an IP literal (``[v6]`` brackets allowed), else None."""
+    try:
+        return ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
+    except ValueError:
+        return None
+
+
+def check_literal_host(host: str, policy: SinkPolicy) -> None:
+    """ValidationFailed (``forbidden_sink_destination``) for a refused IP literal; names are
+    resolved and checked by ``proofplane.siem.guard``."""
+    address = literal_address(host)
+    why = None if address is None else refusal(address, host, policy)
+    if why is not None:
+        raise forbidden(host, why)
+
+
+def forbidden(host: str, why: str) -> ValidationFailed:
+    return ValidationFailed(
+        f"sink destination {host!r} is {why}; allow it with PROOFPLANE_SINK_ALLOW_HOSTS",
+        code="forbidden_sink_destination",
+        details={"host": host, "reason": why},
+    )
+
+
+def sink_file_name(path: str, sink_dir: str | None) -> str:
+    """The file name an ``ocsf-file`` sink writes to in the sink directory: a plain name, or an
+    absolute path directly in ``sink_dir``. Anything else (another directory, ``..``, a
+    sub-directory, a hidden file) is ``invalid_sink_path``."""
+    name = path
+    if path.startswith("/"):
+        parent, name = posixpath.split(path)
+        if sink_dir is None or posixpath.normpath(parent) != posixpath.normpath(sink_dir):
+            raise _bad(
+                "file sinks write only into the sink directory (PROOFPLANE_SINK_DIR): give a "
+                "file name",
+                "invalid_sink_path",
+                field="path",
+            )
+    if (
+        not name
+        or "/" in name
+        or "\\" in name
+        or name.startswith(".")
+        or len(name.encode()) > FILE_NAME_MAX
+        or not name.isprintable()
+    ):
+        raise _bad(
+            "path must be a file name in the sink directory (no '/', not starting with '.')",
+            "invalid_sink_path",
+            field="path",
+        )
+    return name
+
 
 # field → (type, required, default)
 _Spec = dict[str, tuple[type | tuple[type, ...], bool, Any]]
@@ -70,9 +215,17 @@ def _bad(message: str, code: str = "invalid_sink_config", **details: Any) -> Val
 
 
 def validate(
-    kind: str, config: dict[str, Any], *, is_file: Callable[[str], bool] | None = None
+    kind: str,
+    config: dict[str, Any],
+    *,
+    is_file: Callable[[str], bool] | None = None,
+    policy: SinkPolicy | None = None,
 ) -> dict[str, Any]:
-    """The normalized configuration of a ``kind`` sink, or ValidationFailed (nothing stored)."""
+    """The normalized configuration of a ``kind`` sink, or ValidationFailed (nothing stored).
+
+    ``policy`` (default: the strict one, ``SinkPolicy()``) says what the deployment allows; an
+    ``ocsf-file`` path comes back as the bare file name in the sink directory."""
+    policy = policy or SinkPolicy()
     if kind not in _SPECS:
         raise _bad(
             f"unknown sink type {kind!r}; one of {', '.join(SINK_TYPES)}",
@@ -105,15 +258,14 @@ def validate(
     if "timeout_s" in out and not 0 < out["timeout_s"] <= 300:
         raise _bad("timeout_s must be in (0, 300]", field="timeout_s")
     if kind == SYSLOG:
-        _syslog_url(out["url"])
+        host, _ = _syslog_url(out["url"])
+        check_literal_host(host, policy)
         if not 0 <= out["facility"] <= 23:
             raise _bad("facility must be 0..23", field="facility")
     elif kind in (OCSF_HTTP, SPLUNK_HEC):
-        _http_url(out["url"])
+        _http_url(out["url"], policy)
     elif kind == OCSF_FILE:
-        path = out["path"]
-        if not os.path.isabs(path):
-            raise _bad("path must be absolute", field="path")
+        out["path"] = sink_file_name(out["path"], policy.sink_dir)
     check = is_file or os.path.isfile
     for name in TLS_FILE_FIELDS:
         if name in out and not check(out[name]):
@@ -150,7 +302,7 @@ def syslog_address(url: str) -> tuple[str, int]:
     return _syslog_url(url)
 
 
-def _http_url(url: str) -> None:
+def _http_url(url: str, policy: SinkPolicy) -> str:
     scheme, host, _, _, creds = _split(url)
     if creds:  # checked first: such a URL is not echoed back
         raise _bad(
@@ -158,6 +310,26 @@ def _http_url(url: str) -> None:
         )
     if scheme not in ("http", "https") or not host:
         raise _bad(f"{url!r} is not an http(s):// URL", "invalid_sink_url", field="url")
+    if scheme == "http" and not policy.allow_insecure:
+        raise _bad(
+            f"{url!r} would send the sink's token in clear: use https:// (or set "
+            "PROOFPLANE_SINK_ALLOW_INSECURE=1 for a receiver on a trusted network)",
+            "insecure_sink_url",
+            field="url",
+        )
+    check_literal_host(host, policy)
+    return host
+
+
+def destination(kind: str, config: dict[str, Any]) -> tuple[str, int] | None:
+    """(host, port) a validated network sink connects to; None for a file sink."""
+    if kind == SYSLOG:
+        return syslog_address(config["url"])
+    if kind in (OCSF_HTTP, SPLUNK_HEC):
+        scheme, host, port, _, _ = _split(config["url"])
+        assert host is not None
+        return host, port or (443 if scheme == "https" else 80)
+    return None
 
 
 def redact(config: dict[str, Any]) -> dict[str, Any]:
