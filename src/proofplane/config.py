@@ -30,6 +30,10 @@ class OidcSettings:
     group_map: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
 
+MAX_BODY_BYTES = 1 << 20  # 1 MiB: PROOFPLANE_MAX_BODY_BYTES
+MAX_EVIDENCE_BYTES = 16 << 20  # 16 MiB: PROOFPLANE_MAX_EVIDENCE_BYTES
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     session_ttl: timedelta = timedelta(hours=1)
@@ -51,6 +55,12 @@ class Settings:
     attest_grace_s: float = 900.0
     attest_stale_check_interval_s: float | None = None
     demo_attester: str | None = None
+    # Request bodies (issue 19, §3): at most ``max_body_bytes``, except a node's attestation
+    # evidence (its event logs), at most ``max_evidence_bytes``; larger: 413 payload_too_large.
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_evidence_bytes: int = MAX_EVIDENCE_BYTES
+    # /docs and /redoc (issue 19, §6): off unless asked for; /openapi.json is always served.
+    api_docs: bool = False
 
 
 DEMO_ATTESTERS = ("simulated",)
@@ -66,6 +76,24 @@ def _seconds(env: dict[str, str], name: str, default: str, low: float, high: flo
         off = " (0: off)" if low == 0 else ""
         raise ValidationFailed(f"{name} must be {low:g}..{high:g}{off}", code="invalid_setting")
     return value
+
+
+def _bytes(env: dict[str, str], name: str, default: int, low: int, high: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise ValidationFailed(f"{name} must be {low}..{high} bytes", code="invalid_setting")
+    return int(raw)
+
+
+def _flag(env: dict[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ValidationFailed(f"{name} must be 1 or 0", code="invalid_setting")
 
 
 def _json(name: str, raw: str) -> Any:
@@ -125,7 +153,14 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         raise ValidationFailed(
             "PROOFPLANE_DEMO_ATTESTER must be unset or 'simulated'", code="invalid_setting"
         )
+    max_body = _bytes(env, "PROOFPLANE_MAX_BODY_BYTES", MAX_BODY_BYTES, 1 << 10, 1 << 30)
+    max_evidence = _bytes(
+        env, "PROOFPLANE_MAX_EVIDENCE_BYTES", max(MAX_EVIDENCE_BYTES, max_body), 1 << 10, 1 << 30
+    )
     return Settings(
+        max_body_bytes=max_body,
+        max_evidence_bytes=max_evidence,
+        api_docs=_flag(env, "PROOFPLANE_API_DOCS"),
         attest_grace_s=grace_s,
         attest_stale_check_interval_s=stale_s or None,
         demo_attester=demo_attester,

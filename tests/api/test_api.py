@@ -107,7 +107,7 @@ def test_openapi_and_docs(client: TestClient) -> None:
         "/api/v1/nodes/{name}/state",
     ):
         assert path in spec["paths"], path
-    assert client.get("/docs").status_code == 200
+    assert client.get("/docs").status_code == 404  # off unless PROOFPLANE_API_DOCS=1 (issue 19)
 
 
 def test_unknown_route_and_method_use_error_shape(client: TestClient) -> None:

@@ -15,17 +15,18 @@ from proofplane.api.schemas import GpuRequestIO, Name, WorkloadBatchIn
 from proofplane.errors import ValidationFailed
 from proofplane.model import GpuRequest, validate_name
 from proofplane.model.tags import NAME_PATTERN
-from proofplane.model.workload import MAX_BATCH
+from proofplane.model.workload import MAX_BATCH, MAX_SKU_CHARS
 from proofplane.service import workloads as workloads_svc
 from proofplane.store.tables import WorkloadRow
 
 INT32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
-TEXT = st.text(alphabet=st.characters(blacklist_characters="\x00"))  # no body carries a NUL
+# no body carries a NUL, nor a model or MIG profile name longer than the API's bound
+SKU = st.text(alphabet=st.characters(blacklist_characters="\x00"), max_size=MAX_SKU_CHARS)
 requests = st.builds(
     GpuRequest,
     count=INT32,
-    model=st.none() | TEXT,
-    mig_profile=st.none() | st.sampled_from(["1g.10gb", "3g.40gb", "7g.80gb"]) | TEXT,
+    model=st.none() | SKU,
+    mig_profile=st.none() | st.sampled_from(["1g.10gb", "3g.40gb", "7g.80gb"]) | SKU,
     share_milli=st.none() | INT32,
     nodes=INT32,
 )

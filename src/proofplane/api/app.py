@@ -22,6 +22,8 @@ from proofplane.api import (
     routes_sinks,
 )
 from proofplane.api.deps import public
+from proofplane.api.middleware_headers import DOCS_CONTENT_SECURITY_POLICY, SecurityHeaders
+from proofplane.api.middleware_limits import BodyLimit, route_limits
 from proofplane.api.routes import router
 from proofplane.config import ExecutionSettings, Settings
 from proofplane.service import audit as audit_svc
@@ -92,6 +94,9 @@ def create_app(
         version=__version__,
         description="Control plane for attested, compliance-aware GPU clusters.",
         lifespan=lifespan,
+        # /docs loads Swagger UI from a CDN: only where PROOFPLANE_API_DOCS asks for it.
+        docs_url="/docs" if settings.api_docs else None,
+        redoc_url=None,
     )
     app.state.store = store
     app.state.settings = settings
@@ -107,6 +112,19 @@ def create_app(
     app.include_router(routes_audit.router)
     app.include_router(routes_backends.router)
     app.include_router(routes_attest.router)
+    # Request bodies: settings.max_body_bytes, a node's evidence its own (issue 19, §3);
+    # security headers on every answer, the 413 included (§6).
+    app.add_middleware(
+        BodyLimit,
+        limit=settings.max_body_bytes,
+        routes=route_limits(
+            routes_attest.router.routes, {routes_attest.evidence: settings.max_evidence_bytes}
+        ),
+    )
+    # Outside Starlette's own outermost layer too, so that its 500 answers carry them.
+    docs_csp = {"/docs": DOCS_CONTENT_SECURITY_POLICY} if settings.api_docs else {}
+    build_stack = app.build_middleware_stack
+    app.build_middleware_stack = lambda: SecurityHeaders(build_stack(), docs_csp)  # type: ignore[method-assign]
 
     @app.get("/healthz", tags=["health"], dependencies=[Depends(public)])
     def healthz() -> dict[str, str]:

@@ -119,7 +119,9 @@ def nonce(name: NodeName, store: StoreDep, actor: Agent) -> dict[str, Any]:
 @router.post("/nodes/{name}/attestation/evidence")
 def evidence(name: NodeName, body: EvidenceIn, store: StoreDep, actor: Agent) -> dict[str, Any]:
     """Submit one round's evidence. The answer is the verdict (``ok``, ``reasons``) and the
-    node's state after it; a rejection is a verdict too (200), stored with its evidence."""
+    node's state after it; a rejection is a verdict too (200), stored with its evidence.
+    Its body (event logs included) may be up to PROOFPLANE_MAX_EVIDENCE_BYTES (16 MiB), not
+    the 1 MiB of other routes (``api.app``)."""
     ev = svc.parse_evidence(body.evidence)
     out = svc.submit_evidence(store, actor, name, bytes.fromhex(body.nonce), ev)
     return {

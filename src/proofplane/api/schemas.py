@@ -5,7 +5,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StringConstraints,
+    model_validator,
+)
 
 from proofplane.model import (
     Event,
@@ -20,12 +28,52 @@ from proofplane.model import (
     Workload,
     WorkloadStatus,
 )
-from proofplane.model.tags import NAME_PATTERN
+from proofplane.model.tags import MAX_NAME_CHARS, MAX_TAG_CHARS, MAX_TAGS, NAME_PATTERN
 from proofplane.model.tenant import profile_to_json
-from proofplane.model.workload import MAX_BATCH
+from proofplane.model.workload import (
+    MAX_BATCH,
+    MAX_COMMAND_ARG_CHARS,
+    MAX_COMMAND_ARGS,
+    MAX_COMMAND_CHARS,
+    MAX_SKU_CHARS,
+)
 
 T = TypeVar("T")
-Name = Annotated[str, Field(pattern=NAME_PATTERN, description="DNS-label-like, at most 63")]
+Name = Annotated[
+    str,
+    Field(
+        max_length=MAX_NAME_CHARS,
+        pattern=NAME_PATTERN,
+        description=f"DNS-label-like, at most {MAX_NAME_CHARS}",
+    ),
+]
+# Bounds on every free-form field (issue 19, §3); the services check the same constants.
+TagPart = Annotated[str, StringConstraints(max_length=MAX_TAG_CHARS)]
+Tags = Annotated[
+    dict[TagPart, TagPart],
+    Field(max_length=MAX_TAGS, description=f"at most {MAX_TAGS} key=value pairs"),
+]
+Short = Annotated[str, StringConstraints(max_length=MAX_SKU_CHARS)]  # a model, a MIG profile
+
+
+def _command_total(command: list[str]) -> list[str]:
+    total = sum(len(arg) for arg in command)
+    if total > MAX_COMMAND_CHARS:
+        raise ValueError(
+            f"the arguments have {total} characters together, at most {MAX_COMMAND_CHARS}"
+        )
+    return command
+
+
+Command = Annotated[
+    list[Annotated[str, StringConstraints(max_length=MAX_COMMAND_ARG_CHARS)]],
+    Field(
+        max_length=MAX_COMMAND_ARGS,
+        description=f"at most {MAX_COMMAND_ARGS} arguments of at most {MAX_COMMAND_ARG_CHARS} "
+        f"characters, {MAX_COMMAND_CHARS} together",
+    ),
+    AfterValidator(_command_total),
+]
 
 
 def _has_nul(value: Any) -> bool:
@@ -71,10 +119,14 @@ class ErrorResponse(BaseModel):
 
 
 class ProfileIn(BodyIn):
-    required_tags: dict[str, str] = {}
+    required_tags: Tags = {}
     min_isolation: IsolationLevel = IsolationLevel.SHARED
-    isolation_rules: dict[str, IsolationLevel] = Field(
-        {}, description='tag → minimum isolation, e.g. {"pci-dss=isolated": "dedicated-node"}'
+    isolation_rules: dict[
+        Annotated[str, StringConstraints(max_length=2 * MAX_TAG_CHARS + 1)], IsolationLevel
+    ] = Field(
+        {},
+        max_length=MAX_TAGS,
+        description='tag → minimum isolation, e.g. {"pci-dss=isolated": "dedicated-node"}',
     )
     co_residency: StrictBool = Field(
         True,
@@ -126,17 +178,17 @@ class TenantOut(BaseModel):
 
 
 class MigInstanceIO(BodyIn):
-    profile: str
+    profile: Short
     start: int = Field(ge=0, le=7)
 
 
 class GpuIn(BodyIn):
     index: int = Field(ge=0, le=255)
     uuid: str = Field(min_length=1, max_length=64)
-    model: str
+    model: Short
     memory_mb: int = Field(0, ge=0, le=16 * 1024 * 1024, description="0: the SKU's nominal memory")
     mig_enabled: bool = False
-    mig_instances: list[MigInstanceIO] = []
+    mig_instances: list[MigInstanceIO] = Field([], max_length=64)
     vbios_version: str | None = Field(None, max_length=63)
     driver_version: str | None = Field(None, max_length=63)
 
@@ -146,12 +198,12 @@ class NodeIn(BodyIn):
     region: Name
     zone: Name
     rack: Name | None = None
-    labels: dict[str, str] = {}
+    labels: Tags = {}
     gpus: list[GpuIn] = Field([], max_length=64)
 
 
 class NodePatch(BodyIn):
-    labels: dict[str, str] | None = None
+    labels: Tags | None = None
     rack: Name | None = None
 
 
@@ -161,8 +213,8 @@ class NodeStateIn(BodyIn):
 
 
 class CertificationIn(BodyIn):
-    key: str
-    value: str
+    key: TagPart
+    value: TagPart
 
 
 class GpuOut(BaseModel):
@@ -230,8 +282,8 @@ class GpuRequestIO(BodyIn):
         le=2**31 - 1,
         description="whole GPUs, or MIG instances when mig_profile is set",
     )
-    model: str | None = None
-    mig_profile: str | None = Field(None, examples=["3g.40gb"])
+    model: Short | None = None
+    mig_profile: Short | None = Field(None, examples=["3g.40gb"])
     share_milli: int | None = Field(
         None, ge=-(2**31), le=2**31 - 1, description="a fraction of one GPU, in thousandths"
     )
@@ -266,13 +318,13 @@ class GpuRequestIO(BodyIn):
 class WorkloadIn(BodyIn):
     name: Name
     tenant: Name
-    tags: dict[str, str] = Field({}, examples=[{"hipaa": "true"}])
+    tags: Tags = Field({}, examples=[{"hipaa": "true"}])
     isolation: IsolationLevel | None = Field(
         None, description="default: what the GPU request implies; raised to the tenant's floor"
     )
     gpus: GpuRequestIO = GpuRequestIO()
     priority: int = Field(0, ge=-1000, le=1000)
-    command: list[str] = []
+    command: Command = []
 
 
 class WorkloadBatchIn(BodyIn):

@@ -479,7 +479,8 @@ def up(
     """Start the control plane with a demo cluster, on a fresh database, with a demo admin
     token (PROOFPLANE_ADMIN_TOKEN, or a fresh random one) stored for the CLI.
 
-    A demo on loopback: plain HTTP, so browser session cookies are not marked Secure. The demo
+    A demo on loopback: plain HTTP, so browser session cookies are not marked Secure, and the
+    Swagger UI at /docs is served (its scripts come from a CDN: never in production). The demo
     runs in demo-attester mode (PROOFPLANE_DEMO_ATTESTER=simulated): its nodes are admitted by
     simulated TPM attesters through the real verifier, and one of them drifts. With swtpm and
     tpm2-tools installed, two nodes are attested instead by the node agent against their own
@@ -487,7 +488,11 @@ def up(
     env_settings = load_settings()
     token = env_settings.admin_token or new_token()
     settings = dataclasses.replace(
-        env_settings, admin_token=token, cookie_secure=False, demo_attester="simulated"
+        env_settings,
+        admin_token=token,
+        cookie_secure=False,
+        demo_attester="simulated",
+        api_docs=True,
     )
     sink_policy = load_sink_policy()
     spec, source = read_cluster(cluster)

@@ -18,6 +18,12 @@ _VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 NAME_PATTERN = r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$"  # nodes, tenants, workloads (DNS label)
 _NAME = re.compile(NAME_PATTERN)
 
+# Bounds shared by the API's bodies and the services (issue 19, §3): a tag set travels in every
+# event about its workload or node, and so to every SIEM.
+MAX_NAME_CHARS = 63  # a node, tenant or workload name (what NAME_PATTERN allows)
+MAX_TAGS = 64  # pairs in one tag set (workload tags, node labels, a profile's required tags)
+MAX_TAG_CHARS = 63  # a tag's key, and its value (what the key and value patterns allow)
+
 
 def validate_name(name: str, what: str) -> str:
     """Names of nodes, tenants and workloads are DNS-label-like, so they are safe everywhere
@@ -33,7 +39,14 @@ def validate_name(name: str, what: str) -> str:
 
 
 def validate_tags(tags: Mapping[str, str], *, field: str = "tags") -> dict[str, str]:
-    """Return a sorted copy of ``tags`` or raise ValidationFailed naming every bad pair."""
+    """Return a sorted copy of ``tags`` or raise ValidationFailed naming every bad pair (or
+    saying there are more than ``MAX_TAGS``)."""
+    if len(tags) > MAX_TAGS:
+        raise ValidationFailed(
+            f"{field}: {len(tags)} pairs, at most {MAX_TAGS}",
+            code="too_many_tags",
+            details={"field": field, "count": len(tags), "limit": MAX_TAGS},
+        )
     bad: list[str] = []
     for key, value in tags.items():
         if not isinstance(key, str) or not _KEY.fullmatch(key):

@@ -31,6 +31,12 @@ class WorkloadStatus(StrEnum):
 _TERMINAL = frozenset({WorkloadStatus.SUCCEEDED, WorkloadStatus.FAILED, WorkloadStatus.CANCELLED})
 
 MAX_BATCH = 1000  # workloads in one batch submission: one transaction, all or nothing
+# A workload's command is stored for good in its submission event and shipped to every SIEM
+# (issue 19, §3); a longer script belongs in a file on the node or in the image.
+MAX_COMMAND_ARGS = 256  # arguments
+MAX_COMMAND_ARG_CHARS = 4096  # characters in one argument
+MAX_COMMAND_CHARS = 16384  # characters in all arguments together
+MAX_SKU_CHARS = 63  # a GPU model or a MIG profile name (what the tables' columns hold)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,12 @@ from proofplane.model import (
     validate_name,
     validate_tags,
 )
-from proofplane.model.workload import MAX_BATCH
+from proofplane.model.workload import (
+    MAX_BATCH,
+    MAX_COMMAND_ARG_CHARS,
+    MAX_COMMAND_ARGS,
+    MAX_COMMAND_CHARS,
+)
 from proofplane.schedule.engine import Job
 from proofplane.schedule.explain import explain_job
 from proofplane.schedule.reasons import CANCELLED, render
@@ -60,7 +65,6 @@ from proofplane.store.tables import (
 
 MAX_GPUS = 64  # per node
 MAX_GANG_NODES = 64
-MAX_COMMAND_ARGS = 256
 _IN_CHUNK = 500  # names per "IN (...)" query: well under every database's bound-parameter limit
 
 
@@ -195,11 +199,32 @@ def submit_workload(store: Store, actor: Actor, spec: WorkloadSpec) -> Workload:
 def _check_spec(spec: WorkloadSpec) -> GpuRequest:
     validate_name(spec.name, "workload")
     gpus = check_gpu_request(spec.gpus)
-    if len(spec.command) > MAX_COMMAND_ARGS:
-        raise ValidationFailed(
-            f"command has more than {MAX_COMMAND_ARGS} arguments", code="validation_failed"
-        )
+    _check_command(spec.command)
     return gpus
+
+
+def _check_command(command: Sequence[str]) -> None:
+    """The command's bounds (``model.workload``): it is kept in the event log for good."""
+    if len(command) > MAX_COMMAND_ARGS:
+        raise ValidationFailed(
+            f"command has more than {MAX_COMMAND_ARGS} arguments",
+            code="validation_failed",
+            details={"limit": MAX_COMMAND_ARGS},
+        )
+    longest = max((len(arg) for arg in command), default=0)
+    if longest > MAX_COMMAND_ARG_CHARS:
+        raise ValidationFailed(
+            f"a command argument has more than {MAX_COMMAND_ARG_CHARS} characters",
+            code="validation_failed",
+            details={"limit": MAX_COMMAND_ARG_CHARS},
+        )
+    total = sum(len(arg) for arg in command)
+    if total > MAX_COMMAND_CHARS:
+        raise ValidationFailed(
+            f"the command's arguments have more than {MAX_COMMAND_CHARS} characters together",
+            code="validation_failed",
+            details={"limit": MAX_COMMAND_CHARS, "total": total},
+        )
 
 
 @contextmanager
