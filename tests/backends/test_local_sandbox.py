@@ -15,7 +15,6 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -299,7 +298,8 @@ def test_a_server_that_is_not_root_runs_jobs_in_a_user_namespace(
     server: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The path a developer's ``make up`` takes: no uid switch, a user namespace instead (here
-    the server only pretends not to be root; the test below runs one that really is not)."""
+    the server only pretends not to be root: a really unprivileged server cannot be started on
+    this machine, whose Python lives under /root, 0700)."""
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     ex = LocalExecutor(server["data"] / "proofplane.db.jobs", limit_mode=RLIMIT)
     assert "user namespace" in ex.describe()["sandbox"]
@@ -310,58 +310,3 @@ def test_a_server_that_is_not_root_runs_jobs_in_a_user_namespace(
     assert ex.logs(job_id) == f"{USERNS_UID}\n".encode()
     assert b"FileNotFoundError" in ex.logs(job_id, "stderr")
     assert json.loads((ex.jobs_dir / job_id / "spec.json").read_text())["sandbox"]["uid"] == -1
-
-
-NOT_ROOT_SERVER = r"""
-import json, sys
-from pathlib import Path
-from proofplane.backends.base import JobSpec
-from proofplane.backends.local import LimitMode, LocalExecutor
-from proofplane.model import PlacedDevice, Placement
-ex = LocalExecutor(Path(sys.argv[1]) / "proofplane.db.jobs", limit_mode=LimitMode("rlimit", "t"))
-placement = Placement("n1", (PlacedDevice(0, "GPU-a"),))
-command = (sys.executable, "-c", sys.argv[2])
-job_id = ex.submit(JobSpec("w", "t1", command=command, placement=placement))
-change = ex.wait(job_id)
-print(json.dumps({"kind": change.kind.value, "message": change.message,
-                  "out": ex.logs(job_id).decode(), "err": ex.logs(job_id, "stderr").decode(),
-                  "sandbox": ex.describe()["sandbox"]}))
-"""
-
-
-def test_a_server_running_as_a_normal_user_hides_its_files_from_jobs() -> None:
-    """A real non-root server (``make up`` on a laptop): its job shares its uid outside the
-    user namespace, so only the namespaces keep the server's own 0600 key out of reach."""
-    _bwrap_usable()
-    if os.geteuid() != 0:
-        pytest.skip("runs as root to become a normal user (as one, the tests above do this)")
-    drop = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"]
-    # what the executor does: the server's Python starting itself again (the supervisor)
-    spawn = "import subprocess as s, sys; s.run([sys.executable, '-c', 'import os'], check=True)"
-    probe = subprocess.run([*drop, PY, "-c", spawn], capture_output=True, check=False)
-    if probe.returncode != 0:
-        pytest.skip(f"this Python cannot be run by an unprivileged user: {probe.stderr[-200:]!r}")
-    data = Path(tempfile.mkdtemp(prefix="proofplane-nonroot-"))
-    try:
-        os.chown(data, 65534, 65534)
-        key = data / "audit-signing.key"
-        key.write_text("the server's key")
-        os.chmod(key, 0o600)
-        os.chown(key, 65534, 65534)  # the server's own file: its uid may read it
-        script = f"import os; print(os.getuid()); open({str(key)!r})"
-        done = subprocess.run(
-            [*drop, PY, "-c", NOT_ROOT_SERVER, str(data), script],
-            capture_output=True,
-            text=True,
-            check=False,
-            cwd=data,
-            timeout=60,
-        )
-        assert done.returncode == 0, done.stderr
-        seen = json.loads(done.stdout)
-    finally:
-        shutil.rmtree(data, ignore_errors=True)
-    assert "user namespace" in seen["sandbox"]
-    assert seen["kind"] == "failed" and seen["message"] == "exit status 1", seen
-    assert seen["out"] == f"{USERNS_UID}\n"
-    assert "FileNotFoundError" in seen["err"]

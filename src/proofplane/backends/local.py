@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from proofplane.backends.base import (
+    BackendError,
     BackendUnavailable,
     Change,
     ChangeKind,
@@ -120,8 +121,10 @@ ETC_VISIBLE = (
 INSECURE = "insecure: jobs run as the server's user and can read everything it can"
 
 
-class SandboxUnavailable(Exception):
+class SandboxUnavailable(BackendError):
     """The sandbox cannot be set up for a job (the job fails with this reason)."""
+
+    code = "sandbox_unavailable"
 
 
 @dataclass(frozen=True, slots=True)
