@@ -282,3 +282,23 @@ def test_the_services_hold_the_same_bounds(demo: Store) -> None:
         with pytest.raises(ValidationFailed) as exc:
             workload_svc.submit_workload(demo, SYSTEM, spec)
         assert "limit" in exc.value.details
+
+
+def test_a_cluster_files_workloads_meet_the_command_bounds(store: Store) -> None:
+    """A cluster file (``proofplane up --cluster``) reaches the store without the API."""
+    from proofplane.hardware.cluster_file import parse_cluster
+    from proofplane.service.cluster import load_cluster
+
+    text = (
+        "cluster: big\n"
+        "tenants:\n  - name: acme\n"
+        "nodes:\n  - name: n1\n    region: r\n    zone: z\n"
+        "    gpus: [{model: H100-80GB, count: 1}]\n"
+        "workloads:\n  - name: w1\n    tenant: acme\n    gpus: {count: 1}\n"
+        f"    command: [sh, -c, {'x' * (MAX_COMMAND_ARG_CHARS + 1)}]\n"
+    )
+    before = stored(store)
+    with pytest.raises(ValidationFailed) as exc:
+        load_cluster(store, SYSTEM, parse_cluster(text))
+    assert "4096" in exc.value.message
+    assert stored(store) == before

@@ -502,6 +502,7 @@ def _workload_of(
 
 
 def insert_workload(tx: Tx, spec: WorkloadSpec, gpus: GpuRequest) -> WorkloadRow:
+    _check_command(spec.command)  # again: a cluster file's workloads come this way only
     # The view first: a cached scheduler is current only before this transaction writes.
     view = ClusterView.cached(tx)
     trow = tenant_row(tx.session, spec.tenant)
