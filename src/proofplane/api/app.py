@@ -22,8 +22,10 @@ from proofplane.api import (
     routes_sinks,
 )
 from proofplane.api.deps import public
+from proofplane.api.middleware_errors import ServerErrors
 from proofplane.api.middleware_headers import DOCS_CONTENT_SECURITY_POLICY, SecurityHeaders
 from proofplane.api.middleware_limits import BodyLimit, route_limits
+from proofplane.api.request_body import checked_json_body
 from proofplane.api.routes import router
 from proofplane.config import ExecutionSettings, Settings
 from proofplane.service import audit as audit_svc
@@ -94,6 +96,8 @@ def create_app(
         version=__version__,
         description="Control plane for attested, compliance-aware GPU clusters.",
         lifespan=lifespan,
+        # Every JSON body: at most 64 levels deep, and text (issue 19, §2).
+        dependencies=[Depends(checked_json_body)],
         # /docs loads Swagger UI from a CDN: only where PROOFPLANE_API_DOCS asks for it.
         docs_url="/docs" if settings.api_docs else None,
         redoc_url=None,
@@ -105,6 +109,7 @@ def create_app(
         key_file=Path(settings.audit_key_file) if settings.audit_key_file else None,
     )
     errors.install(app)
+    app.add_middleware(ServerErrors)  # a missed exception: a 500 with a request id, one log line
     app.include_router(router)
     app.include_router(routes_access.router)
     app.include_router(routes_oidc.router)

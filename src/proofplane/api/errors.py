@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from proofplane.access.authz import Forbidden, Unauthenticated
 from proofplane.access.oidc import OidcFailed, OidcMisconfigured, OidcUnavailable
 from proofplane.agent.tpm.tpm2tools import TpmToolError
+from proofplane.api.request_body import too_deep
 from proofplane.attest.errors import AttestError
 from proofplane.audit.bundle import BundleError
 from proofplane.audit.note import NoteError
@@ -154,6 +155,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if isinstance(exc.__cause__, RecursionError):  # FastAPI's JSON parse gave up
+            return await _domain(_req, too_deep())
         code = _HTTP_CODES.get(exc.status_code, "http_error")
         return error_response(exc.status_code, code, str(exc.detail))
 

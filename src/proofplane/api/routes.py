@@ -31,6 +31,7 @@ from proofplane.api.schemas import (
     WorkloadIn,
     WorkloadOut,
 )
+from proofplane.errors import ValidationFailed
 from proofplane.model import (
     ComplianceProfile,
     Gpu,
@@ -356,8 +357,8 @@ def list_events(
         target_id=target_id,
         actor_name=actor_name,
         outcome=outcome,
-        since=_aware(since),
-        until=_aware(until),
+        since=_aware(since, "since"),
+        until=_aware(until, "until"),
         newest_first=order == "desc",
         limit=limit,
         cursor=cursor,
@@ -374,6 +375,23 @@ def get_event(
     return EventOut.of(events_svc.get_event(store, actor, seq))
 
 
-def _aware(ts: datetime | None) -> datetime | None:
-    """Timestamps without a zone are read as UTC (every stored time is UTC)."""
-    return ts.replace(tzinfo=UTC) if ts is not None and ts.tzinfo is None else ts
+def _aware(ts: datetime | None, name: str) -> datetime | None:
+    """The time in UTC (every stored time is UTC; a time without a zone is read as UTC). A
+    time that has no UTC equivalent in the calendar (9999-12-31T23:59:59-14:00) is a 422."""
+    if ts is None:
+        return None
+    if ts.tzinfo is None:
+        return ts.replace(tzinfo=UTC)
+    try:
+        return ts.astimezone(UTC)
+    except OverflowError:
+        raise ValidationFailed(
+            f"{name}: {ts.isoformat()} is outside the years 1 to 9999 in UTC",
+            details=[
+                {
+                    "loc": ["query", name],
+                    "msg": "outside the calendar in UTC",
+                    "type": "datetime_range",
+                }
+            ],
+        ) from None

@@ -279,12 +279,44 @@ def _response(uid: str, allowed: bool, message: str = "", code: int = 403) -> di
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
-def _pod_spec(obj: Mapping[str, Any], kind: str) -> tuple[Mapping[str, Any], Mapping[str, str]]:
-    """(pod spec, pod labels) of a Pod, or of the pod template of a Job."""
+class MalformedReview(ValidationFailed):
+    """A part of an AdmissionReview has the wrong JSON type. ``admission_review`` answers it
+    with a denial that says so; it never leaves that function."""
+
+    code = "malformed_admission_review"
+
+
+def _part(parent: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
+    """``parent[key]`` as an object: absent or null is empty (Kubernetes omits empty fields),
+    anything but an object is malformed."""
+    value = parent.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise MalformedReview(f"{where} must be an object")
+    return value
+
+
+def _text(parent: Mapping[str, Any], key: str, where: str) -> str | None:
+    value = parent.get(key)
+    if value is not None and not isinstance(value, str):
+        raise MalformedReview(f"{where} must be a string")
+    return value
+
+
+def _pod_spec(obj: Mapping[str, Any], kind: str) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """(pod spec, pod labels) of a Pod, or of the pod template of a Job; ``MalformedReview`` where a
+    part on the way is not an object."""
     if kind == "Pod":
-        return obj.get("spec") or {}, (obj.get("metadata") or {}).get("labels") or {}
-    template = (obj.get("spec") or {}).get("template") or {}
-    return template.get("spec") or {}, (template.get("metadata") or {}).get("labels") or {}
+        spec = _part(obj, "spec", "object.spec")
+        labels = _part(
+            _part(obj, "metadata", "object.metadata"), "labels", "object.metadata.labels"
+        )
+        return spec, labels
+    template = _part(_part(obj, "spec", "object.spec"), "template", "object.spec.template")
+    spec = _part(template, "spec", "object.spec.template.spec")
+    metadata = _part(template, "metadata", "object.spec.template.metadata")
+    return spec, _part(metadata, "labels", "object.spec.template.metadata.labels")
 
 
 def admission_review(review: Mapping[str, Any], nodes: NodeLookup) -> dict[str, Any]:
@@ -299,7 +331,11 @@ def admission_review(review: Mapping[str, Any], nodes: NodeLookup) -> dict[str, 
     * it targets no particular node but its node selector requires every matching
       certification label (so only certified nodes can ever run it).
 
-    Pods without compliance labels are not proofplane's concern and are allowed."""
+    Pods without compliance labels are not proofplane's concern and are allowed. A review
+    whose parts have the wrong JSON type (no kube-apiserver sends one) is denied with code 400
+    and the reason: never an error, which a webhook with ``failurePolicy: Ignore`` would
+    admit. Only a document that is no AdmissionReview, or has no ``request.uid`` to answer,
+    raises ``ValidationFailed``."""
     if review.get("apiVersion") != "admission.k8s.io/v1" or review.get("kind") != "AdmissionReview":
         raise ValidationFailed(
             "expected an admission.k8s.io/v1 AdmissionReview", code="invalid_admission_review"
@@ -310,7 +346,14 @@ def admission_review(review: Mapping[str, Any], nodes: NodeLookup) -> dict[str, 
             "AdmissionReview without request.uid", code="invalid_admission_review"
         )
     uid = request["uid"]
-    kind = (request.get("kind") or {}).get("kind")
+    try:
+        return _decide(uid, request, nodes)
+    except MalformedReview as exc:
+        return _response(uid, False, f"proofplane: malformed AdmissionReview: {exc}", code=400)
+
+
+def _decide(uid: str, request: Mapping[str, Any], nodes: NodeLookup) -> dict[str, Any]:
+    kind = _part(request, "kind", "request.kind").get("kind")
     if request.get("operation") not in ("CREATE", "UPDATE") or kind not in ("Pod", "Job"):
         return _response(uid, True)
     if request.get("subResource"):
@@ -319,15 +362,18 @@ def admission_review(review: Mapping[str, Any], nodes: NodeLookup) -> dict[str, 
     if not isinstance(obj, Mapping):
         return _response(uid, False, "the request carries no object", code=400)
     spec, labels = _pod_spec(obj, kind)
-    required = {
-        k[len(COMPLIANCE_PREFIX) :]: str(v)
-        for k, v in labels.items()
-        if k.startswith(COMPLIANCE_PREFIX)
-    }
+    selector = _part(spec, "nodeSelector", "the pod's spec.nodeSelector")
+    required: dict[str, str] = {}
+    for key, value in labels.items():
+        if isinstance(key, str) and key.startswith(COMPLIANCE_PREFIX):
+            if not isinstance(value, str):
+                raise MalformedReview(f"the value of label {key} must be a string")
+            required[key[len(COMPLIANCE_PREFIX) :]] = value
     if not required:
         return _response(uid, True)
-    selector = spec.get("nodeSelector") or {}
-    node = spec.get("nodeName") or selector.get(HOSTNAME_LABEL)
+    node = _text(spec, "nodeName", "the pod's spec.nodeName") or _text(
+        selector, HOSTNAME_LABEL, f"the pod's {HOSTNAME_LABEL} node selector"
+    )
     if node is None:
         needed = {certification_label(k): v for k, v in required.items()}
         unmet = sorted(k for k, v in needed.items() if selector.get(k) != v)
@@ -340,7 +386,7 @@ def admission_review(review: Mapping[str, Any], nodes: NodeLookup) -> dict[str, 
                 f"terms: {', '.join(unmet)}",
             )
         return _response(uid, True)
-    facts = nodes(str(node))
+    facts = nodes(node)
     if facts is None:
         return _response(uid, False, f"proofplane: node {node!r} is not known to proofplane")
     if not facts.admitted:

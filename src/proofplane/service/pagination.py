@@ -43,6 +43,8 @@ def decode_cursor(kind: str, cursor: str | None, expected: type) -> str | int | 
         ok = data.get("k") == kind and isinstance(after, expected) and not isinstance(after, bool)
         ok = ok and (not isinstance(after, int) or 0 <= after < 2**63)
         ok = ok and (not isinstance(after, str) or len(after) <= MAX_KEY)
+        if ok and isinstance(after, str):
+            after.encode()  # a lone surrogate ("\\ud800") is no text a store can compare
     except (binascii.Error, ValueError, TypeError, KeyError, RecursionError):
         ok = False
     if not ok:

@@ -36,7 +36,7 @@ import httpx
 
 from proofplane.audit.export.config import SinkPolicy
 from proofplane.audit.export.syslog import frame
-from proofplane.errors import ProofplaneError
+from proofplane.errors import ProofplaneError, ValidationFailed
 from proofplane.siem import guard
 
 
@@ -44,6 +44,14 @@ class DeliveryError(ProofplaneError):
     """A batch was not acknowledged; it will be sent again."""
 
     code = "delivery_error"
+
+
+class TlsFilesInvalid(ValidationFailed, OSError):
+    """A sink's CA file cannot be loaded (missing, or no certificate in it): its configuration
+    is wrong, which no retry mends; testing the sink answers 422. Still the ``OSError`` that
+    ``ssl.SSLError`` was, so an export pass skips the sink as before."""
+
+    code = "tls_file_invalid"
 
 
 class Transport(Protocol):
@@ -155,7 +163,12 @@ class HttpTransport:
         self._client = client
         self._verify: ssl.SSLContext | bool = True
         if ca_file:
-            self._verify = ssl.create_default_context(cafile=ca_file)
+            try:
+                self._verify = ssl.create_default_context(cafile=ca_file)
+            except (OSError, ssl.SSLError) as exc:  # ssl.SSLError: no certificate in the file
+                raise TlsFilesInvalid(
+                    f"cannot load the CA file {ca_file!r}: {exc}", details={"ca_file": ca_file}
+                ) from None
         self.timeout_s = timeout_s
 
     def send(self, records: Sequence[bytes]) -> None:
