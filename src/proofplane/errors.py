@@ -21,6 +21,7 @@ the whole transaction back, so a refused request leaves neither state nor event 
     ├── Unauthenticated            unauthenticated         access.authz
     ├── Forbidden                  forbidden               access.authz
     ├── AccountLocked              account_locked          service.access
+    ├── TooManyAttempts            too_many_attempts       service.access (429, by the login route)
     ├── OidcFailed                 oidc_failed             access.oidc
     │   └── UnknownSigningKey
     ├── OidcUnavailable            oidc_provider_unavailable  access.oidc

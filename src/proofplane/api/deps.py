@@ -68,6 +68,14 @@ def get_settings(request: Request) -> Settings:
     return request.app.state.settings  # type: ignore[no-any-return]
 
 
+def client_address(request: Request) -> str:
+    """The caller's address, for the login throttle. Behind a reverse proxy this is the
+    proxy's unless uvicorn trusts it to say who the client is (``--forwarded-allow-ips``,
+    ``FORWARDED_ALLOW_IPS``; 127.0.0.1 by default): then it is the ``X-Forwarded-For``
+    client."""
+    return request.client.host if request.client is not None else "unknown"
+
+
 def current_actor(request: Request) -> Actor:
     """Who is calling: a bearer token, or a browser session cookie (with its CSRF token on
     every state-changing request)."""

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Response, status
+from fastapi import APIRouter, Depends, Query, Request, Response, status
 from pydantic import BaseModel, Field
 
 from proofplane.access import Actor
 from proofplane.access import Permission as P
 from proofplane.api.deps import (
     clear_session_cookies,
+    client_address,
     enrolling,
     get_settings,
     get_store,
@@ -20,6 +21,7 @@ from proofplane.api.deps import (
     set_session_cookies,
     signed_in,
 )
+from proofplane.api.errors import error_response
 from proofplane.api.schemas import BodyIn, ErrorResponse, Name, Page
 from proofplane.config import Settings
 from proofplane.service import access as svc
@@ -154,6 +156,7 @@ class TokenInfoOut(BaseModel):
     expires_at: datetime
     revoked_at: datetime | None
     last_used_at: datetime | None
+    parent_id: str | None = Field(None, description="the session or API token it was minted with")
 
     @classmethod
     def of(cls, t: svc.TokenInfo) -> TokenInfoOut:
@@ -168,6 +171,7 @@ class TokenInfoOut(BaseModel):
             expires_at=t.expires_at,
             revoked_at=t.revoked_at,
             last_used_at=t.last_used_at,
+            parent_id=t.parent_id,
         )
 
 
@@ -182,14 +186,32 @@ class AgentCredentialIn(BodyIn):
     "/auth/login",
     tags=["auth"],
     dependencies=[Depends(public)],
-    responses={423: {"model": ErrorResponse, "description": "account locked"}},
+    response_model=TokenOut,
+    responses={
+        423: {"model": ErrorResponse, "description": "account locked"},
+        429: {"model": ErrorResponse, "description": "too many failures from this address"},
+    },
 )
-def login(body: LoginIn, store: StoreDep, settings: SettingsDep, response: Response) -> TokenOut:
+def login(
+    body: LoginIn, request: Request, store: StoreDep, settings: SettingsDep, response: Response
+) -> Any:
     """Password (+ TOTP) → a short-lived session token. 10 failures lock the account for
-    30 minutes (423 ``account_locked``)."""
-    issued = svc.login(
-        store, body.username, body.password, body.totp, session_ttl=settings.session_ttl
-    )
+    30 minutes (423 ``account_locked``; a username no account has answers the same). After 10
+    failures from one address, each further attempt from it waits a doubling delay (429
+    ``too_many_attempts`` with ``Retry-After``)."""
+    try:
+        issued = svc.login(
+            store,
+            body.username,
+            body.password,
+            body.totp,
+            session_ttl=settings.session_ttl,
+            source=client_address(request),
+        )
+    except svc.TooManyAttempts as exc:
+        refused = error_response(429, exc.code, exc.message, exc.details)
+        refused.headers["Retry-After"] = str(exc.details["retry_after"])
+        return refused
     csrf = set_session_cookies(response, issued, settings) if body.cookie else None
     return TokenOut.of(issued, csrf)
 
@@ -332,6 +354,9 @@ def rotate_token(
     actor: Annotated[Actor, Depends(signed_in)],
     body: RotateIn | None = None,
 ) -> TokenOut:
+    """Replace your own API token with a new secret (the old one and the tokens it minted stop
+    working). Only the owner rotates: another user's token answers 403 to whoever may revoke
+    it (an admin revokes instead), 404 to anyone else."""
     return TokenOut.of(svc.rotate_token(store, actor, token_id, body.expires_in if body else None))
 
 

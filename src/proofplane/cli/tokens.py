@@ -45,7 +45,8 @@ def create_token(
         ...,
         "--expires-in",
         "-e",
-        help="How long it lives: seconds, or 30m, 12h, 7d … (at most 90d).",
+        help="How long it lives: seconds, or 30m, 12h, 7d … (at most 90d; created with an "
+        "API token, no longer than that token).",
     ),
     role: list[str] | None = typer.Option(
         None,
@@ -129,7 +130,8 @@ def rotate_token(
     ),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Replace an API token with a new secret of the same scope; the old one stops working."""
+    """Replace one of your API tokens with a new secret of the same scope; the old one, and
+    the tokens it minted, stop working. Only the owner rotates (an admin revokes instead)."""
     body = {"expires_in": parse_duration(expires_in)} if expires_in is not None else None
     issued = send(ctx, "POST", f"/api/v1/tokens/{segment(token_id)}/rotate", body)
     if as_json:

@@ -243,8 +243,23 @@ class TokenRow(Base):
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # The credential that minted this one (a session or an API token; None: a login, the
+    # bootstrap token, an agent credential). Revoking an API token revokes what it minted.
+    parent_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
 
     user: Mapped[UserRow | None] = relationship()
+
+
+class AuthFailureRow(Base):
+    """Failed logins counted by what is not a user row: a source address (``addr:…``, the
+    progressive delay) or a username no account has (``name:`` + SHA-256, locked exactly as
+    an account would be, so a lockout does not tell which usernames exist)."""
+
+    __tablename__ = "auth_failures"
+    key: Mapped[str] = mapped_column(String(80), primary_key=True)
+    failures: Mapped[int] = mapped_column(Integer)
+    last_failure_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    locked_until: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class OidcLoginRow(Base):

@@ -2,7 +2,8 @@
 tokens, MFA, the first administrator and node agents' credentials.
 
 One module per seam: ``users``, ``sessions`` (password and federated logins, bearer-token
-authentication, logout), ``oidc`` (the single sign-on flow), ``mfa``, ``tokens``,
+authentication, logout), ``lockout`` (failed logins counted by source address and unknown
+username), ``oidc`` (the single sign-on flow), ``mfa``, ``tokens``,
 ``bootstrap`` (the first admin, node agents); ``common`` holds what they share. Callers import
 from this package: ``from proofplane.service import access`` or
 ``from proofplane.service.access import login``.
@@ -20,6 +21,16 @@ from proofplane.service.access.common import (
     token_from_row,
     user_from_row,
 )
+from proofplane.service.access.lockout import (
+    LOCK_AFTER,
+    LOCK_FOR,
+    THROTTLE_FORGET,
+    THROTTLE_FREE,
+    THROTTLE_MAX_DELAY,
+    TooManyAttempts,
+    source_key,
+    throttle_delay,
+)
 from proofplane.service.access.mfa import ISSUER, mfa_begin, mfa_confirm
 from proofplane.service.access.oidc import (
     LOGIN_TTL,
@@ -33,8 +44,6 @@ from proofplane.service.access.oidc import (
 from proofplane.service.access.sessions import (
     ALERT_AFTER,
     ENROLLMENT_TTL,
-    LOCK_AFTER,
-    LOCK_FOR,
     SPRAY_ALERT,
     SPRAY_WINDOW,
     authenticate,
@@ -67,6 +76,9 @@ __all__ = [
     "MIN_TOKEN_TTL",
     "SPRAY_ALERT",
     "SPRAY_WINDOW",
+    "THROTTLE_FORGET",
+    "THROTTLE_FREE",
+    "THROTTLE_MAX_DELAY",
     "USERNAME_PATTERN",
     "AccountLocked",
     "InvalidOidcState",
@@ -74,6 +86,7 @@ __all__ = [
     "OidcProviderError",
     "OidcSession",
     "TokenInfo",
+    "TooManyAttempts",
     "User",
     "authenticate",
     "begin_oidc_login",
@@ -93,6 +106,8 @@ __all__ = [
     "mfa_confirm",
     "revoke_token",
     "rotate_token",
+    "source_key",
+    "throttle_delay",
     "token_from_row",
     "unlock_user",
     "update_user",

@@ -63,6 +63,7 @@ class TokenInfo:
     expires_at: datetime
     revoked_at: datetime | None
     last_used_at: datetime | None
+    parent_id: str | None = None
 
 
 def user_from_row(row: UserRow) -> User:
@@ -93,6 +94,7 @@ def token_from_row(row: TokenRow) -> TokenInfo:
         expires_at=row.expires_at,
         revoked_at=row.revoked_at,
         last_used_at=row.last_used_at,
+        parent_id=row.parent_id,
     )
 
 
@@ -170,9 +172,11 @@ def issue_credential(
     ttl: timedelta,
     node_name: str | None = None,
     token: str | None = None,
+    parent_id: str | None = None,
 ) -> IssuedToken:
     """Write a credential row (session, enrollment, API or agent token); the secret itself is
-    returned once and only its hash is stored. The caller records the event."""
+    returned once and only its hash is stored. ``parent_id``: the credential it was minted
+    with. The caller records the event."""
     token = token or cred.new_token("ppa" if kind == "agent" else "ppt")
     row = TokenRow(
         id=f"tok_{secrets.token_hex(8)}",
@@ -187,6 +191,7 @@ def issue_credential(
         expires_at=tx.now + ttl,
         revoked_at=None,
         last_used_at=None,
+        parent_id=parent_id,
     )
     tx.session.add(row)
     tx.session.flush()
@@ -210,3 +215,61 @@ def end_sessions(tx: Tx, user: UserRow, why: str) -> None:
             row.id,
             details={"owner": user.username, "kind": row.kind, "reason": why},
         )
+
+
+def revoke_credentials(tx: Tx, user: UserRow, why: str) -> int:
+    """Revoke every live credential of the user (API tokens, sessions, enrollment sessions),
+    each with its event; returns how many. For good: a revoked row never works again, so
+    re-enabling the user or granting the role back brings none of them back."""
+    rows = tx.session.scalars(
+        select(TokenRow)
+        .where(
+            TokenRow.user_id == user.id,
+            TokenRow.revoked_at.is_(None),
+            TokenRow.expires_at > tx.now,
+        )
+        .order_by(TokenRow.created_at, TokenRow.id)
+    )
+    n = 0
+    for row in rows:
+        row.revoked_at = tx.now
+        n += 1
+        tx.record(
+            "token.revoke",
+            "token",
+            row.id,
+            details={"owner": user.username, "kind": row.kind, "reason": why},
+        )
+    return n
+
+
+def revoke_minted(tx: Tx, parent: TokenRow, why: str) -> None:
+    """Revoke the live API tokens minted with the API token ``parent``, and theirs in turn (as
+    Vault revokes a token's children): what a token minted does not outlive it. Tokens minted
+    in a session are the user's own and outlive the session."""
+    if parent.kind != "api":
+        return
+    frontier = [parent.id]
+    while frontier:
+        children = list(
+            tx.session.scalars(
+                select(TokenRow)
+                .where(TokenRow.parent_id.in_(frontier), TokenRow.kind == "api")
+                .order_by(TokenRow.created_at, TokenRow.id)
+            )
+        )
+        frontier = [c.id for c in children]
+        for row in children:
+            if row.revoked_at is None:
+                row.revoked_at = tx.now
+                tx.record(
+                    "token.revoke",
+                    "token",
+                    row.id,
+                    details={
+                        "owner": token_from_row(row).owner,
+                        "kind": row.kind,
+                        "reason": why,
+                        "parent": row.parent_id,
+                    },
+                )

@@ -3,6 +3,8 @@ logins, bearer-token authentication, logout.
 
 Failed logins are recorded, not rolled back: ``login`` commits the failure (counter, lock,
 events) and only then reports it, because evidence of an attack must survive the refusal.
+An unknown username is answered exactly as an account is, lock included, and a source address
+that keeps failing is made to wait (``lockout``).
 """
 
 from __future__ import annotations
@@ -22,13 +24,21 @@ from proofplane.service.access.common import (
     check_username,
     issue_credential,
     new_user_row,
+    revoke_credentials,
     safe_username,
+)
+from proofplane.service.access.lockout import (
+    LOCK_AFTER,
+    LOCK_FOR,
+    check_source,
+    count_source_failure,
+    count_unknown_name_failure,
+    source_key,
+    unknown_name_locked_until,
 )
 from proofplane.service.context import Store, Tx
 from proofplane.store.tables import EventRow, TenantRow, TokenRow, UserRow
 
-LOCK_AFTER = 10  # consecutive failures (PCI DSS 4.0 §8.3.4: at most 10)
-LOCK_FOR = timedelta(minutes=30)  # (…for at least 30 minutes)
 ALERT_AFTER = 5  # consecutive failures on one account raise an alert
 SPRAY_WINDOW = timedelta(seconds=60)
 SPRAY_ALERT = 20  # failed logins across all accounts within the window
@@ -44,7 +54,9 @@ def _fail(tx: Tx, row: UserRow | None, username: str, reason: str) -> None:
         outcome=Outcome.FAILURE,
         details={"method": "password", "reason": reason},
     )
-    if row is not None:
+    if row is None:
+        count_unknown_name_failure(tx, username)
+    else:
         row.failed_logins += 1
         row.updated_at = tx.now
         if row.failed_logins == ALERT_AFTER:
@@ -102,30 +114,45 @@ def login(
     *,
     session_ttl: timedelta,
     now: datetime | None = None,
+    source: str | None = None,
 ) -> IssuedToken:
     """Password (+ TOTP or a recovery code) → a short-lived session token.
 
     An identity whose roles require MFA and who has not enrolled gets an enrollment-only
     session instead: it can enroll a TOTP authenticator and nothing else.
+
+    ``source`` is the client's address: while it is being made to wait after repeated
+    failures the attempt is refused (TooManyAttempts) before anything is checked. None (a
+    caller inside the process): no address throttle.
     """
     error: ProofplaneError | None = None
     issued: IssuedToken | None = None
+    key = source_key(source) if source is not None else None
     with store.write(Actor(safe_username(username)), now) as tx:
+        if key is not None:
+            check_source(tx, key)  # raises: nothing is written for a refused attempt
         row = tx.session.scalar(select(UserRow).where(UserRow.username == username))
         if row is not None and row.locked_until is not None and row.locked_until <= tx.now:
             row.locked_until, row.failed_logins = None, 0  # the lock has run out
-        if row is not None and row.locked_until is not None:
+        locked_until = (
+            row.locked_until if row is not None else unknown_name_locked_until(tx, username)
+        )
+        if locked_until is not None:
             cred.verify_password(None, password)  # same cost as any attempt
             tx.record(
                 "auth.login",
                 "user",
-                row.username,
+                safe_username(username),
                 outcome=Outcome.DENIED,
-                details={"method": "password", "reason": "account_locked"},
+                details={
+                    "method": "password",
+                    "reason": "account_locked" if row is not None else "unknown_user_locked",
+                },
             )
+            # The same answer whether or not the account exists.
             error = AccountLocked(
                 "account is locked after repeated failures; try later or ask an admin",
-                details={"locked_until": row.locked_until.isoformat()},
+                details={"locked_until": locked_until.isoformat()},
             )
         elif row is None or row.disabled or not cred.verify_password(row.password_hash, password):
             reason = "unknown_user" if row is None else "disabled" if row.disabled else "password"
@@ -201,6 +228,8 @@ def login(
                         "session": issued.kind,
                     },
                 )
+        if key is not None and error is not None and error.code != "mfa_required":
+            count_source_failure(tx, key)
     if error is not None:
         raise error
     assert issued is not None
@@ -253,16 +282,18 @@ def login_federated(
             error = None
             new_roles = sorted(r.value for r in role_set)
             if new_roles != row.roles or tenants != row.tenants:
-                tx.record(
-                    "user.update",
-                    "user",
-                    username,
-                    details={
-                        "source": "oidc",
-                        "roles": {"before": row.roles, "after": new_roles},
-                        "tenants": {"before": row.tenants, "after": tenants},
-                    },
-                )
+                details: dict[str, object] = {
+                    "source": "oidc",
+                    "roles": {"before": row.roles, "after": new_roles},
+                    "tenants": {"before": row.tenants, "after": tenants},
+                }
+                # A grant the provider took away revokes what was issued under it, for good
+                # (as an admin's change does: users.update_user).
+                if set(row.roles) - set(new_roles) or set(row.tenants) - set(tenants):
+                    details["credentials_revoked"] = revoke_credentials(
+                        tx, row, "grants removed at the identity provider"
+                    )
+                tx.record("user.update", "user", username, details=details)
                 row.roles, row.tenants, row.updated_at = new_roles, tenants, tx.now
             issued = issue_credential(
                 tx,

@@ -1,8 +1,15 @@
-"""API tokens: a user's own, scoped to a subset of what they hold, always expiring."""
+"""API tokens: a user's own, scoped to a subset of what they hold, always expiring.
+
+A token minted with an API token (not a session) expires no later than that token, and is
+revoked with it (its ``parent_id`` names it); a session is the user in person and may mint up
+to ``MAX_TOKEN_TTL``. Only a token's owner may rotate it (a rotated token acts as its owner);
+an admin may revoke anyone's.
+"""
 
 from __future__ import annotations
 
-from datetime import timedelta
+import math
+from datetime import datetime, timedelta
 
 from sqlalchemy import select
 
@@ -14,6 +21,7 @@ from proofplane.service.access.common import (
     IssuedToken,
     TokenInfo,
     issue_credential,
+    revoke_minted,
     token_from_row,
 )
 from proofplane.service.context import Store, Tx
@@ -27,6 +35,34 @@ def _owner_row(tx: Tx, actor: Actor) -> UserRow:
     return row
 
 
+def _minting_token(tx: Tx, actor: Actor) -> TokenRow | None:
+    """The API token the caller acts with, if it is one (a session, or no stored credential:
+    None)."""
+    if actor.token_id is None:
+        return None
+    row = tx.session.get(TokenRow, actor.token_id)
+    return row if row is not None and row.kind == "api" else None
+
+
+def _check_within(tx: Tx, expires_at: datetime, bounds: list[TokenRow], asked: int) -> None:
+    """A token minted with API tokens expires no later than any of them."""
+    for bound in bounds:
+        if expires_at > bound.expires_at:
+            left = math.floor((bound.expires_at - tx.now).total_seconds())
+            raise ValidationFailed(
+                "a token minted with an API token cannot outlive it: "
+                f"expires_in may be at most {max(left, 0)} seconds"
+                + ("" if left >= MIN_TOKEN_TTL.total_seconds() else " (too little to mint one)"),
+                code="expiry_beyond_parent",
+                details={
+                    "expires_in": asked,
+                    "max_expires_in": max(left, 0),
+                    "parent": bound.id,
+                    "parent_expires_at": bound.expires_at.isoformat(),
+                },
+            )
+
+
 def issue_token(
     store: Store,
     actor: Actor,
@@ -37,7 +73,8 @@ def issue_token(
     name: str = "",
 ) -> IssuedToken:
     """An API token for the caller, scoped to a subset of the caller's roles and tenants, with
-    a mandatory expiry of at most 90 days."""
+    a mandatory expiry of at most 90 days, and no later than the caller's own token's when the
+    caller acts with an API token."""
     ttl = timedelta(seconds=expires_in)
     if not MIN_TOKEN_TTL <= ttl <= MAX_TOKEN_TTL:
         raise ValidationFailed(
@@ -62,6 +99,11 @@ def issue_token(
         raise ValidationFailed("name is at most 255 characters", code="validation_failed")
     with store.write(actor) as tx:
         owner = _owner_row(tx, actor)
+        minted_with = tx.session.get(TokenRow, actor.token_id) if actor.token_id else None
+        if minted_with is not None and minted_with.kind == "api":
+            _check_within(tx, tx.now + ttl, [minted_with], expires_in)
+        # a session is recorded too (the trail), but bounds nothing
+        parent_id = minted_with.id if minted_with is not None else None
         issued = issue_credential(
             tx,
             kind="api",
@@ -70,6 +112,7 @@ def issue_token(
             roles=[r.value for r in want_roles],
             tenants=sorted(want_tenants),
             ttl=ttl,
+            parent_id=parent_id,
         )
         tx.record(
             "token.issue",
@@ -81,6 +124,7 @@ def issue_token(
                 "roles": sorted(r.value for r in want_roles),
                 "tenants": sorted(want_tenants),
                 "expires_at": issued.expires_at.isoformat(),
+                "parent": parent_id,
             },
         )
         return issued
@@ -95,6 +139,8 @@ def _token_for(tx: Tx, actor: Actor, token_id: str, permission: Permission) -> T
 
 
 def revoke_token(store: Store, actor: Actor, token_id: str) -> TokenInfo:
+    """Revoke a token (one's own; anyone's with ``tokens:revoke-all``), and every API token
+    minted with it."""
     with store.write(actor) as tx:
         row = _token_for(tx, actor, token_id, Permission.TOKENS_REVOKE_ALL)
         if row.revoked_at is None:
@@ -105,27 +151,56 @@ def revoke_token(store: Store, actor: Actor, token_id: str) -> TokenInfo:
                 row.id,
                 details={"owner": token_from_row(row).owner, "kind": row.kind},
             )
+        revoke_minted(tx, row, "parent revoked")
         return token_from_row(row)
 
 
 def rotate_token(
     store: Store, actor: Actor, token_id: str, expires_in: int | None = None
 ) -> IssuedToken:
-    """Replace an API token with a new secret of the same scope; the old one stops working."""
+    """Replace one's own API token with a new secret of the same scope; the old one stops
+    working, and so do the tokens it minted.
+
+    Only the owner rotates: the new secret acts as its owner, so an admin rotating another
+    user's token would receive a credential that impersonates them (an admin revokes instead:
+    403; whoever may not revoke it either does not see it: 404). The new token takes the old
+    one's place under the token that minted it, so it expires no later than that one, nor
+    (when the caller acts with an API token) later than the caller's token; without
+    ``expires_in`` it lives as long as the old one did, within those bounds."""
     with store.write(actor) as tx:
         old = _token_for(tx, actor, token_id, Permission.TOKENS_REVOKE_ALL)
+        if old.user is None or old.user.username != actor.name:
+            raise Forbidden(
+                "only a token's owner may rotate it (the new token would act as its owner); "
+                "revoke it instead",
+                details={"token": token_id},
+            )
         if old.kind != "api" or old.revoked_at is not None or old.expires_at <= tx.now:
             raise Conflict(
                 "only a live API token can be rotated",
                 code="invalid_state",
                 details={"token": token_id},
             )
-        ttl = timedelta(seconds=expires_in) if expires_in else old.expires_at - old.created_at
-        if not MIN_TOKEN_TTL <= ttl <= MAX_TOKEN_TTL:
-            raise ValidationFailed(
-                "expires_in must be 60 seconds to 90 days", code="invalid_expiry"
+        bounds = [
+            b
+            for b in (
+                tx.session.get(TokenRow, old.parent_id) if old.parent_id else None,
+                _minting_token(tx, actor),
             )
+            if b is not None and b.kind == "api"
+        ]
+        if expires_in:
+            ttl = timedelta(seconds=expires_in)
+            if not MIN_TOKEN_TTL <= ttl <= MAX_TOKEN_TTL:
+                raise ValidationFailed(
+                    "expires_in must be 60 seconds to 90 days", code="invalid_expiry"
+                )
+        else:  # the old one's lifetime, within the bounds
+            ttl = min([old.expires_at - old.created_at, *(b.expires_at - tx.now for b in bounds)])
+            ttl = max(MIN_TOKEN_TTL, timedelta(seconds=math.floor(ttl.total_seconds())))
+        _check_within(tx, tx.now + ttl, bounds, int(ttl.total_seconds()))
         old.revoked_at = tx.now
+        revoke_minted(tx, old, "parent rotated")
         issued = issue_credential(
             tx,
             kind="api",
@@ -134,6 +209,7 @@ def rotate_token(
             roles=old.roles,
             tenants=old.tenants,
             ttl=ttl,
+            parent_id=old.parent_id,
         )
         tx.record(
             "token.rotate",

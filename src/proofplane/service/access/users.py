@@ -17,6 +17,7 @@ from proofplane.service.access.common import (
     check_username,
     end_sessions,
     new_user_row,
+    revoke_credentials,
     user_from_row,
     user_row,
 )
@@ -103,8 +104,12 @@ def update_user(
     disabled: bool | None = None,
     password: str | None = None,
 ) -> User:
-    """Change a user's roles, tenants, password or disabled flag. Disabling a user or
-    changing their grants ends their sessions; their API tokens shrink with their roles."""
+    """Change a user's roles, tenants, password or disabled flag.
+
+    Disabling the user, changing their password or taking a role or tenant away revokes every
+    credential they hold (API tokens and sessions), for good: enabling them again or giving
+    the grant back revives none. A grant only added ends their sessions (the next login
+    carries it); their API tokens keep the scope they were issued with."""
     authorize(actor, Permission.USERS_WRITE)
     if password is not None:
         check_password(password)
@@ -130,10 +135,25 @@ def update_user(
             changes["password"] = "changed"  # never the password itself
         if changes:
             row.updated_at = tx.now
-            tx.record("user.update", "user", username, details=changes)
-            if set(changes) & {"roles", "tenants", "disabled", "password"}:
+            why = _revocation_reason(changes)
+            if why is not None:
+                changes["credentials_revoked"] = revoke_credentials(tx, row, why)
+            elif set(changes) & {"roles", "tenants"}:
                 end_sessions(tx, row, "user changed")
+            tx.record("user.update", "user", username, details=changes)
         return user_from_row(row)
+
+
+def _revocation_reason(changes: dict[str, Any]) -> str | None:
+    """Why a change revokes all of the user's credentials, or None when it does not."""
+    if "disabled" in changes and changes["disabled"]["after"]:
+        return "user disabled"
+    if "password" in changes:
+        return "password changed"
+    for grant in ("roles", "tenants"):
+        if grant in changes and set(changes[grant]["before"]) - set(changes[grant]["after"]):
+            return f"{grant} removed"
+    return None
 
 
 def unlock_user(store: Store, actor: Actor, username: str) -> User:
