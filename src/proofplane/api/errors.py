@@ -36,7 +36,12 @@ from proofplane.errors import (
     ValidationFailed,
 )
 from proofplane.hardware.nvml import NvmlError
-from proofplane.service.access import AccountLocked, InvalidOidcState, OidcProviderError
+from proofplane.service.access import (
+    AccountLocked,
+    InvalidOidcState,
+    OidcProviderError,
+    TooManyAttempts,
+)
 from proofplane.service.audit import ProofOutOfRange
 from proofplane.service.sinks import DeliveryFailed
 from proofplane.siem.transport import DeliveryError
@@ -59,6 +64,7 @@ STATUS: dict[type[ProofplaneError], int] = {
     Unauthenticated: 401,
     Forbidden: 403,
     AccountLocked: 423,
+    TooManyAttempts: 429,  # (the login route adds Retry-After)
     OidcFailed: 401,
     OidcUnavailable: 502,
     OidcMisconfigured: 500,

@@ -21,7 +21,7 @@ from proofplane.api.deps import (
     set_session_cookies,
     signed_in,
 )
-from proofplane.api.errors import error_response
+from proofplane.api.errors import error_response, status_for
 from proofplane.api.schemas import BodyIn, ErrorResponse, Name, Page
 from proofplane.config import Settings
 from proofplane.service import access as svc
@@ -209,7 +209,7 @@ def login(
             source=client_address(request),
         )
     except svc.TooManyAttempts as exc:
-        refused = error_response(429, exc.code, exc.message, exc.details)
+        refused = error_response(status_for(exc), exc.code, exc.message, exc.details)
         refused.headers["Retry-After"] = str(exc.details["retry_after"])
         return refused
     csrf = set_session_cookies(response, issued, settings) if body.cookie else None
