@@ -315,8 +315,9 @@ def unlock_user(
 def issue_token(
     body: TokenIn, store: StoreDep, actor: Annotated[Actor, Depends(signed_in)]
 ) -> TokenOut:
-    """An API token for yourself: a subset of your roles and tenants, expiring within 90 days.
-    The token is in this answer only."""
+    """An API token for yourself: a subset of your roles and tenants, expiring within 90 days,
+    and no later than the API token you call with (422 ``expiry_beyond_parent``); revoking
+    that token revokes this one. The token is in this answer only."""
     return TokenOut.of(
         svc.issue_token(
             store,
