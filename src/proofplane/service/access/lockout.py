@@ -98,7 +98,7 @@ def check_source(tx: Tx, key: str) -> None:
     if tx.now < wait_until:
         retry_after = max(1, math.ceil((wait_until - tx.now).total_seconds()))
         raise TooManyAttempts(
-            "too many failed logins from this address; wait before trying again",
+            f"too many failed logins from this address; try again in {retry_after} s",
             details={"retry_after": retry_after},
         )
 
