@@ -26,6 +26,7 @@ from proofplane.audit import merkle
 from proofplane.errors import ProofplaneError
 from proofplane.store.tables import AuditHashRow
 
+
 def stored_before(n: int) -> int:
     """How many hashes the first ``n`` leaves store (leaf hashes + complete subtrees)."""
     return 2 * n - n.bit_count()
