@@ -293,6 +293,23 @@ def test_testing_a_sink_whose_ca_file_is_not_a_certificate_is_a_4xx(
     assert "ca.pem" not in json.dumps(error) or "certificate" in error["message"]
 
 
+def test_testing_a_syslog_sink_whose_tls_files_are_not_pem_is_a_4xx(
+    client: TestClient, tmp_path: Path
+) -> None:
+    files = {}
+    for part in ("ca_file", "cert_file", "key_file"):
+        path = tmp_path / f"{part}.pem"
+        path.write_text("not PEM at all\n")
+        files[part] = str(path)
+    config = {"url": "tls://siem.example.com:6514", **files}
+    r = client.post(f"{API}/sinks", json={"name": "s1", "type": "syslog", "config": config})
+    assert r.status_code == 201, r.text
+    r = client.post(f"{API}/sinks/s1/test")
+    error = error_of(r, 422)  # was 502 delivery_failed: no retry mends a wrong file
+    assert error["code"] == "tls_file_invalid"
+    assert "TLS files" in error["message"]
+
+
 # --- what is still missed: a cheap 500 ---------------------------------------------------------
 
 

@@ -96,11 +96,24 @@ NOT_ANSWERS: tuple[type[ProofplaneError], ...] = (
 )
 
 
+def is_answer(error: ProofplaneError | type[ProofplaneError]) -> bool:
+    """Whether a route may give this error out: its nearest ancestor in ``STATUS`` or
+    ``NOT_ANSWERS`` decides (a configuration error that is also a delivery failure, say
+    ``TlsFilesInvalid(ValidationFailed, DeliveryError)``, answers as the ValidationFailed)."""
+    cls = error if isinstance(error, type) else type(error)
+    for klass in cls.__mro__:
+        if klass in NOT_ANSWERS:
+            return False
+        if klass in STATUS:
+            return True
+    return True  # pragma: no cover - ProofplaneError is in STATUS
+
+
 def status_for(error: ProofplaneError | type[ProofplaneError]) -> int:
     """The HTTP status an error (or an error class) answers with: its nearest ancestor's in
     ``STATUS`` (500 for the ``NOT_ANSWERS``)."""
     cls = error if isinstance(error, type) else type(error)
-    if issubclass(cls, NOT_ANSWERS):
+    if not is_answer(cls):
         return 500
     for klass in cls.__mro__:
         status = STATUS.get(klass)
@@ -140,7 +153,7 @@ def _clean(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def install(app: FastAPI) -> None:
     @app.exception_handler(ProofplaneError)
     async def _domain(_req: Request, exc: ProofplaneError) -> JSONResponse:
-        if isinstance(exc, NOT_ANSWERS):
+        if not is_answer(exc):
             raise exc  # a bug, not an answer: to the server-error handler below
         status = status_for(exc)
         response = error_response(status, exc.code, exc.message, exc.details)

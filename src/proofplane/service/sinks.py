@@ -45,7 +45,7 @@ from proofplane.service.events import event_from_row
 from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
 from proofplane.siem import guard
 from proofplane.siem.sink import Sink, build, deliver
-from proofplane.siem.transport import DeliveryError
+from proofplane.siem.transport import DeliveryError, TlsFilesInvalid
 from proofplane.store.db import erase_freed_pages
 from proofplane.store.tables import EventRow, SinkRow
 
@@ -261,6 +261,8 @@ def test_sink(store: Store, actor: Actor, name: str, *, now: datetime | None = N
     try:
         sink = build(kind, cfg, policy=sink_policy(store))
         sink.transport.send([sink.encode(event, event_leaf_hash(event))])
+    except TlsFilesInvalid:
+        raise  # the sink's configuration is wrong (422), not the receiver's answer
     except (DeliveryError, ValueError) as exc:
         raise DeliveryFailed(
             f"sink {name!r} did not accept the test message",

@@ -46,10 +46,12 @@ class DeliveryError(ProofplaneError):
     code = "delivery_error"
 
 
-class TlsFilesInvalid(ValidationFailed, OSError):
-    """A sink's CA file cannot be loaded (missing, or no certificate in it): its configuration
-    is wrong, which no retry mends; testing the sink answers 422. Still the ``OSError`` that
-    ``ssl.SSLError`` was, so an export pass skips the sink as before."""
+class TlsFilesInvalid(ValidationFailed, DeliveryError, OSError):
+    """A sink's CA file (or a syslog sink's client certificate or key) cannot be loaded
+    (missing, or no certificate or key in it): its configuration
+    is wrong, which no retry mends; testing the sink answers 422. Still a ``DeliveryError`` and
+    the ``OSError`` that ``ssl.SSLError`` was, so an export pass records it on the sink and
+    skips it as before."""
 
     code = "tls_file_invalid"
 
@@ -86,8 +88,11 @@ class SyslogTlsTransport:
             ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
             ctx.minimum_version = ssl.TLSVersion.TLSv1_2
             ctx.load_cert_chain(cert_file, key_file)
-        except (OSError, ssl.SSLError) as exc:
-            raise DeliveryError(f"cannot load the TLS files: {exc}") from exc
+        except (OSError, ssl.SSLError) as exc:  # a configuration no retry mends: 422 on test
+            raise TlsFilesInvalid(
+                f"cannot load the TLS files: {exc}",
+                details={"ca_file": ca_file, "cert_file": cert_file, "key_file": key_file},
+            ) from None
         return ctx
 
     def send(self, records: Sequence[bytes]) -> None:
