@@ -285,6 +285,16 @@ def test_bwrap_arguments_list_what_a_job_sees() -> None:
     assert userns[userns.index("--uid") + 1] == str(USERNS_UID) and "--cap-add" not in userns
 
 
+def test_a_python_below_tmp_is_mounted_over_the_private_tmp_not_hidden_by_it() -> None:
+    # CI's checkout (and its venv) may live under /tmp: the tmpfs must come first
+    args = bwrap_args("/w", userns=False, ro_paths=("/tmp/ci/.venv",))
+    tmpfs = args.index("--tmpfs")
+    assert args[tmpfs + 1] == "/tmp"
+    venv = [i for i, a in enumerate(args) if a == "--ro-bind" and args[i + 1] == "/tmp/ci/.venv"]
+    assert venv and venv[0] > tmpfs
+    assert ("--dir", "/tmp") not in {(args[i], args[i + 1]) for i in range(len(args) - 1)}
+
+
 def test_the_sandbox_setting() -> None:
     assert config.execution_from_env({}).local_sandbox is True
     assert config.execution_from_env({"PROOFPLANE_LOCAL_SANDBOX": "off"}).local_sandbox is False

@@ -194,6 +194,10 @@ def bwrap_args(
                 args.extend(["--perms", "0755", "--dir", str(parent)])
         args.extend([how, path, dest or path])
 
+    # the private /tmp first: a read-only path below /tmp (a venv in a checkout under /tmp, as
+    # CI's) is then mounted on top of it instead of being hidden by it
+    args += ["--perms", "1777", "--tmpfs", "/tmp"]
+    made.add("/tmp")
     bind("--ro-bind", "/usr")
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
@@ -209,7 +213,6 @@ def bwrap_args(
     args += ["--ro-bind-try", "/sys", "/sys", "--proc", "/proc", "--dev", "/dev"]
     for dev in devices:  # CUDA needs them; CUDA_VISIBLE_DEVICES picks the job's GPUs
         args += ["--dev-bind", dev, dev]
-    args += ["--perms", "1777", "--tmpfs", "/tmp"]
     bind("--bind", work_dir, JOB_MOUNT)  # the stub enters it after the uid switch
     return args
 
