@@ -64,14 +64,22 @@ def _audit_key_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 @pytest.fixture(scope="session", autouse=True)
 def _sink_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """File sinks write into a temporary directory, never the user's data directory."""
-    previous = os.environ.get("PROOFPLANE_SINK_DIR")
-    os.environ["PROOFPLANE_SINK_DIR"] = str(tmp_path_factory.mktemp("sinks"))
+    """File sinks write into a temporary directory, never the user's data directory; the
+    tests keep their sinks' certificates in their own temporary directories, so the TLS
+    directory is the whole tree here (tests/siem/test_sink_hardening.py checks the confinement
+    with a real one)."""
+    settings = {
+        "PROOFPLANE_SINK_DIR": str(tmp_path_factory.mktemp("sinks")),
+        "PROOFPLANE_SINK_TLS_DIR": "/",
+    }
+    previous = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
     yield
-    if previous is None:
-        os.environ.pop("PROOFPLANE_SINK_DIR", None)
-    else:
-        os.environ["PROOFPLANE_SINK_DIR"] = previous
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")

@@ -273,11 +273,13 @@ class SinkSettings:
     ``PROOFPLANE_SINK_ALLOW_INSECURE`` (1: ``http://`` HEC/OCSF receivers allowed),
     ``PROOFPLANE_SINK_ALLOW_HOSTS`` (host names, addresses, CIDR networks a sink may reach
     although they are loopback, link-local or unspecified; the metadata address only by its
-    exact address)."""
+    exact address), ``PROOFPLANE_SINK_TLS_DIR`` (where sinks' CA, certificate and key files
+    must live; default ``<sink dir>/tls``)."""
 
     sink_dir: str
     allow_insecure: bool = False
     allow_hosts: tuple[str, ...] = ()
+    tls_dir: str | None = None
 
 
 def default_sink_dir() -> str:
@@ -309,6 +311,11 @@ def sink_settings_from_env(env: dict[str, str] | None = None) -> SinkSettings:
         raise ValidationFailed(
             "PROOFPLANE_SINK_ALLOW_INSECURE must be 1 or 0", code="invalid_setting"
         )
+    tls_dir = env.get("PROOFPLANE_SINK_TLS_DIR", "").strip() or os.path.join(sink_dir, "tls")
+    if not os.path.isabs(tls_dir):
+        raise ValidationFailed(
+            "PROOFPLANE_SINK_TLS_DIR must be an absolute path", code="invalid_setting"
+        )
     hosts = tuple(env.get("PROOFPLANE_SINK_ALLOW_HOSTS", "").replace(",", " ").split())
     bad = [h for h in hosts if not _allow_host(h)]
     if bad:
@@ -320,4 +327,5 @@ def sink_settings_from_env(env: dict[str, str] | None = None) -> SinkSettings:
         sink_dir=os.path.normpath(sink_dir),
         allow_insecure=insecure in ("1", "true"),
         allow_hosts=hosts,
+        tls_dir=os.path.normpath(tls_dir),
     )

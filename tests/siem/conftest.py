@@ -14,5 +14,6 @@ import pytest
 @pytest.fixture(autouse=True)
 def _sink_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PROOFPLANE_SINK_DIR", str(tmp_path))
+    monkeypatch.setenv("PROOFPLANE_SINK_TLS_DIR", "/")  # certificates live in tests' tmp dirs
     monkeypatch.setenv("PROOFPLANE_SINK_ALLOW_INSECURE", "1")
     monkeypatch.setenv("PROOFPLANE_SINK_ALLOW_HOSTS", "127.0.0.1")

@@ -86,9 +86,15 @@ def add(
     path: str | None = typer.Option(
         None, "--path", help="ocsf-file: a file name in the server's PROOFPLANE_SINK_DIR."
     ),
-    ca_file: str | None = typer.Option(None, "--ca-file", help="CA bundle to verify the server."),
-    cert_file: str | None = typer.Option(None, "--cert-file", help="syslog: client certificate."),
-    key_file: str | None = typer.Option(None, "--key-file", help="syslog: client private key."),
+    ca_file: str | None = typer.Option(
+        None, "--ca-file", help="CA bundle to verify the server (in PROOFPLANE_SINK_TLS_DIR)."
+    ),
+    cert_file: str | None = typer.Option(
+        None, "--cert-file", help="syslog: client certificate (in PROOFPLANE_SINK_TLS_DIR)."
+    ),
+    key_file: str | None = typer.Option(
+        None, "--key-file", help="syslog: client private key (in PROOFPLANE_SINK_TLS_DIR)."
+    ),
     server_name: str | None = typer.Option(None, "--server-name", help="syslog: TLS name."),
     token: str | None = typer.Option(
         None,

@@ -129,6 +129,7 @@ def policy_from(sinks: settings.SinkSettings) -> sink_config.SinkPolicy:
         sink_dir=sinks.sink_dir,
         allow_insecure=sinks.allow_insecure,
         allow_hosts=sinks.allow_hosts,
+        tls_dir=sinks.tls_dir,
     )
 
 

@@ -11,7 +11,10 @@
   metadata address (and not allow-listed);
 * ``invalid_sink_path``: an ``ocsf-file`` path that is not a plain file name in the sink
   directory;
-* ``tls_file_missing``: a CA, certificate or key file that is not a readable file.
+* ``tls_file_outside_dir``: a CA, certificate or key file outside the TLS directory
+  (``PROOFPLANE_SINK_TLS_DIR``): refused before anything is looked up, so a sink cannot be
+  used to learn which files exist on the server;
+* ``tls_file_missing``: a CA, certificate or key file (in that directory) that is not a file.
 
 Sinks must not become a way into the host (issue 19, §5). What the deployment allows comes in
 as a ``SinkPolicy`` (read from ``PROOFPLANE_SINK_*`` at the edge, never here): file sinks write
@@ -71,6 +74,9 @@ class SinkPolicy:
     sink_dir: str | None = None
     allow_insecure: bool = False
     allow_hosts: tuple[str, ...] = ()
+    #: where sinks' CA, certificate and key files must live (``PROOFPLANE_SINK_TLS_DIR``);
+    #: None: not known here, no confinement
+    tls_dir: str | None = None
 
     def host_listed(self, host: str) -> bool:
         """Whether the host name as written is on the allow-list (not an address entry)."""
@@ -144,6 +150,24 @@ def forbidden(host: str, why: str) -> ValidationFailed:
         code="forbidden_sink_destination",
         details={"host": host, "reason": why},
     )
+
+
+def tls_file_path(path: str, tls_dir: str | None, field: str) -> str:
+    """A sink's CA, certificate or key file: an absolute path inside ``tls_dir`` (normalized,
+    so ``..`` cannot leave it), else ``tls_file_outside_dir``; nothing is looked up first, so
+    the answer says nothing of files elsewhere. ``tls_dir`` None: no confinement."""
+    if tls_dir is None:
+        return path
+    norm = posixpath.normpath(path)
+    root = posixpath.normpath(tls_dir)
+    inside = norm.startswith(root.rstrip("/") + "/")
+    if not path.startswith("/") or not inside:
+        raise _bad(
+            f"{field} must be a file in the sinks' TLS directory (PROOFPLANE_SINK_TLS_DIR)",
+            "tls_file_outside_dir",
+            field=field,
+        )
+    return norm
 
 
 def sink_file_name(path: str, sink_dir: str | None) -> str:
@@ -268,6 +292,8 @@ def validate(
         out["path"] = sink_file_name(out["path"], policy.sink_dir)
     check = is_file or os.path.isfile
     for name in TLS_FILE_FIELDS:
+        if name in out:
+            out[name] = tls_file_path(out[name], policy.tls_dir, name)
         if name in out and not check(out[name]):
             # The key's path is a secret: it is not echoed back.
             shown = name if name in SECRET_FIELDS else f"{name} {out[name]!r}"
