@@ -393,27 +393,38 @@ class Scheduler:
         """The smallest set of same-pool, lower-priority workloads on one compliant node whose
         eviction makes ``job`` placeable; [] when there is none. Changes nothing."""
         req = job.request
-        pool = job.pool
-        order = {key: n for n, key in enumerate(self._held)}
         by_node: dict[str, list[Held]] = {}
-        for h in self._held.values():
-            if h.pool != pool or h.priority >= job.priority:
-                continue
-            for part in h.placement.parts:
-                node = self.snapshot.node(part.node)
-                if node is not None and _admitted_for(node, req.tags):
-                    by_node.setdefault(part.node, []).append(h)
+        for h, names in self._preemptible(job):
+            for name in names:
+                by_node.setdefault(name, []).append(h)  # ranked, as _preemptible yields them
         best: tuple[tuple[int, int, str], list[Held]] | None = None
         for name in sorted(by_node):
-            # lowest priority first, then the most recently placed
-            ranked = sorted(by_node[name], key=lambda h: (h.priority, -order[h.key]))
-            chosen = self._victims_on(req, ranked)
+            chosen = self._victims_on(req, by_node[name])
             if not chosen:
                 continue
             score = (len(chosen), max(h.priority for h in chosen), name)
             if best is None or score < best[0]:
                 best = (score, chosen)
         return best[1] if best is not None else []
+
+    def _preemptible(self, job: Job) -> list[tuple[Held, list[str]]]:
+        """The workloads ``job`` may preempt (same pool, strictly lower priority), lowest
+        priority first, then the most recently placed, each with the nodes of its parts that
+        are admitted for ``job``'s tags (one name per such part; possibly none)."""
+        tags = job.request.tags
+        order = {key: n for n, key in enumerate(self._held)}
+        out: list[tuple[Held, list[str]]] = []
+        for h in self._held.values():
+            if h.pool != job.pool or h.priority >= job.priority:
+                continue
+            names = [
+                part.node
+                for part in h.placement.parts
+                if (node := self.snapshot.node(part.node)) is not None and _admitted_for(node, tags)
+            ]
+            out.append((h, names))
+        out.sort(key=lambda hn: (hn[0].priority, -order[hn[0].key]))
+        return out
 
     def _gang_preemption_victims(self, job: Job) -> list[Held]:
         """Victims for a gang: same-pool, lower-priority workloads on any node admitted for
@@ -422,19 +433,7 @@ class Scheduler:
         searches, not one per candidate), then trimmed to the victims the gang needs gone;
         [] when even evicting every candidate would not make it fit. Changes nothing."""
         req = job.request
-        order = {key: n for n, key in enumerate(self._held)}
-        ranked = [
-            h
-            for h in self._held.values()
-            if h.pool == job.pool
-            and h.priority < job.priority
-            and any(
-                (node := self.snapshot.node(part.node)) is not None
-                and _admitted_for(node, req.tags)
-                for part in h.placement.parts
-            )
-        ]
-        ranked.sort(key=lambda h: (h.priority, -order[h.key]))
+        ranked = [h for h, names in self._preemptible(job) if names]
         if not ranked or not self._fits_without(req, ranked):
             return []
         lo, hi = 1, len(ranked)  # the smallest n such that evicting ranked[:n] fits the gang
