@@ -247,3 +247,33 @@ def test_the_failure_table_stays_bounded(store: Store, monkeypatch: pytest.Monke
             )
     with store.read() as s:
         assert (s.scalar(select(func.count()).select_from(AuthFailureRow)) or 0) <= 4
+
+
+def test_an_unknown_name_lock_is_recorded_in_its_transaction(store: Store) -> None:
+    """Rule 1: locking a name nobody has is a state change (``auth_failures.locked_until``),
+    so it writes its ``account.lock`` event, as an account's lock does."""
+    t0 = datetime.now(UTC)
+    for i in range(svc.LOCK_AFTER):
+        with pytest.raises(ProofplaneError):
+            svc.login(
+                store,
+                "nobody",
+                WRONG,
+                None,
+                session_ttl=timedelta(hours=1),
+                now=t0 + timedelta(seconds=i),
+            )
+    with store.read() as s:
+        locks = list(s.scalars(select(EventRow).where(EventRow.action == "account.lock")))
+        row = s.get(AuthFailureRow, lockout.name_key("nobody"))
+        assert row is not None and row.locked_until is not None
+        assert [(e.target_id, e.details) for e in locks] == [
+            (
+                "nobody",
+                {
+                    "consecutive_failures": svc.LOCK_AFTER,
+                    "locked_until": row.locked_until.isoformat(),
+                    "unknown_user": True,
+                },
+            )
+        ]

@@ -163,10 +163,22 @@ def unknown_name_locked_until(tx: Tx, username: str) -> datetime | None:
 
 
 def count_unknown_name_failure(tx: Tx, username: str) -> None:
-    """A failed login for a username no account has: counted and locked like an account."""
+    """A failed login for a username no account has: counted and locked like an account; the
+    lock is recorded (``account.lock`` with ``unknown_user``) in the same transaction, as an
+    account's is. The count itself is the ``auth.login`` failure the caller records."""
     key = name_key(username)
     if key is None:
         return
     row = _count(tx, key)
     if row.failures >= LOCK_AFTER:
         row.locked_until = tx.now + LOCK_FOR
+        tx.record(
+            "account.lock",
+            "user",
+            username,  # a valid username: name_key accepted it
+            details={
+                "consecutive_failures": row.failures,
+                "locked_until": row.locked_until.isoformat(),
+                "unknown_user": True,
+            },
+        )
