@@ -7,7 +7,7 @@ filters (``schedule.fit``, ``schedule.snapshot``), the scanning reference
 (``schedule.reference``), the engine (``schedule.engine``), the explainer
 (``schedule.explain``) and the services that persist decisions all cite the same constants
 and render the same messages. No other module spells a reason code out
-(``tests/test_schedule_reasons.py`` holds the code base to that).
+(``tests/schedule/test_schedule_reasons.py`` holds the code base to that).
 
 Three kinds of codes:
 

@@ -178,7 +178,7 @@ def sign_checkpoint(
     store: Store, actor: Actor, keys: AuditKeys, now: datetime, *, only_if_grown: bool = False
 ) -> str | None:
     """Sign the log as it is now and keep the signed note. With ``only_if_grown`` (the
-    background worker), nothing happens when the newest checkpoint already covers the audit_log."""
+    background worker), nothing happens when the newest checkpoint already covers the log."""
     authorize(actor, Permission.AUDIT_CHECKPOINT)
     signer = keys.signer()
     with store.write(actor, now) as tx:
@@ -300,7 +300,7 @@ def _verify_log(
     workers: int | None = None,
 ) -> VerifyReport:
     """Recompute every leaf from the event rows and the tree from the leaves, and check it
-    against the newest signed checkpoint and the stored Merkle audit_log. Names the first index
+    against the newest signed checkpoint and the stored Merkle log. Names the first index
     that does not match. (No actor: this runs with direct database access, as an auditor.)
 
     On SQLite a fast pass runs first (``store.audit_verify``, ``workers`` processes, default
