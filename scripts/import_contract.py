@@ -124,7 +124,18 @@ IO_MODULES: tuple[str, ...] = (
 )
 
 # Calls that read the wall clock or the environment.
-CLOCK_CALLS = {("datetime", "now"), ("datetime", "utcnow"), ("date", "today"), ("time", "time")}
+CLOCK_CALLS = {
+    ("datetime", "now"),
+    ("datetime", "utcnow"),
+    ("datetime", "today"),
+    ("date", "today"),
+    ("time", "time"),
+    ("time", "time_ns"),
+    ("time", "monotonic"),
+    ("time", "monotonic_ns"),
+    ("time", "perf_counter"),
+    ("time", "perf_counter_ns"),
+}
 ENV_ATTRS = {("os", "environ"), ("os", "getenv"), ("os", "environb"), ("os", "putenv")}
 
 
@@ -241,6 +252,17 @@ def _dotted(node: ast.AST) -> tuple[str, str] | None:
     return None
 
 
+def _last_two(node: ast.AST) -> tuple[str, str] | None:
+    """The last two names of ``….a.b`` as ("a", "b"): ``datetime.datetime.now`` is
+    ("datetime", "now") as ``datetime.now`` is."""
+    if isinstance(node, ast.Attribute):
+        if isinstance(node.value, ast.Name):
+            return node.value.id, node.attr
+        if isinstance(node.value, ast.Attribute):
+            return node.value.attr, node.attr
+    return None
+
+
 def check_pure(modules: dict[str, Module]) -> Iterator[Violation]:
     pure = _pure_set(modules)
     for name in sorted(pure):
@@ -263,7 +285,7 @@ def check_pure(modules: dict[str, Module]) -> Iterator[Violation]:
             if isinstance(node, ast.Attribute) and pair in ENV_ATTRS:
                 yield Violation("pure", path, node.lineno, f"pure {name} reads the environment")
             if isinstance(node, ast.Call):
-                call = _dotted(node.func)
+                call = _last_two(node.func)
                 if call in CLOCK_CALLS:
                     yield Violation(
                         "pure",

@@ -90,6 +90,24 @@ def test_a_clean_tree_passes(tmp_path: Path) -> None:
             "reads the clock",
         ),
         (
+            "proofplane/audit/merkle.py",
+            "import datetime\nT = datetime.datetime.now()\n",
+            "pure",
+            "reads the clock (datetime.now()",
+        ),
+        (
+            "proofplane/schedule/bad.py",
+            "from datetime import datetime\nT = datetime.today()\n",
+            "pure",
+            "reads the clock (datetime.today()",
+        ),
+        (
+            "proofplane/schedule/bad.py",
+            "import time\nT = time.monotonic()\n",
+            "pure",
+            "reads the clock (time.monotonic()",
+        ),
+        (
             "proofplane/schedule/bad.py",
             "from proofplane.store import db\n",
             "pure",
