@@ -310,6 +310,26 @@ def assert_co_residency(allocs: Iterable[Allocation]) -> None:
                     assert a.co_residency and b.co_residency, (where, a, b)
 
 
+def _place_as_reference(
+    snap: ClusterSnapshot,
+    nodes: dict[str, Node],
+    allocs: dict[Hashable, Allocation],
+    key: int,
+    req: Request,
+    *context: object,
+) -> bool:
+    """Place ``req`` on the snapshot, which must answer as ``reference_place`` does; a
+    placement is reserved under ``key`` in both the snapshot and ``allocs``."""
+    got = snap.place(req)
+    assert got == reference_place(req, nodes.values(), allocs.values()), (*context, key, req)
+    if got.placement is None:
+        return False
+    alloc = Allocation(req.workload, req.tenant, req.isolation, got.placement, req.co_residency)
+    snap.reserve(key, alloc)
+    allocs[key] = alloc
+    return True
+
+
 def _random_request(rng: random.Random, i: int) -> Request:
     tags: dict[str, str] = {}
     if rng.random() < 0.3:
@@ -348,15 +368,8 @@ def test_large_cluster_stream_matches_reference(tuning: str, seed: int) -> None:
     placed = pending = 0
     for i in range(700):
         req = _random_request(rng, i)
-        got = snap.place(req)
-        assert got == reference_place(req, nodes.values(), allocs.values()), (i, req)
-        if got.placement is not None:
+        if _place_as_reference(snap, nodes, allocs, i, req):
             placed += 1
-            alloc = Allocation(
-                req.workload, req.tenant, req.isolation, got.placement, req.co_residency
-            )
-            snap.reserve(i, alloc)
-            allocs[i] = alloc
             assert_co_residency(allocs.values())
         else:
             pending += 1
@@ -455,16 +468,8 @@ def test_churn_with_dedicated_tenants_models_and_certification_changes() -> None
         allocs: dict[Hashable, Allocation] = {}
         placed = pending = 0
         for i in range(450):
-            req = request(i)
-            got = snap.place(req)
-            assert got == reference_place(req, nodes.values(), allocs.values()), (tuning, i)
-            if got.placement is not None:
+            if _place_as_reference(snap, nodes, allocs, i, request(i), tuning):
                 placed += 1
-                alloc = Allocation(
-                    req.workload, req.tenant, req.isolation, got.placement, req.co_residency
-                )
-                snap.reserve(i, alloc)
-                allocs[i] = alloc
             else:
                 pending += 1
             if allocs and rng.random() < 0.2:
