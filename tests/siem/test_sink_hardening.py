@@ -319,3 +319,23 @@ def test_a_deleted_sinks_token_is_gone_from_the_database_files(api, store, tmp_p
         from proofplane.store.tables import SinkRow
 
         assert session.query(SinkRow).count() == 0
+
+
+def test_unloadable_syslog_tls_files_do_not_echo_the_key_path(tmp_path):
+    from proofplane.siem.transport import SyslogTlsTransport, TlsFilesInvalid
+
+    key = tmp_path / "secret-client-key.pem"
+    for name in ("ca.pem", "cert.pem"):
+        (tmp_path / name).write_text("not pem\n")
+    key.write_text("not a key\n")
+    transport = SyslogTlsTransport(
+        "siem.example.com",
+        6514,
+        ca_file=str(tmp_path / "ca.pem"),
+        cert_file=str(tmp_path / "cert.pem"),
+        key_file=str(key),
+    )
+    with pytest.raises(TlsFilesInvalid) as raised:
+        transport.send([b"x"])
+    shown = raised.value.message + json.dumps(raised.value.details)
+    assert key.name not in shown

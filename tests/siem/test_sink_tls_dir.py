@@ -5,6 +5,7 @@ that exists, one that does not, and one reached through ``..``."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,7 @@ def test_a_missing_file_inside_the_directory_is_still_named(tls_dir: Path) -> No
         str(tls_dir / "gone.pem"), str(tls_dir / "client.pem"), str(tls_dir / "client.key")
     )
     with pytest.raises(ValidationFailed) as exc:
-        validate("syslog", cfg, policy=policy)
+        validate("syslog", cfg, policy=policy, is_file=os.path.isfile)  # as the service asks
     assert exc.value.code == "tls_file_missing"
 
 
@@ -101,3 +102,18 @@ def test_the_setting_defaults_below_the_sink_directory_and_must_be_absolute() ->
     assert config.sink_settings_from_env(env).tls_dir == "/etc/pp/tls"
     with pytest.raises(ValidationFailed, match="PROOFPLANE_SINK_TLS_DIR must be an absolute"):
         config.sink_settings_from_env({**env, "PROOFPLANE_SINK_TLS_DIR": "tls"})
+
+
+def test_the_pure_validation_looks_nothing_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    # rule 2: the core takes values; whether a file exists is asked by the edge (is_file)
+    def no_io(_path: str) -> bool:
+        raise AssertionError("the pure sink validation touched the file system")
+
+    monkeypatch.setattr("os.path.isfile", no_io)
+    monkeypatch.setattr("os.path.exists", no_io)
+    files = syslog("/tls/ca.pem", "/tls/c.pem", "/tls/k.pem")
+    out = validate("syslog", files, policy=SinkPolicy(tls_dir="/tls"))
+    assert out["key_file"] == "/tls/k.pem"
+    with pytest.raises(ValidationFailed) as raised:
+        validate("syslog", files, policy=SinkPolicy(tls_dir="/tls"), is_file=lambda _p: False)
+    assert raised.value.code == "tls_file_missing"

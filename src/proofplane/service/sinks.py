@@ -26,6 +26,7 @@ server; ``proofplane sinks flush`` runs one pass.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -160,7 +161,7 @@ def create_sink(
     authorize(actor, Permission.SINKS_WRITE)
     validate_name(name, "sink")
     policy = sink_policy(store)
-    normalized = sink_config.validate(kind, config, policy=policy)
+    normalized = sink_config.validate(kind, config, is_file=os.path.isfile, policy=policy)
     _check_destination(kind, normalized, policy)
     with store.write(actor) as tx:
         if tx.session.scalar(select(SinkRow.id).where(SinkRow.name == name)):

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from proofplane.audit.export.config import SinkPolicy
+from proofplane.audit.export.config import REDACTED, SinkPolicy
 from proofplane.audit.export.syslog import frame
 from proofplane.errors import ProofplaneError, ValidationFailed
 from proofplane.siem import guard
@@ -91,7 +91,8 @@ class SyslogTlsTransport:
         except (OSError, ssl.SSLError) as exc:  # a configuration no retry mends: 422 on test
             raise TlsFilesInvalid(
                 f"cannot load the TLS files: {exc}",
-                details={"ca_file": ca_file, "cert_file": cert_file, "key_file": key_file},
+                # the key's path is a secret (``SECRET_FIELDS``): not echoed back
+                details={"ca_file": ca_file, "cert_file": cert_file, "key_file": REDACTED},
             ) from None
         return ctx
 

@@ -29,7 +29,6 @@ and again at every connection (DNS rebinding).
 from __future__ import annotations
 
 import ipaddress
-import os
 import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -248,7 +247,9 @@ def validate(
     """The normalized configuration of a ``kind`` sink, or ValidationFailed (nothing stored).
 
     ``policy`` (default: the strict one, ``SinkPolicy()``) says what the deployment allows; an
-    ``ocsf-file`` path comes back as the bare file name in the sink directory."""
+    ``ocsf-file`` path comes back as the bare file name in the sink directory. ``is_file``
+    (the edge passes ``os.path.isfile``) says whether a TLS file exists; None: not checked
+    here, since this module does no I/O."""
     policy = policy or SinkPolicy()
     if kind not in _SPECS:
         raise _bad(
@@ -290,11 +291,10 @@ def validate(
         _http_url(out["url"], policy)
     elif kind == OCSF_FILE:
         out["path"] = sink_file_name(out["path"], policy.sink_dir)
-    check = is_file or os.path.isfile
     for name in TLS_FILE_FIELDS:
         if name in out:
             out[name] = tls_file_path(out[name], policy.tls_dir, name)
-        if name in out and not check(out[name]):
+        if name in out and is_file is not None and not is_file(out[name]):
             # The key's path is a secret: it is not echoed back.
             shown = name if name in SECRET_FIELDS else f"{name} {out[name]!r}"
             raise _bad(f"{shown} is not a readable file", "tls_file_missing", field=name)
