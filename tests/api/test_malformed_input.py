@@ -14,6 +14,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from proofplane.access import credentials as cred
 from proofplane.api import errors as api_errors
 from proofplane.api.middleware_errors import REQUEST_ID_HEADER, ServerErrors
 from proofplane.api.request_body import MAX_JSON_DEPTH
@@ -396,3 +397,19 @@ def test_an_error_that_is_not_an_answer_is_a_cheap_500_in_the_app(
     assert "secret" not in r.text
     assert r.headers[REQUEST_ID_HEADER] == error["details"]["request_id"]
     assert "NoteError" in caplog.text and "Traceback" not in caplog.text
+
+
+def test_the_500_log_line_never_carries_a_credential(caplog: pytest.LogCaptureFixture) -> None:
+    """The one log line quotes the exception's message; a bearer token, an Authorization
+    credential or an ID token that the message quotes is redacted, not written to the log."""
+    token = cred.new_token()
+    jwt = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJhbGljZSJ9.c2lnbmF0dXJl"
+    exc = KeyError(f"{token} / Authorization: Bearer s3cr3t-value / {jwt}")
+    with caplog.at_level(logging.INFO):
+        r = _boom_app(exc).get("/boom/1")
+    assert error_of(r, 500)["code"] == "internal_error"
+    (record,) = [rec for rec in caplog.records if rec.levelno >= logging.WARNING]
+    line = record.getMessage()
+    assert "KeyError" in line and "ppt_<redacted>" in line and "Bearer <redacted>" in line
+    for secret in (token, token[4:], "s3cr3t-value", jwt, "eyJzdWIiOiJhbGljZSJ9"):
+        assert secret not in caplog.text

@@ -43,8 +43,26 @@ def request_id(scope: Scope) -> str:
     return secrets.token_hex(8)
 
 
+# What must never reach a log line even when an exception's message quotes it: proofplane's
+# bearer tokens (ppt_…, ppa_…), an Authorization header's credential, a JWT (an ID token).
+_SECRET = re.compile(
+    r"\b(pp[a-z])_[A-Za-z0-9_-]{16,}"
+    r"|(?i:\b(bearer|basic)\s+)[A-Za-z0-9._~+/=-]+"
+    r"|\beyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*"
+)
+
+
+def _redact(match: re.Match[str]) -> str:
+    if match.group(1):
+        return f"{match.group(1)}_<redacted>"
+    if match.group(2):
+        return f"{match.group(2)} <redacted>"
+    return "<redacted>"
+
+
 def _one_line(text: str) -> str:
     first = text.strip().splitlines()[0] if text.strip() else ""
+    first = _SECRET.sub(_redact, first)
     if len(first) > _MAX_MESSAGE:
         first = first[:_MAX_MESSAGE] + "…"
     return first.encode("utf-8", "backslashreplace").decode()
