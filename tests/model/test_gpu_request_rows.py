@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
+from proofplane.access import SYSTEM
 from proofplane.api.schemas import GpuRequestIO, Name, WorkloadBatchIn
 from proofplane.errors import ValidationFailed
 from proofplane.model import GpuRequest, validate_name
@@ -63,7 +64,11 @@ def test_a_row_missing_a_column_is_an_error_not_a_default() -> None:
 
 
 def test_the_batch_bound_is_one_constant() -> None:
-    assert workloads_svc.MAX_BATCH == MAX_BATCH
+    # the service refuses one item over the bound before it reads anything (no store needed)
+    with pytest.raises(ValidationFailed) as refused:
+        workloads_svc.submit_workloads(None, SYSTEM, [None] * (MAX_BATCH + 1))  # type: ignore[arg-type, list-item]
+    assert refused.value.code == "batch_too_large"
+    assert refused.value.details == {"items": MAX_BATCH + 1, "max": MAX_BATCH}
     bound = WorkloadBatchIn.model_fields["items"].metadata
     assert any(getattr(m, "max_length", None) == MAX_BATCH for m in bound)
     assert f"up to {MAX_BATCH} workloads" in (
