@@ -306,11 +306,7 @@ def sink_settings_from_env(env: dict[str, str] | None = None) -> SinkSettings:
         raise ValidationFailed(
             "PROOFPLANE_SINK_DIR must be an absolute path", code="invalid_setting"
         )
-    insecure = env.get("PROOFPLANE_SINK_ALLOW_INSECURE", "").strip().lower()
-    if insecure not in ("", "0", "1", "true", "false"):
-        raise ValidationFailed(
-            "PROOFPLANE_SINK_ALLOW_INSECURE must be 1 or 0", code="invalid_setting"
-        )
+    insecure = _flag(env, "PROOFPLANE_SINK_ALLOW_INSECURE")
     tls_dir = env.get("PROOFPLANE_SINK_TLS_DIR", "").strip() or os.path.join(sink_dir, "tls")
     if not os.path.isabs(tls_dir):
         raise ValidationFailed(
@@ -325,7 +321,7 @@ def sink_settings_from_env(env: dict[str, str] | None = None) -> SinkSettings:
         )
     return SinkSettings(
         sink_dir=os.path.normpath(sink_dir),
-        allow_insecure=insecure in ("1", "true"),
+        allow_insecure=insecure,
         allow_hosts=hosts,
         tls_dir=os.path.normpath(tls_dir),
     )

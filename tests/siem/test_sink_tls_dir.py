@@ -117,3 +117,13 @@ def test_the_pure_validation_looks_nothing_up(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(ValidationFailed) as raised:
         validate("syslog", files, policy=SinkPolicy(tls_dir="/tls"), is_file=lambda _p: False)
     assert raised.value.code == "tls_file_missing"
+
+
+def test_the_insecure_flag_reads_like_every_other_flag() -> None:
+    base = {"PROOFPLANE_SINK_DIR": "/srv/pp/sinks"}
+    for raw, want in (("on", True), ("yes", True), ("1", True), ("off", False), ("", False)):
+        env = {**base, "PROOFPLANE_SINK_ALLOW_INSECURE": raw}
+        assert config.sink_settings_from_env(env).allow_insecure is want
+    with pytest.raises(ValidationFailed) as raised:
+        config.sink_settings_from_env({**base, "PROOFPLANE_SINK_ALLOW_INSECURE": "maybe"})
+    assert raised.value.code == "invalid_setting"
