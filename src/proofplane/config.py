@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -94,6 +95,9 @@ def _flag(env: dict[str, str], name: str) -> bool:
     if raw in ("1", "true", "yes", "on"):
         return True
     raise ValidationFailed(f"{name} must be 1 or 0", code="invalid_setting")
+
+
+_USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 
 
 def _json(name: str, raw: str) -> Any:
@@ -244,6 +248,14 @@ def execution_from_env(env: dict[str, str] | None = None) -> ExecutionSettings:
         raise ValidationFailed(
             "PROOFPLANE_LOCAL_SANDBOX must be on or off (off is insecure)", code="invalid_setting"
         )
+    job_user = env.get("PROOFPLANE_LOCAL_JOB_USER", "").strip() or "proofplane-job"
+    if not _USER_NAME.fullmatch(job_user):
+        # handed to useradd: a name starting with '-' would be read as an option
+        raise ValidationFailed(
+            "PROOFPLANE_LOCAL_JOB_USER must be a user name (a-z, 0-9, '_', '-'; at most 32"
+            " characters, not starting with '-')",
+            code="invalid_setting",
+        )
     return ExecutionSettings(
         backend=backend,
         local_state_dir=env.get("PROOFPLANE_LOCAL_STATE_DIR") or None,
@@ -251,7 +263,7 @@ def execution_from_env(env: dict[str, str] | None = None) -> ExecutionSettings:
         local_cpus=_positive(env, "PROOFPLANE_LOCAL_CPUS", float),
         local_pids=_positive(env, "PROOFPLANE_LOCAL_PIDS", int),
         local_sandbox=sandbox == "on",
-        local_job_user=env.get("PROOFPLANE_LOCAL_JOB_USER") or "proofplane-job",
+        local_job_user=job_user,
         slurm_conf=env.get("PROOFPLANE_SLURM_CONF") or None,
         slurm_bin_dir=env.get("PROOFPLANE_SLURM_BIN_DIR") or None,
         slurm_partition=env.get("PROOFPLANE_SLURM_PARTITION") or None,

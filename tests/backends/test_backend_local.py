@@ -195,3 +195,15 @@ def test_job_ids_cannot_escape_the_state_directory(executor: LocalExecutor) -> N
     for bad in ("../x", "/etc", "", ".."):
         assert executor.sync([bad])[0].kind is ChangeKind.FAILED
         executor.cancel(bad)
+
+
+def test_a_job_user_setting_that_is_no_user_name_is_refused() -> None:
+    from proofplane.config import execution_from_env
+    from proofplane.errors import ValidationFailed
+
+    assert execution_from_env({}).local_job_user == "proofplane-job"
+    assert execution_from_env({"PROOFPLANE_LOCAL_JOB_USER": "pp_jobs"}).local_job_user == "pp_jobs"
+    for bad in ("-ou0", "--help", "a b", "Root!", "x" * 40):
+        with pytest.raises(ValidationFailed) as raised:
+            execution_from_env({"PROOFPLANE_LOCAL_JOB_USER": bad})
+        assert raised.value.code == "invalid_setting"
