@@ -106,6 +106,19 @@ def _fail(tx: Tx, row: UserRow | None, username: str, reason: str) -> None:
         )
 
 
+def _open_session(tx: Tx, row: UserRow, name: str, ttl: timedelta) -> IssuedToken:
+    """A session token carrying the user's roles and tenants (the caller records the login)."""
+    return issue_credential(
+        tx,
+        kind="session",
+        name=name,
+        user=row,
+        roles=row.roles,
+        tenants=row.tenants,
+        ttl=ttl,
+    )
+
+
 def login(
     store: Store,
     username: str,
@@ -208,15 +221,7 @@ def login(
                 else:
                     if row.password_hash and cred.needs_rehash(row.password_hash):
                         row.password_hash = cred.hash_password(password)
-                    issued = issue_credential(
-                        tx,
-                        kind="session",
-                        name="login session",
-                        user=row,
-                        roles=row.roles,
-                        tenants=row.tenants,
-                        ttl=session_ttl,
-                    )
+                    issued = _open_session(tx, row, "login session", session_ttl)
                 tx.record(
                     "auth.login",
                     "user",
@@ -295,15 +300,7 @@ def login_federated(
                     )
                 tx.record("user.update", "user", username, details=details)
                 row.roles, row.tenants, row.updated_at = new_roles, tenants, tx.now
-            issued = issue_credential(
-                tx,
-                kind="session",
-                name="oidc session",
-                user=row,
-                roles=row.roles,
-                tenants=row.tenants,
-                ttl=session_ttl,
-            )
+            issued = _open_session(tx, row, "oidc session", session_ttl)
             tx.record(
                 "auth.login",
                 "user",
