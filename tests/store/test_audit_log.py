@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from proofplane.access import SYSTEM
 from proofplane.audit import merkle
@@ -98,3 +98,14 @@ def test_proof_requests_out_of_range(store: Store):
         for old, new in [(0, 4), (3, 2), (2, 5), (-1, 3)]:
             with pytest.raises(audit_log.ProofRangeError):
                 audit_log.consistency(s, old, new)
+
+
+def test_a_damaged_edge_hash_is_log_corruption_not_a_bare_value_error(store: Store):
+    _write(store, [3])  # size 3: the edge is node (1, 0) and leaf 2
+    edge_id = audit_log.node_id(0, 2)
+    with store.write(SYSTEM, now=T0) as tx:
+        tx.session.execute(
+            update(AuditHashRow).where(AuditHashRow.id == edge_id).values(hash=b"\x00" * 31)
+        )
+    with store.read() as s, pytest.raises(audit_log.LogCorrupted, match="right edge"):
+        audit_log.Appender.load(s, 3)

@@ -87,7 +87,10 @@ class Appender:
             raise LogCorrupted(f"the Merkle log holds {stored} leaves but {size} events")
         ids = [node_id(lv, ix) for lv, ix in merkle.range_nodes(0, size)]
         hashes = _fetch(db, ids)
-        return cls(size, [hashes[i] for i in ids])
+        try:
+            return cls(size, [hashes[i] for i in ids])
+        except ValueError as exc:  # a stored edge hash that is not 32 bytes
+            raise LogCorrupted(f"the Merkle log's right edge is damaged: {exc}") from exc
 
     def append_leaf(self, leaf: bytes) -> None:
         self.pending += self.range.extend((leaf,))
