@@ -278,6 +278,11 @@ def execution_from_env(env: dict[str, str] | None = None) -> ExecutionSettings:
 # --- SIEM sinks (issue 19, §5) ------------------------------------------------------------------
 
 
+#: the OCSF schema versions OCSF sinks can write (``proofplane.audit.export.ocsf.VERSIONS``)
+OCSF_VERSIONS = ("1.1.0",)
+OCSF_DEFAULT_VERSION = "1.1.0"
+
+
 @dataclass(frozen=True, slots=True)
 class SinkSettings:
     """What SIEM sinks may reach (``proofplane.audit.export.config.SinkPolicy`` is built from
@@ -286,12 +291,14 @@ class SinkSettings:
     ``PROOFPLANE_SINK_ALLOW_HOSTS`` (host names, addresses, CIDR networks a sink may reach
     although they are loopback, link-local or unspecified; the metadata address only by its
     exact address), ``PROOFPLANE_SINK_TLS_DIR`` (where sinks' CA, certificate and key files
-    must live; default ``<sink dir>/tls``)."""
+    must live; default ``<sink dir>/tls``), ``PROOFPLANE_OCSF_VERSION`` (the OCSF schema
+    version OCSF sinks write; default and only choice today ``1.1.0``)."""
 
     sink_dir: str
     allow_insecure: bool = False
     allow_hosts: tuple[str, ...] = ()
     tls_dir: str | None = None
+    ocsf_version: str = OCSF_DEFAULT_VERSION
 
 
 def default_sink_dir() -> str:
@@ -331,9 +338,17 @@ def sink_settings_from_env(env: dict[str, str] | None = None) -> SinkSettings:
             f"PROOFPLANE_SINK_ALLOW_HOSTS: {bad[0]!r} is not a host name, address or network",
             code="invalid_setting",
         )
+    ocsf_version = env.get("PROOFPLANE_OCSF_VERSION", "").strip() or OCSF_DEFAULT_VERSION
+    if ocsf_version not in OCSF_VERSIONS:
+        raise ValidationFailed(
+            f"PROOFPLANE_OCSF_VERSION: {ocsf_version!r} is not supported; one of "
+            f"{', '.join(OCSF_VERSIONS)}",
+            code="invalid_setting",
+        )
     return SinkSettings(
         sink_dir=os.path.normpath(sink_dir),
         allow_insecure=insecure,
         allow_hosts=hosts,
         tls_dir=os.path.normpath(tls_dir),
+        ocsf_version=ocsf_version,
     )

@@ -131,6 +131,7 @@ def policy_from(sinks: settings.SinkSettings) -> sink_config.SinkPolicy:
         allow_insecure=sinks.allow_insecure,
         allow_hosts=sinks.allow_hosts,
         tls_dir=sinks.tls_dir,
+        ocsf_version=sinks.ocsf_version,
     )
 
 

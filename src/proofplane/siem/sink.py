@@ -104,7 +104,10 @@ def build(
     elif kind in (config.OCSF_FILE, config.OCSF_HTTP):
 
         def encode(event: Event, leaf: bytes) -> bytes:
-            line = _json_line(ocsf.to_ocsf(event, leaf, product_version=version))
+            obj = ocsf.to_ocsf(
+                event, leaf, product_version=version, ocsf_version=policy.ocsf_version
+            )
+            line = _json_line(obj)
             return line + b"\n" if kind == config.OCSF_FILE else line
 
         if kind == config.OCSF_FILE:

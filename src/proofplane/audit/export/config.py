@@ -76,6 +76,8 @@ class SinkPolicy:
     #: where sinks' CA, certificate and key files must live (``PROOFPLANE_SINK_TLS_DIR``);
     #: None: not known here, no confinement
     tls_dir: str | None = None
+    #: the OCSF schema version OCSF sinks write (``PROOFPLANE_OCSF_VERSION``)
+    ocsf_version: str = "1.1.0"
 
     def host_listed(self, host: str) -> bool:
         """Whether the host name as written is on the allow-list (not an address entry)."""

@@ -19,6 +19,8 @@ from typing import Any
 from proofplane.model import Event, Outcome
 
 OCSF_VERSION = "1.1.0"
+#: the schema versions this module can write (the setting ``PROOFPLANE_OCSF_VERSION``)
+VERSIONS = (OCSF_VERSION,)
 
 # classes
 DETECTION_FINDING = 2004
@@ -140,8 +142,12 @@ def _status(outcome: Outcome) -> tuple[int, str]:
     return (1, "Success") if outcome is Outcome.SUCCESS else (2, "Failure")
 
 
-def to_ocsf(event: Event, leaf_hash: bytes, *, product_version: str) -> dict[str, Any]:
-    """One event as an OCSF 1.1 event object."""
+def to_ocsf(
+    event: Event, leaf_hash: bytes, *, product_version: str, ocsf_version: str = OCSF_VERSION
+) -> dict[str, Any]:
+    """One event as an OCSF event object of schema ``ocsf_version`` (one of ``VERSIONS``)."""
+    if ocsf_version not in VERSIONS:
+        raise ValueError(f"OCSF {ocsf_version} is not supported; one of {', '.join(VERSIONS)}")
     cls = classify(event.action)
     status_id, status = _status(event.outcome)
     millis = int(event.ts.timestamp() * 1000)
@@ -160,7 +166,7 @@ def to_ocsf(event: Event, leaf_hash: bytes, *, product_version: str) -> dict[str
         "time": millis,
         "message": f"{event.action} {event.target_type}/{event.target_id} ({event.outcome.value})",
         "metadata": {
-            "version": OCSF_VERSION,
+            "version": ocsf_version,
             "product": {
                 "name": "proofplane",
                 "vendor_name": "proofplane",
