@@ -7,15 +7,24 @@ parts escape differently, and mixing them up is the classic CEF bug:
   in the header and would end the record, so it becomes a space;
 * extension values escape ``\\``, ``=`` and line breaks (``\\n``, ``\\r``); a ``|`` is literal.
 
+(Micro Focus, "Implementing ArcSight CEF", revision 25.) Extension keys come from the CEF
+dictionary only; custom values travel in the labelled custom fields (``cs1``/``cs1Label``, …).
+
 Every record carries the event's sequence number (``externalId``) and its Merkle leaf hash
 (``cs6``, labelled ``leafHash``), so a SIEM can de-duplicate and cross-check against the log.
+``rt`` is the event time in milliseconds since the Unix epoch. A ``source_ip`` in the event's
+details (the client address of a login) becomes ``src`` when it is an IPv4 address; the
+dictionary's ``src`` is IPv4 only, so an IPv6 address goes in ``c6a2``, the custom IPv6 field
+ArcSight reserves for the source (label "Source IPv6 Address").
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 
 from proofplane.model import Event, Outcome
 
@@ -24,6 +33,9 @@ VENDOR = "proofplane"
 PRODUCT = "proofplane"
 
 _KEY = re.compile(r"^[A-Za-z0-9]+$")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MILLISECOND = timedelta(milliseconds=1)
+SOURCE_IPV6_LABEL = "Source IPv6 Address"
 
 
 def escape_header(value: str) -> str:
@@ -49,6 +61,32 @@ def severity(event: Event) -> int:
     return 3
 
 
+def epoch_millis(ts: datetime) -> int:
+    """Milliseconds since the Unix epoch, exactly (integer arithmetic, no float rounding)."""
+    if ts.tzinfo is None:
+        raise ValueError("naive datetime")
+    return (ts - _EPOCH) // _MILLISECOND
+
+
+def source_address(details: dict[str, object]) -> list[tuple[str, str]]:
+    """The extension pairs for ``details["source_ip"]``: ``src`` for IPv4 (an IPv4-mapped IPv6
+    address included), ``c6a2`` with its label for IPv6, nothing when it is not an address."""
+    value = details.get("source_ip")
+    if not isinstance(value, str):
+        return []
+    try:
+        addr = ipaddress.ip_address(value)
+    except ValueError:
+        return []
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.ipv4_mapped is not None:
+            return [("src", str(addr.ipv4_mapped))]
+        # a zone index (fe80::1%eth0) is local to the sender's host: not part of the address
+        bare = ipaddress.IPv6Address(addr.packed)
+        return [("c6a2Label", SOURCE_IPV6_LABEL), ("c6a2", str(bare))]
+    return [("src", str(addr))]
+
+
 def extension(pairs: Iterable[tuple[str, str]]) -> str:
     """``key=value`` pairs, space separated, values escaped. Keys are CEF keys (alphanumeric)."""
     parts = []
@@ -61,7 +99,7 @@ def extension(pairs: Iterable[tuple[str, str]]) -> str:
 
 def format_event(event: Event, leaf_hash: bytes, *, product_version: str) -> str:
     """One event as one CEF record (a single line: no raw line breaks survive escaping)."""
-    millis = int(event.ts.timestamp() * 1000)
+    millis = epoch_millis(event.ts)
     details = json.dumps(event.details, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     header = [
         f"CEF:{CEF_VERSION}",
@@ -77,6 +115,7 @@ def format_event(event: Event, leaf_hash: bytes, *, product_version: str) -> str
             ("rt", str(millis)),
             ("externalId", str(event.seq)),
             ("suser", event.actor),
+            *source_address(event.details),
             ("act", event.action),
             ("outcome", event.outcome.value),
             ("cs1Label", "targetType"),

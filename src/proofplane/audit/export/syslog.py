@@ -5,7 +5,19 @@ structured data element ``[proofplane@32473 seq="…" leaf="…"]`` repeats the 
 leaf hash so a receiver can de-duplicate without parsing the message body. (32473 is the private
 enterprise number RFC 5612 reserves for documentation; a deployment with its own number passes
 ``sd_id``.) The message body is sent as MSG-ANY, without a UTF-8 BOM: CEF parsers do not expect
-one, and rsyslog would keep it in the text.
+one, and rsyslog would keep it in the text. (MSG-ANY must not begin with a BOM, so a body that
+does is refused.)
+
+Header fields are printable US-ASCII (33..126) cut to RFC 5424's lengths (HOSTNAME 255,
+APP-NAME 48, PROCID 128, MSGID 32); any other character becomes ``_``. SD-IDs and PARAM-NAMEs
+are SD-NAMEs: 1..32 printable US-ASCII characters except ``=``, space, ``]`` and ``"`` (an SD-ID
+may carry one ``@``: ``name@enterprise-number``). PARAM-VALUEs are UTF-8 with ``"``, ``\\`` and
+``]`` escaped by a backslash (section 6.3.3).
+
+A message is as long as its CEF body makes it: RFC 5425 receivers must accept 2048 octets and
+SHOULD accept 8192, and rsyslog's default limit is 8 KiB, so a receiver that gets large events
+(big ``details``) has to raise its limit (rsyslog: ``global(maxMessageSize=...)``); a longer
+message is cut or dropped by the receiver, never by the exporter.
 
 ``frame`` prefixes a message with its length in octets (``LEN SP MSG``), the framing RFC 5425
 mandates over TLS; ``unframe`` is its inverse, for tests and receivers.
@@ -26,6 +38,7 @@ CRITICAL, WARNING, NOTICE, INFORMATIONAL = 2, 4, 5, 6
 
 
 def severity(event: Event) -> int:
+    """RFC 5424 severity: alerts critical, denials and failures warning, the rest notice."""
     if event.action.startswith("alert."):
         return CRITICAL
     if event.outcome in (Outcome.DENIED, Outcome.FAILURE):
@@ -39,6 +52,18 @@ def _header_token(value: str | None, max_len: int) -> str:
         return NIL
     cleaned = "".join(ch if 33 <= ord(ch) <= 126 else "_" for ch in value)
     return cleaned[:max_len]
+
+
+_SD_NAME_FORBIDDEN = frozenset('= ]"')
+
+
+def sd_name(value: str) -> str:
+    """An SD-NAME (SD-ID or PARAM-NAME): 1..32 printable US-ASCII characters except ``=``,
+    space, ``]`` and ``"``; anything else becomes ``_``, and an empty name is ``_``."""
+    cleaned = "".join(
+        ch if 33 <= ord(ch) <= 126 and ch not in _SD_NAME_FORBIDDEN else "_" for ch in value
+    )
+    return cleaned[:32] or "_"
 
 
 def timestamp(ts: datetime) -> str:
@@ -68,13 +93,18 @@ def format_message(
     """One RFC 5424 message as UTF-8 bytes."""
     if not 0 <= facility <= 23 or not 0 <= severity <= 7:
         raise ValueError("facility is 0..23 and severity 0..7")
+    if msg.startswith("\ufeff"):
+        raise ValueError("MSG-ANY must not begin with a byte order mark")
     if structured_data:
         elements = []
+        seen: set[str] = set()
         for sd_id, params in structured_data.items():
-            inner = "".join(
-                f' {_header_token(k, 32)}="{escape_sd_value(v)}"' for k, v in params.items()
-            )
-            elements.append(f"[{_header_token(sd_id, 32)}{inner}]")
+            name = sd_name(sd_id)
+            if name in seen:
+                raise ValueError(f"SD-ID {name!r} twice in one message (RFC 5424 6.3.2)")
+            seen.add(name)
+            inner = "".join(f' {sd_name(k)}="{escape_sd_value(v)}"' for k, v in params.items())
+            elements.append(f"[{name}{inner}]")
         sd = "".join(elements)
     else:
         sd = NIL
