@@ -22,6 +22,7 @@ from proofplane.model import Event
 from proofplane.siem.transport import (
     DeliveryError,
     FileTransport,
+    HecTransport,
     HttpTransport,
     SyslogTlsTransport,
     Transport,
@@ -142,9 +143,13 @@ def build(
                 )
             )
 
-        transport = HttpTransport(
+        # ack/channel/ack_timeout_s: absent from configurations stored before they existed
+        transport = HecTransport(
             hec_url(cfg["url"]),
-            headers={"Authorization": f"Splunk {cfg['token']}", "Content-Type": "application/json"},
+            token=cfg["token"],
+            ack=bool(cfg.get("ack", False)),
+            channel=cfg.get("channel"),
+            ack_timeout_s=cfg.get("ack_timeout_s", 30),
             ca_file=cfg.get("ca_file"),
             timeout_s=cfg["timeout_s"],
             policy=policy,

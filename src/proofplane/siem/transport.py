@@ -3,7 +3,8 @@ raises ``DeliveryError``. Returning means the receiver acknowledged the batch:
 
 * syslog over mutual TLS: the server accepted our client certificate, and every frame was
   written and flushed on that connection (syslog has no application-level acknowledgement);
-* HTTP (HEC, OCSF): a 2xx answer;
+* HTTP (HEC, OCSF): a 2xx answer; for HEC with indexer acknowledgement, the batch's ``ackId``
+  reported indexed by the collector's ack endpoint;
 * file: written, flushed and fsync'd.
 
 Sinks must not become a way into the host (issue 19, §5): network transports connect only to
@@ -26,14 +27,15 @@ import select
 import ssl
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from http import HTTPStatus
 from pathlib import Path
 from typing import Protocol
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import httpx
 
+from proofplane.audit.export import hec
 from proofplane.audit.export.config import REDACTED, SinkPolicy
 from proofplane.audit.export.syslog import frame
 from proofplane.errors import ProofplaneError, ValidationFailed
@@ -179,13 +181,26 @@ class HttpTransport:
 
     def send(self, records: Sequence[bytes]) -> None:
         prefix, sep, suffix = self.joiner
-        body = prefix + sep.join(records) + suffix
-        shown = shown_url(self.url)
+        response = self._post(prefix + sep.join(records) + suffix)
+        if not 200 <= response.status_code < 300:
+            # The status and its standard phrase only: the receiver's body (and its own reason
+            # phrase) could carry anything, a loopback service's secrets included.
+            raise DeliveryError(
+                f"POST {shown_url(self.url)}: HTTP {status_line(response.status_code)}"
+            )
+
+    def _post(
+        self, body: bytes, *, url: str | None = None, headers: dict[str, str] | None = None
+    ) -> httpx.Response:
+        """POST ``body`` to ``url`` (default: the sink's) through the destination guard; a
+        failure to get an answer is a ``DeliveryError`` that quotes nothing the peer sent."""
+        url = url or self.url
+        headers = headers if headers is not None else self.headers
+        shown = shown_url(url)
         try:
             if self._client is not None:
-                response = self._client.post(self.url, content=body, headers=self.headers)
-            else:
-                response = self._post_pinned(body)
+                return self._client.post(url, content=body, headers=headers)
+            return self._post_pinned(body, url=url, headers=headers)
         except (guard.DestinationRefused, guard.Unresolvable) as exc:
             raise DeliveryError(f"POST {shown}: {exc.message}") from exc
         except (httpx.ProtocolError, httpx.DecodingError) as exc:
@@ -193,34 +208,153 @@ class HttpTransport:
             raise DeliveryError(f"POST {shown}: the answer is not valid HTTP") from exc
         except httpx.HTTPError as exc:
             raise DeliveryError(f"POST {shown}: {type(exc).__name__}: {exc}"[:300]) from exc
-        if not 200 <= response.status_code < 300:
-            # The status and its standard phrase only: the receiver's body (and its own reason
-            # phrase) could carry anything, a loopback service's secrets included.
-            raise DeliveryError(f"POST {shown}: HTTP {status_line(response.status_code)}")
 
-    def _post_pinned(self, body: bytes) -> httpx.Response:
+    def _post_pinned(
+        self, body: bytes, *, url: str | None = None, headers: dict[str, str] | None = None
+    ) -> httpx.Response:
         """POST to an address ``guard`` checked: the URL's host resolved now, each address
         checked, and the connection made to that address (Host header and TLS server name
         stay the URL's host, so certificate checks are unchanged). No proxy from the
         environment: it would resolve the name again, out of our sight."""
-        url = httpx.URL(self.url)
-        port = url.port or (443 if url.scheme == "https" else 80)
-        addresses = guard.connect_addresses(url.host, port, self.policy)
-        host_header = url.netloc.decode("ascii")
+        target = httpx.URL(url or self.url)
+        port = target.port or (443 if target.scheme == "https" else 80)
+        addresses = guard.connect_addresses(target.host, port, self.policy)
+        host_header = target.netloc.decode("ascii")
+        sent = headers if headers is not None else self.headers
         last: httpx.HTTPError | None = None
         with httpx.Client(verify=self._verify, timeout=self.timeout_s, trust_env=False) as client:
             for address in addresses:
                 try:
                     return client.post(
-                        url.copy_with(host=address.ip),
+                        target.copy_with(host=address.ip),
                         content=body,
-                        headers={**self.headers, "Host": host_header},
-                        extensions={"sni_hostname": url.host},
+                        headers={**sent, "Host": host_header},
+                        extensions={"sni_hostname": target.host},
                     )
                 except httpx.ConnectError as exc:
                     last = exc
         assert last is not None
         raise last
+
+
+class HecTransport(HttpTransport):
+    """Splunk HEC: POST a batch of concatenated event objects; a 2xx answer is delivery, or,
+    with indexer acknowledgement (``ack``), the batch's ``ackId`` reported indexed by
+    ``/services/collector/ack`` within ``ack_timeout_s``.
+
+    With ``ack`` every request (event and poll) names the sink's ``channel``; the poll waits
+    0.2 s, then twice as long each time (at most ``ACK_POLL_MAX_S``), until the deadline. An
+    ack that stays false is a ``DeliveryError``: the batch is sent again (at least once; the
+    receiver may then hold it twice, told apart by ``seq`` and ``leaf_hash``). A refusal
+    names the HEC code and our own text for it (``hec.CODES``), never the receiver's words.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str,
+        ack: bool = False,
+        channel: str | None = None,
+        ack_timeout_s: float = 30.0,
+        ca_file: str | None = None,
+        timeout_s: float = 10.0,
+        client: httpx.Client | None = None,
+        policy: SinkPolicy | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        headers = {"Authorization": f"Splunk {token}", "Content-Type": "application/json"}
+        if ack and channel is None:
+            channel = hec.derived_channel(url, token)
+        if channel is not None:
+            headers[hec.CHANNEL_HEADER] = channel
+        super().__init__(
+            url,
+            headers=headers,
+            ca_file=ca_file,
+            timeout_s=timeout_s,
+            client=client,
+            policy=policy,
+        )
+        self.ack = ack
+        self.channel = channel
+        self.ack_timeout_s = ack_timeout_s
+        self._sleep = sleep
+        self._clock = clock
+        path = hec.ack_path(urlsplit(url).path) if ack else None
+        if ack and path is None:
+            raise ValueError("the HEC URL has no acknowledgement endpoint beside it")
+        self.ack_url = (
+            urlunsplit(urlsplit(url)._replace(path=path, query=urlencode({"channel": channel})))
+            if path is not None
+            else None
+        )
+
+    def send(self, records: Sequence[bytes]) -> None:
+        shown = shown_url(self.url)
+        response = self._post(hec.batch_body(records))
+        if not 200 <= response.status_code < 300:
+            raise DeliveryError(f"POST {shown}: {self._refusal(response)}")
+        if not self.ack:
+            return
+        ack_id = hec.ack_id(response.content)
+        if ack_id is None:
+            raise DeliveryError(
+                f"POST {shown}: the answer has no ackId, so the batch cannot be confirmed "
+                'indexed: turn on indexer acknowledgement for the token, or set "ack": false'
+            )
+        self._await_ack(ack_id)
+
+    def _refusal(self, response: httpx.Response) -> str:
+        """``HTTP 400 Bad Request, HEC code 10 (Data channel is missing)``, and what to do."""
+        text = f"HTTP {status_line(response.status_code)}"
+        code = hec.answer_code(response.content)
+        if code is None:
+            return text
+        text += f", {hec.code_meaning(code)}"
+        if code == hec.CHANNEL_MISSING and not self.ack:
+            text += (
+                ': the token has indexer acknowledgement on; set "ack": true in the sink\'s config'
+            )
+        elif code == hec.ACK_DISABLED:
+            text += ': the token has indexer acknowledgement off; set "ack": false'
+        return text
+
+    def _await_ack(self, ack_id: int) -> None:
+        assert self.ack_url is not None
+        shown = shown_url(self.ack_url)
+        deadline = self._clock() + self.ack_timeout_s
+        wait = ACK_POLL_FIRST_S
+        why = "not yet indexed"
+        while True:
+            self._sleep(max(0.0, min(wait, deadline - self._clock())))
+            wait = min(wait * 2, ACK_POLL_MAX_S)
+            try:
+                response = self._post(hec.ack_body([ack_id]), url=self.ack_url)
+            except DeliveryError as exc:
+                why = str(exc)  # unreachable for a moment: the ack state waits on the server
+            else:
+                if 200 <= response.status_code < 300:
+                    status = hec.ack_status(response.content, [ack_id])
+                    if status is None:
+                        raise DeliveryError(f"POST {shown}: the answer is not a HEC ack status")
+                    if status[ack_id]:
+                        return
+                    why = "not yet indexed"
+                elif response.status_code >= 500 or response.status_code == 429:
+                    why = self._refusal(response)  # busy: ask again
+                else:
+                    raise DeliveryError(f"POST {shown}: {self._refusal(response)}")
+            if self._clock() >= deadline:
+                raise DeliveryError(
+                    f"POST {shown_url(self.url)}: ackId {ack_id} not confirmed indexed within "
+                    f"{self.ack_timeout_s:g} s ({why}); the batch will be sent again"
+                )
+
+
+ACK_POLL_FIRST_S = 0.2
+ACK_POLL_MAX_S = 5.0
 
 
 def shown_url(url: str) -> str:

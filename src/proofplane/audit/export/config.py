@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from proofplane.audit.export import hec
 from proofplane.errors import ValidationFailed
 
 SYSLOG = "syslog"
@@ -231,8 +232,13 @@ _SPECS: dict[str, _Spec] = {
         "host": (str, False, None),
         "ca_file": (str, False, None),
         "timeout_s": ((int, float), False, 10),
+        # indexer acknowledgement (the token's useACK): a batch counts once it is indexed
+        "ack": (bool, False, False),
+        "channel": (str, False, None),  # a UUID; default: derived from the URL and token
+        "ack_timeout_s": ((int, float), False, 30),
     },
 }
+MAX_ACK_TIMEOUT_S = 600
 
 
 def _bad(message: str, code: str = "invalid_sink_config", **details: Any) -> ValidationFailed:
@@ -275,7 +281,7 @@ def validate(
             if default is not None:
                 out[name] = default
             continue
-        if isinstance(value, bool) or not isinstance(value, typ):
+        if (isinstance(value, bool) and typ is not bool) or not isinstance(value, typ):
             raise _bad(f"{name!r} has the wrong type", field=name)
         if isinstance(value, str) and (not value.strip() or "\x00" in value):
             raise _bad(f"{name!r} must not be empty", field=name)
@@ -300,7 +306,30 @@ def validate(
             # The key's path is a secret: it is not echoed back.
             shown = name if name in SECRET_FIELDS else f"{name} {out[name]!r}"
             raise _bad(f"{shown} is not a readable file", "tls_file_missing", field=name)
+    if kind == SPLUNK_HEC:
+        _hec_ack(out)
     return out
+
+
+def _hec_ack(out: dict[str, Any]) -> None:
+    """A ``splunk-hec`` sink's acknowledgement settings: ``channel`` a UUID (stored in its
+    canonical form), ``ack_timeout_s`` in (0, 600], and with ``ack`` a URL whose acknowledgement
+    endpoint can be found (a bare ``https://host:8088`` or a ``…/services/collector/event``)."""
+    if "channel" in out:
+        channel = hec.canonical_channel(out["channel"])
+        if channel is None:
+            raise _bad("channel must be a UUID (a GUID, 8-4-4-4-12 hex digits)", field="channel")
+        out["channel"] = channel
+    timeout = out.get("ack_timeout_s")
+    if timeout is not None and not 0 < timeout <= MAX_ACK_TIMEOUT_S:
+        raise _bad(f"ack_timeout_s must be in (0, {MAX_ACK_TIMEOUT_S}]", field="ack_timeout_s")
+    path = urlsplit(out["url"]).path
+    if out.get("ack") and path not in ("", "/") and hec.ack_path(path) is None:
+        raise _bad(
+            "with ack, the URL must be the HEC base (https://host:8088) or its "
+            ".../services/collector/event endpoint: the acknowledgement endpoint is beside it",
+            field="url",
+        )
 
 
 def _split(url: str) -> tuple[str, str | None, int | None, str, bool]:
