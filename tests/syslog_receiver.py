@@ -137,25 +137,41 @@ def make_pki(where: Path) -> Pki:
 # --- the receiver ------------------------------------------------------------------------------
 
 CONFIG = """\
+# maxMessageSize: rsyslog's default is 8k and a longer message is truncated; an exported event
+# is as long as its details make it, so a real receiver must raise this limit too.
+# parser.escapeControlCharactersOnReceive: by default rsyslog rewrites control characters in a
+# message as "#ooo" (octal) when it arrives; off, %msg% is the bytes we sent (our CEF body has
+# no raw line breaks, but a TAB in an actor or a target id is legal CEF and must stay a TAB).
 global(
   workDirectory="{work}"
   maxMessageSize="64k"
+  parser.escapeControlCharactersOnReceive="off"
   DefaultNetstreamDriverCAFile="{ca}"
   DefaultNetstreamDriverCertFile="{cert}"
   DefaultNetstreamDriverKeyFile="{key}"
 )
 module(load="imtcp" StreamDriver.Name="ossl" StreamDriver.Mode="1"
        StreamDriver.AuthMode="x509/certvalid")
+# mmpstrucdata parses the structured data into $!rfc5424-sd (SD-IDs and PARAM-NAMEs kept as
+# sent, PARAM-VALUEs unescaped); %structured-data% itself is the raw text, escapes and all.
+module(load="mmpstrucdata")
+# One JSON object per message: the raw message and what rsyslog's RFC 5424 parser made of it.
 template(name="parsed" type="list" option.jsonf="on") {{
   property(outname="raw" name="rawmsg" format="jsonf")
   property(outname="pri" name="pri" format="jsonf")
+  property(outname="facility" name="syslogfacility" format="jsonf")
+  property(outname="severity" name="syslogseverity" format="jsonf")
+  property(outname="time" name="timereported" dateFormat="rfc3339" format="jsonf")
   property(outname="hostname" name="hostname" format="jsonf")
   property(outname="app" name="app-name" format="jsonf")
+  property(outname="procid" name="procid" format="jsonf")
   property(outname="msgid" name="msgid" format="jsonf")
   property(outname="sd" name="structured-data" format="jsonf")
+  property(outname="sd_parsed" name="$!rfc5424-sd" format="jsonf")
   property(outname="msg" name="msg" format="jsonf")
 }}
 input(type="imtcp" port="{port}")
+action(type="mmpstrucdata" sd_name.lowercase="off")
 action(type="omfile" file="{out}" template="parsed")
 """
 
@@ -230,7 +246,10 @@ class Rsyslog:
     def received(self) -> list[dict[str, str]]:
         if not self.out.exists():
             return []
-        return [json.loads(line) for line in self.out.read_text().splitlines() if line.strip()]
+        # split on LF only: str.splitlines would also split on NEL, U+2028 and the like, which
+        # rsyslog's JSON encoding leaves raw inside a string
+        text = self.out.read_text(encoding="utf-8")
+        return [json.loads(line) for line in text.split("\n") if line.strip()]
 
     def wait_for(self, count: int, timeout_s: float = 10.0) -> list[dict[str, str]]:
         deadline = time.monotonic() + timeout_s
