@@ -78,7 +78,7 @@ def test_rsyslog_receives_cef_over_mutual_tls_with_octet_framing(store, rsyslog,
         assert msg["msgid"] == "audit"
         assert msg["sd"] == f'[proofplane@32473 seq="{ev.seq}" leaf="{leaf}"]'
         # ... and its message body is our CEF record, unchanged
-        body = msg["msg"].lstrip(" ")
+        body = msg["msg"]  # MSG as sent: rsyslog adds no leading space to RFC 5424 messages
         header, ext = cef.parse(body)
         assert header[0] == "CEF:0" and header[4] == ev.action
         assert ext["externalId"] == str(ev.seq) and ext["cs6"] == leaf
