@@ -87,6 +87,7 @@ PURE: tuple[str, ...] = (
     "audit.export.cef",
     "audit.export.syslog",
     "audit.export.ocsf",
+    "audit.export.ocsf_schema",
     "audit.export.hec",
     "audit.export.config",
     "attest",

@@ -195,7 +195,8 @@ MAPPING = [
     ("node.state", 5001, 5, 1),
     ("node.certification.grant", 2003, 2, 1),
     ("node.certification.revoke", 2003, 2, 3),
-    ("attest.verify", 2003, 2, 1),
+    ("node.attest", 2003, 2, 1),
+    ("attest.policy.set", 6003, 6, 3),
     ("alert.auth_failure_burst", 2004, 2, 1),
     ("tenant.create", 6003, 6, 1),
     ("workload.submit", 6003, 6, 1),
@@ -238,9 +239,9 @@ def test_ocsf_class_specific_fields():
     assert device["device"]["hostname"] == "gpu-01"
     finding = ocsf.to_ocsf(event(action="alert.auth_failure_spray"), LEAF, product_version="1")
     assert finding["finding_info"]["uid"] == "proofplane-7" and finding["severity_id"] == 4
-    failed = ocsf.to_ocsf(event(action="attest.verify", outcome=Outcome.FAILURE), LEAF,
+    failed = ocsf.to_ocsf(event(action="node.attest", outcome=Outcome.FAILURE), LEAF,
                           product_version="1")  # fmt: skip
-    assert failed["compliance"]["status"] == "Fail"
+    assert failed["compliance"]["status"] == "Fail" and failed["compliance"]["control"] == "SI-7"
     api = ocsf.to_ocsf(event(action="tenant.create"), LEAF, product_version="1")
     assert api["api"]["operation"] == "tenant.create"
 

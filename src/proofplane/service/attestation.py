@@ -428,9 +428,11 @@ def submit_evidence(
                 "evidence_hash": verdict.evidence_hash,
                 "policy_id": policy.id,
                 "policy_hash": policy.hash,
+                "node_class": policy.node_class,
                 "ok": verdict.ok,
                 "reasons": list(verdict.reasons),
                 "enforce": prow.enforce,
+                "gpu_uuids": sorted(g.uuid for g in row.gpus),
                 **_sim(simulated),
             },
         )

@@ -106,7 +106,11 @@ def build(
 
         def encode(event: Event, leaf: bytes) -> bytes:
             obj = ocsf.to_ocsf(
-                event, leaf, product_version=version, ocsf_version=policy.ocsf_version
+                event,
+                leaf,
+                product_version=version,
+                ocsf_version=policy.ocsf_version,
+                hostname=host,
             )
             line = _json_line(obj)
             return line + b"\n" if kind == config.OCSF_FILE else line

@@ -1,18 +1,30 @@
-"""Events as OCSF 1.1 JSON objects. Pure: an event in, a dict out.
+"""Events as OCSF JSON objects. Pure: an event in, a dict out.
 
-Each event maps to one OCSF class by its action (``mapping``); the identifiers follow the
-schema's rules: ``category_uid`` is the class's category (``class_uid // 1000``) and
-``type_uid = class_uid * 100 + activity_id``. Anything not mapped explicitly is an API Activity
-(every change in proofplane arrives through its API), with activity Other (99) unless the verb
-says create, read, update or delete.
+Each of our actions maps to one OCSF class and activity (``classify``; the README's SIEM
+section lists the table). The mapping follows the schema's rules, which the test suite checks
+against the published 1.1.0 files (``proofplane.audit.export.ocsf_schema``):
+
+* ``category_uid = class_uid // 1000``, ``type_uid = class_uid * 100 + activity_id``, and
+  ``type_name`` is the schema's caption of that ``type_uid`` (``"Account Change: Other"``);
+  for activity Other (99) ``activity_name`` names our action (``token.issue``);
+* ``status_id`` 1 Success / 2 Failure on the activity classes; the Finding classes define
+  ``status_id`` as the consumer's triage state (New, In Progress, …), so we leave it to them
+  and put the outcome where the class defines it (Compliance Finding: ``compliance.status_id``
+  Pass/Fail; Detection Finding: ``finding_info`` and the severity);
+* attestation verdicts (``node.attest``) are Compliance Findings against NIST SP 800-53 SI-7
+  and the node's attestation policy; the node's registration and state stay Device Inventory
+  Info (5001);
+* attributes a profile brings (``actor``, ``device`` on the Finding classes: ``host``) are
+  sent only with the profile declared in ``metadata.profiles``.
 
 ``metadata.sequence`` is the event's sequence number and ``metadata.uid`` its Merkle leaf hash
-(hex); the original event rides along under ``unmapped.proofplane`` so nothing is lost to the
-mapping.
+(hex); the original event rides along under ``unmapped.proofplane`` so nothing is lost.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,9 +34,12 @@ OCSF_VERSION = "1.1.0"
 #: the schema versions this module can write (the setting ``PROOFPLANE_OCSF_VERSION``)
 VERSIONS = (OCSF_VERSION,)
 
+PRODUCT = "proofplane"
+VENDOR = "proofplane"
+
 # classes
-DETECTION_FINDING = 2004
 COMPLIANCE_FINDING = 2003
+DETECTION_FINDING = 2004
 ACCOUNT_CHANGE = 3001
 AUTHENTICATION = 3002
 DEVICE_INVENTORY_INFO = 5001
@@ -45,13 +60,28 @@ CATEGORY_NAMES = {
     6: "Application Activity",
 }
 OTHER = 99
+FINDINGS = (COMPLIANCE_FINDING, DETECTION_FINDING)
+
+SEVERITIES = {1: "Informational", 2: "Low", 3: "Medium", 4: "High", 5: "Critical"}
+_ALERT_SEVERITY = {"informational": 1, "low": 2, "medium": 3, "high": 4, "critical": 5}
+
+# NIST SP 800-53 Rev. 5 SI-7 (software, firmware and information integrity): what a measured
+# boot and firmware attestation verifies.
+ATTESTATION_STANDARD = "NIST SP 800-53 Rev. 5"
+ATTESTATION_CONTROL = "SI-7"
+
+# RFC 952/1123 host name: what OCSF's hostname_t accepts
+_HOSTNAME = re.compile(
+    r"^(([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9\-]*[a-zA-Z0-9])\.)*"
+    r"([A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9\-]*[A-Za-z0-9])$"
+)
 
 
 @dataclass(frozen=True, slots=True)
 class ClassActivity:
     class_uid: int
     activity_id: int
-    activity_name: str
+    activity_name: str  # the schema's caption; for Other (99), our action
 
     @property
     def category_uid(self) -> int:
@@ -61,39 +91,38 @@ class ClassActivity:
     def type_uid(self) -> int:
         return self.class_uid * 100 + self.activity_id
 
+    @property
+    def type_name(self) -> str:
+        caption = "Other" if self.activity_id == OTHER else self.activity_name
+        return f"{CLASS_NAMES[self.class_uid]}: {caption}"
 
+
+# (class, activity_id, caption); the caption of 99 is replaced by the action itself
 _EXACT: dict[str, tuple[int, int, str]] = {
-    # Authentication: 1 Logon, 2 Logoff, 99 Other
+    # Authentication: 1 Logon, 2 Logoff
     "auth.login": (AUTHENTICATION, 1, "Logon"),
     "auth.logout": (AUTHENTICATION, 2, "Logoff"),
     "mfa.recovery_code.use": (AUTHENTICATION, 1, "Logon"),
-    # Account Change: 1 Create, 2 Enable, 5 Disable, 6 Delete, 9 Lock, 10 MFA Factor Enable
+    # Account Change: 1 Create, 5 Disable, 6 Delete, 9 Lock, 10 MFA Factor Enable
     "user.create": (ACCOUNT_CHANGE, 1, "Create"),
-    "user.update": (ACCOUNT_CHANGE, OTHER, "Other"),
     "user.delete": (ACCOUNT_CHANGE, 6, "Delete"),
     "account.lock": (ACCOUNT_CHANGE, 9, "Lock"),
-    "account.unlock": (ACCOUNT_CHANGE, OTHER, "Unlock"),
     "mfa.enroll": (ACCOUNT_CHANGE, 10, "MFA Factor Enable"),
-    "token.issue": (ACCOUNT_CHANGE, OTHER, "Token Issue"),
-    "token.rotate": (ACCOUNT_CHANGE, OTHER, "Token Rotate"),
-    "token.revoke": (ACCOUNT_CHANGE, OTHER, "Token Revoke"),
-    # Device Inventory Info: 1 Log
-    "node.register": (DEVICE_INVENTORY_INFO, 1, "Log"),
-    "node.update": (DEVICE_INVENTORY_INFO, 1, "Log"),
-    "node.state": (DEVICE_INVENTORY_INFO, 1, "Log"),
-    "node.inventory": (DEVICE_INVENTORY_INFO, 1, "Log"),
     # Compliance Finding: 1 Create, 3 Close
+    "node.attest": (COMPLIANCE_FINDING, 1, "Create"),
     "node.certification.grant": (COMPLIANCE_FINDING, 1, "Create"),
     "node.certification.revoke": (COMPLIANCE_FINDING, 3, "Close"),
 }
 # First matching prefix wins.
 _PREFIX: list[tuple[str, tuple[int, int, str]]] = [
     ("alert.", (DETECTION_FINDING, 1, "Create")),
-    ("attest.", (COMPLIANCE_FINDING, 1, "Create")),
     ("compliance.", (COMPLIANCE_FINDING, 1, "Create")),
-    ("mfa.", (AUTHENTICATION, OTHER, "Other")),
-    ("auth.", (AUTHENTICATION, OTHER, "Other")),
-    ("user.", (ACCOUNT_CHANGE, OTHER, "Other")),
+    ("auth.", (AUTHENTICATION, OTHER, "")),
+    ("mfa.", (ACCOUNT_CHANGE, OTHER, "")),
+    ("user.", (ACCOUNT_CHANGE, OTHER, "")),
+    ("account.", (ACCOUNT_CHANGE, OTHER, "")),
+    ("token.", (ACCOUNT_CHANGE, OTHER, "")),
+    # Device Inventory Info: 1 Log (registration, inventory, state and identity of a node)
     ("node.", (DEVICE_INVENTORY_INFO, 1, "Log")),
     ("gpu.", (DEVICE_INVENTORY_INFO, 1, "Log")),
 ]
@@ -103,13 +132,19 @@ _VERBS = {
     "submit": (1, "Create"),
     "register": (1, "Create"),
     "load": (1, "Create"),
+    "issue": (1, "Create"),
     "read": (2, "Read"),
     "update": (3, "Update"),
+    "set": (3, "Update"),
+    "quota": (3, "Update"),
     "place": (3, "Update"),
     "pending": (3, "Update"),
+    "running": (3, "Update"),
+    "dispatch": (3, "Update"),
     "cancel": (3, "Update"),
     "evict": (3, "Update"),
     "state": (3, "Update"),
+    "repartition": (3, "Update"),
     "delete": (4, "Delete"),
     "remove": (4, "Delete"),
 }
@@ -117,20 +152,28 @@ _VERBS = {
 
 def classify(action: str) -> ClassActivity:
     """The OCSF class and activity for one of our actions."""
-    if action in _EXACT:
-        return ClassActivity(*_EXACT[action])
-    for prefix, target in _PREFIX:
-        if action.startswith(prefix):
-            return ClassActivity(*target)
-    verb = action.rsplit(".", 1)[-1]
-    activity_id, name = _VERBS.get(verb, (OTHER, "Other"))
-    return ClassActivity(API_ACTIVITY, activity_id, name)
+    target = _EXACT.get(action)
+    if target is None:
+        target = next((t for prefix, t in _PREFIX if action.startswith(prefix)), None)
+    if target is None:
+        verb = action.rsplit(".", 1)[-1]
+        activity_id, caption = _VERBS.get(verb, (OTHER, ""))
+        target = (API_ACTIVITY, activity_id, caption)
+    class_uid, activity_id, caption = target
+    return ClassActivity(class_uid, activity_id, action if activity_id == OTHER else caption)
 
 
-def _severity_id(event: Event, cls: ClassActivity) -> int:
-    """1 Informational, 2 Low, 3 Medium, 4 High."""
+def _details(event: Event) -> dict[str, Any]:
+    return event.details if isinstance(event.details, dict) else {}
+
+
+def severity_id(event: Event, cls: ClassActivity) -> int:
+    """1 Informational, 2 Low, 3 Medium, 4 High, 5 Critical."""
+    details = _details(event)
     if cls.class_uid == DETECTION_FINDING:
-        return 4
+        return _ALERT_SEVERITY.get(str(details.get("severity", "")).lower(), 4)
+    if event.action == "node.attest" and event.outcome is not Outcome.SUCCESS:
+        return 4 if details.get("enforce", True) else 3
     if event.outcome is Outcome.DENIED:
         return 3
     if event.outcome is Outcome.FAILURE:
@@ -138,19 +181,74 @@ def _severity_id(event: Event, cls: ClassActivity) -> int:
     return 1
 
 
-def _status(outcome: Outcome) -> tuple[int, str]:
-    return (1, "Success") if outcome is Outcome.SUCCESS else (2, "Failure")
+def _user(name: str) -> dict[str, Any]:
+    """An OCSF user: type System for the control plane's own actor, else User."""
+    system = name == "system"
+    return {"name": name, "uid": name, "type_id": 3 if system else 1,
+            "type": "System" if system else "User"}  # fmt: skip
+
+
+def _hostname(name: str | None) -> str | None:
+    return name if name and len(name) <= 253 and _HOSTNAME.match(name) else None
+
+
+def _control_plane(hostname: str | None) -> dict[str, Any]:
+    """The control plane as a network endpoint (where the API calls and logins arrive)."""
+    out: dict[str, Any] = {"svc_name": PRODUCT, "name": PRODUCT}
+    host = _hostname(hostname)
+    if host:
+        out["hostname"] = host
+    return out
+
+
+def _source(details: dict[str, Any]) -> dict[str, Any] | None:
+    """The client's endpoint, when the event recorded its address."""
+    raw = details.get("source_ip")
+    if not isinstance(raw, str):
+        return None
+    try:
+        ip = ipaddress.ip_address(raw.strip())
+    except ValueError:
+        return None
+    return {"ip": str(ip)}
+
+
+def _device(name: str, details: dict[str, Any]) -> dict[str, Any]:
+    """A node as an OCSF device (a server)."""
+    out: dict[str, Any] = {"name": name, "uid": name, "type_id": 1, "type": "Server"}
+    host = _hostname(name)
+    if host:
+        out["hostname"] = host
+    if isinstance(details.get("region"), str) and details["region"]:
+        out["region"] = details["region"]
+    return out
 
 
 def to_ocsf(
-    event: Event, leaf_hash: bytes, *, product_version: str, ocsf_version: str = OCSF_VERSION
+    event: Event,
+    leaf_hash: bytes,
+    *,
+    product_version: str,
+    ocsf_version: str = OCSF_VERSION,
+    hostname: str | None = None,
 ) -> dict[str, Any]:
-    """One event as an OCSF event object of schema ``ocsf_version`` (one of ``VERSIONS``)."""
+    """One event as an OCSF event object of schema ``ocsf_version`` (one of ``VERSIONS``).
+
+    ``hostname``: the control plane's host name (the endpoint logins and API calls reach)."""
     if ocsf_version not in VERSIONS:
         raise ValueError(f"OCSF {ocsf_version} is not supported; one of {', '.join(VERSIONS)}")
     cls = classify(event.action)
-    status_id, status = _status(event.outcome)
+    sev = severity_id(event, cls)
     millis = int(event.ts.timestamp() * 1000)
+    product = {"name": PRODUCT, "vendor_name": VENDOR, "version": product_version}
+    metadata: dict[str, Any] = {
+        "version": ocsf_version,
+        "product": product,
+        "log_name": "audit",
+        "log_provider": PRODUCT,
+        "sequence": event.seq,
+        "uid": leaf_hash.hex(),
+    }
     out: dict[str, Any] = {
         "class_uid": cls.class_uid,
         "class_name": CLASS_NAMES[cls.class_uid],
@@ -159,24 +257,13 @@ def to_ocsf(
         "activity_id": cls.activity_id,
         "activity_name": cls.activity_name,
         "type_uid": cls.type_uid,
-        "type_name": f"{CLASS_NAMES[cls.class_uid]}: {cls.activity_name}",
-        "severity_id": _severity_id(event, cls),
-        "status_id": status_id,
-        "status": status,
+        "type_name": cls.type_name,
+        "severity_id": sev,
+        "severity": SEVERITIES[sev],
         "time": millis,
+        "timezone_offset": 0,
         "message": f"{event.action} {event.target_type}/{event.target_id} ({event.outcome.value})",
-        "metadata": {
-            "version": ocsf_version,
-            "product": {
-                "name": "proofplane",
-                "vendor_name": "proofplane",
-                "version": product_version,
-            },
-            "sequence": event.seq,
-            "uid": leaf_hash.hex(),
-            "log_name": "audit",
-        },
-        "actor": {"user": {"name": event.actor}},
+        "metadata": metadata,
         "unmapped": {
             "proofplane": {
                 "seq": event.seq,
@@ -189,46 +276,142 @@ def to_ocsf(
             }
         },
     }
-    if event.outcome is not Outcome.SUCCESS:
-        reason = event.details.get("reason") if isinstance(event.details, dict) else None
-        out["status_detail"] = str(reason) if reason else event.outcome.value
-    out.update(_class_fields(event, cls))
+    reason = _details(event).get("reason")
+    if cls.class_uid in FINDINGS:
+        # status_id is the consumer's triage state here; the outcome goes in the finding
+        metadata["profiles"] = ["host"]
+        out["actor"] = {"user": _user(event.actor)}
+    else:
+        ok = event.outcome is Outcome.SUCCESS
+        out["status_id"], out["status"] = (1, "Success") if ok else (2, "Failure")
+        if not ok:
+            out["status_detail"] = str(reason) if reason else event.outcome.value
+    out.update(_class_fields(event, cls, product, hostname))
     return out
 
 
-def _class_fields(event: Event, cls: ClassActivity) -> dict[str, Any]:
-    """The attributes each class requires besides the base event's."""
-    target = {"type": event.target_type, "uid": event.target_id, "name": event.target_id}
-    if cls.class_uid in (AUTHENTICATION, ACCOUNT_CHANGE):
+def _class_fields(
+    event: Event, cls: ClassActivity, product: dict[str, Any], hostname: str | None
+) -> dict[str, Any]:
+    """The attributes each class defines besides the base event's."""
+    details = _details(event)
+    source = _source(details)
+    if cls.class_uid == AUTHENTICATION:
+        return _authentication(event, product, hostname, source)
+    if cls.class_uid == ACCOUNT_CHANGE:
         user = event.target_id if event.target_type == "user" else event.actor
-        return {"user": {"name": user, "uid": user}}
+        out: dict[str, Any] = {"user": _user(user), "actor": {"user": _user(event.actor)}}
+        if source:
+            out["src_endpoint"] = source
+        return out
     if cls.class_uid == DEVICE_INVENTORY_INFO:
+        return {"device": _device(event.target_id, details),
+                "actor": {"user": _user(event.actor)}}  # fmt: skip
+    if cls.class_uid == COMPLIANCE_FINDING:
+        return _compliance_finding(event, cls, details)
+    if cls.class_uid == DETECTION_FINDING:
+        resource = {"type": event.target_type, "uid": event.target_id, "name": event.target_id}
         return {
-            "device": {
-                "hostname": event.target_id,
-                "name": event.target_id,
-                "type_id": 1,
-                "type": "Server",
-            }
+            "finding_info": {
+                "uid": f"proofplane-{event.seq}",
+                "title": f"{event.action} on {event.target_type} {event.target_id}",
+                "types": [event.action],
+                "created_time": int(event.ts.timestamp() * 1000),
+            },
+            "resources": [resource],
         }
-    if cls.class_uid in (DETECTION_FINDING, COMPLIANCE_FINDING):
-        info = {
-            "uid": f"proofplane-{event.seq}",
-            "title": f"{event.action} {event.target_type}/{event.target_id}",
-            "types": [event.action],
-        }
-        extra: dict[str, Any] = {"finding_info": info, "resources": [target]}
-        if cls.class_uid == COMPLIANCE_FINDING:
-            passed = event.outcome is Outcome.SUCCESS
-            extra["compliance"] = {
-                "control": event.action,
-                "standards": ["proofplane"],
-                "status_id": 1 if passed else 3,
-                "status": "Pass" if passed else "Fail",
-            }
-        return extra
     return {
-        "api": {"operation": event.action, "service": {"name": "proofplane"}},
-        "resources": [target],
-        "src_endpoint": {"name": "proofplane"},
+        "actor": {"user": _user(event.actor)},
+        "api": {"operation": event.action, "service": {"name": PRODUCT}},
+        "resources": [
+            {"type": event.target_type, "uid": event.target_id, "name": event.target_id}
+        ],  # fmt: skip
+        "src_endpoint": source or {"name": "unknown"},
+        "dst_endpoint": _control_plane(hostname),
     }
+
+
+_PROTOCOLS = {"oidc": (4, "OpenID")}
+
+
+def _authentication(
+    event: Event, product: dict[str, Any], hostname: str | None, source: dict[str, Any] | None
+) -> dict[str, Any]:
+    details = _details(event)
+    method = str(details.get("method") or ("recovery_code" if event.action.startswith("mfa.")
+                                            else "password"))  # fmt: skip
+    protocol_id, protocol = _PROTOCOLS.get(method, (OTHER, method.replace("_", " ").title()))
+    mfa = bool(details.get("mfa")) or event.action == "mfa.recovery_code.use"
+    if details.get("reason") in ("totp", "totp_replayed"):
+        mfa = True  # the second factor was what failed
+    out: dict[str, Any] = {
+        "user": _user(event.target_id if event.target_type == "user" else event.actor),
+        "service": {"name": PRODUCT, "version": product["version"]},
+        "dst_endpoint": _control_plane(hostname),
+        "auth_protocol_id": protocol_id,
+        "auth_protocol": protocol,
+        "logon_type_id": 3,  # Network: over the API
+        "logon_type": "Network",
+        "is_mfa": mfa,
+        "is_remote": True,
+        "actor": {"user": _user(event.actor)},
+    }
+    if source:
+        out["src_endpoint"] = source
+        ip = ipaddress.ip_address(source["ip"])
+        out["is_remote"] = not ip.is_loopback
+    if isinstance(details.get("token_id"), str):
+        out["session"] = {"uid": details["token_id"], "is_mfa": mfa}
+    return out
+
+
+def _compliance_finding(
+    event: Event, cls: ClassActivity, details: dict[str, Any]
+) -> dict[str, Any]:
+    passed = event.outcome is Outcome.SUCCESS
+    created = int(event.ts.timestamp() * 1000)
+    info: dict[str, Any] = {"uid": f"proofplane-{event.seq}", "types": [event.action],
+                            "created_time": created}  # fmt: skip
+    resource: dict[str, Any] = {"type": event.target_type, "uid": event.target_id,
+                                "name": event.target_id}  # fmt: skip
+    out: dict[str, Any] = {"finding_info": info, "resource": resource}
+    if event.target_type == "node":
+        out["device"] = _device(event.target_id, details)
+    if event.action == "node.attest":
+        reasons = [str(r) for r in details.get("reasons") or []]
+        passed = passed and bool(details.get("ok", True))
+        node_class = str(details.get("node_class") or "default")
+        verdict = "passed" if passed else "failed"
+        info["title"] = f"Attestation of node {event.target_id} {verdict}"
+        info["desc"] = (
+            f"Measured boot, TPM quote and GPU firmware of node {event.target_id} checked "
+            f"against the {node_class!r} attestation policy: {verdict}"
+            + (f" ({', '.join(reasons)})" if reasons else "")
+        )
+        compliance: dict[str, Any] = {
+            "standards": [ATTESTATION_STANDARD],
+            "control": ATTESTATION_CONTROL,
+            "requirements": [f"proofplane attestation policy {node_class}"],
+            "status_id": 1 if passed else 3,
+            "status": "Pass" if passed else "Fail",
+        }
+        if reasons:
+            compliance["status_code"] = reasons[0]
+            compliance["status_detail"] = ", ".join(reasons)
+        data = {k: details[k] for k in ("gpu_uuids", "evidence_hash", "policy_id", "policy_hash",
+                                        "evidence_id") if k in details}  # fmt: skip
+        if data:
+            resource["data"] = data
+        out["compliance"] = compliance
+        return out
+    key, value = details.get("key"), details.get("value")
+    standard = str(key) if key else event.action.removeprefix("compliance.")
+    control = f"{key}={value}" if key and value is not None else standard
+    info["title"] = f"{event.action} {control} on {event.target_type} {event.target_id}"
+    if cls.activity_id == 3:  # a certification withdrawn: no longer asserted
+        status_id, status = OTHER, "Revoked"
+    else:
+        status_id, status = (1, "Pass") if passed else (3, "Fail")
+    out["compliance"] = {"standards": [standard], "control": control,
+                         "status_id": status_id, "status": status}  # fmt: skip
+    return out

@@ -45,14 +45,16 @@ SPRAY_ALERT = 20  # failed logins across all accounts within the window
 ENROLLMENT_TTL = timedelta(minutes=15)
 
 
-def _fail(tx: Tx, row: UserRow | None, username: str, reason: str) -> None:
+def _fail(
+    tx: Tx, row: UserRow | None, username: str, reason: str, source: dict[str, str]
+) -> None:
     """Record a failed login; count it against the account; lock and alert at the limits."""
     tx.record(
         "auth.login",
         "user",
         safe_username(username),
         outcome=Outcome.FAILURE,
-        details={"method": "password", "reason": reason},
+        details={"method": "password", "reason": reason, **source},
     )
     if row is None:
         count_unknown_name_failure(tx, username)
@@ -141,6 +143,8 @@ def login(
     error: ProofplaneError | None = None
     issued: IssuedToken | None = None
     key = source_key(source) if source is not None else None
+    # the client's address, as the events say it (OCSF src_endpoint, CEF src)
+    where = {"source_ip": source} if source else {}
     with store.write(Actor(safe_username(username)), now) as tx:
         if key is not None:
             check_source(tx, key)  # raises: nothing is written for a refused attempt
@@ -160,6 +164,7 @@ def login(
                 details={
                     "method": "password",
                     "reason": "account_locked" if row is not None else "unknown_user_locked",
+                    **where,
                 },
             )
             # The same answer whether or not the account exists.
@@ -171,7 +176,7 @@ def login(
             reason = "unknown_user" if row is None else "disabled" if row.disabled else "password"
             if row is None:
                 cred.verify_password(None, password)
-            _fail(tx, row, username, reason)
+            _fail(tx, row, username, reason, where)
             error = Unauthenticated("invalid username or password", code="invalid_credentials")
         else:
             mfa_needed = row.totp_enabled or bool(set(row.roles) & {r.value for r in MFA_REQUIRED})
@@ -196,7 +201,7 @@ def login(
                         totp.code_at_step(row.totp_secret, s) == code.strip()
                         for s in range(row.totp_last_step - 1, row.totp_last_step + 1)
                     )
-                    _fail(tx, row, username, "totp_replayed" if replay else "totp")
+                    _fail(tx, row, username, "totp_replayed" if replay else "totp", where)
                     error = Unauthenticated("invalid TOTP code", code="invalid_totp")
             if error is None:
                 row.failed_logins = 0
@@ -231,6 +236,7 @@ def login(
                         "mfa": row.totp_enabled,
                         "token_id": issued.id,
                         "session": issued.kind,
+                        **where,
                     },
                 )
         if key is not None and error is not None and error.code != "mfa_required":

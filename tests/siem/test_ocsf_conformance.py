@@ -1,0 +1,401 @@
+"""Issue 21: every OCSF event proofplane exports conforms to the published OCSF 1.1.0 schema
+(``../shared/data/ocsf-schema-1.1.0``, unmodified), checked by the validator compiled from it
+(``proofplane.audit.export.ocsf_schema``).
+
+Two sweeps: (1) a scenario through the real services — the attested demo cluster (nodes
+register, attest, one drifts and fails, is quarantined, its work moves; certifications,
+tenants, workloads), then logins that succeed, fail, lock an account and raise alerts, MFA
+enrollment, TOTP and recovery-code logins, tokens issued, rotated and revoked, users created,
+updated, unlocked, a certification revoked, a sink created and tested — exported through a real
+``ocsf-file`` sink and every line validated; (2) every action the code can record (found in
+the source by its ``record``/``NewEvent`` calls), in each outcome. Zero errors in both.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from datetime import UTC, datetime, timedelta
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ci import REPO
+from ocsf_schema_files import schema
+from proofplane.access import SYSTEM, Actor, totp
+from proofplane.audit.export import ocsf, ocsf_schema
+from proofplane.demo import attester as demo
+from proofplane.errors import ProofplaneError
+from proofplane.hardware.cluster_file import parse_cluster
+from proofplane.model import Event, Outcome
+from proofplane.service import access
+from proofplane.service import sinks as sinks_svc
+from proofplane.service.context import Store
+from proofplane.service.nodes import revoke_certification
+from proofplane.store import migrate
+
+PASSWORD = "correct horse battery staple"
+CLIENT = "203.0.113.7"
+TTL = timedelta(hours=1)
+
+
+def _errors(event: dict[str, Any]) -> list[str]:
+    return [str(f) for f in ocsf_schema.errors(schema().validate(event))]
+
+
+# --- the validator itself: it catches what the schema forbids ---------------------------------
+
+
+def _valid_api_activity() -> dict[str, Any]:
+    event = Event(7, datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), "alice", "tenant.create",
+                  "tenant", "acme", Outcome.SUCCESS, {})  # fmt: skip
+    return ocsf.to_ocsf(event, b"\x01" * 32, product_version="1.0", hostname="cp-1")
+
+
+def test_the_validator_accepts_a_conforming_event() -> None:
+    assert _errors(_valid_api_activity()) == []
+
+
+@pytest.mark.parametrize(
+    ("mutate", "code"),
+    [
+        (lambda e: e.pop("class_uid"), "attribute_required_missing"),
+        (lambda e: e.update(class_uid=9999), "class_uid_unknown"),
+        (lambda e: e.update(class_uid="6003"), "attribute_wrong_type"),
+        (lambda e: e.pop("metadata"), "attribute_required_missing"),
+        (lambda e: e["metadata"].pop("product"), "attribute_required_missing"),
+        (lambda e: e["metadata"]["product"].pop("vendor_name"), "attribute_required_missing"),
+        (lambda e: e.update(type_uid=600399), "type_uid_incorrect"),
+        (lambda e: e.update(activity_id=42, type_uid=600342), "attribute_enum_value_unknown"),
+        (lambda e: e.update(severity_id=7), "attribute_enum_value_unknown"),
+        (lambda e: e.update(time=1.5), "attribute_wrong_type"),
+        (lambda e: e.update(time=True), "attribute_wrong_type"),
+        (lambda e: e.update(time=2**64), "attribute_wrong_type"),
+        (lambda e: e.update(timezone_offset=2**31), "attribute_wrong_type"),
+        (lambda e: e.update(resources={"uid": "x"}), "attribute_wrong_type"),
+        (lambda e: e.update(resources=[{"type": "tenant"}]), "constraint_failed"),
+        (lambda e: e.update(unknown_thing=1), "attribute_unknown"),
+        (lambda e: e["actor"]["user"].update(nickname="al"), "attribute_unknown"),
+        (lambda e: e.update(src_endpoint={"ip": "999.1.1.1"}), "attribute_value_regex_not_matched"),
+        (
+            lambda e: e.update(src_endpoint={"hostname": "bad_host!"}),
+            "attribute_value_regex_not_matched",
+        ),
+        (lambda e: e.update(src_endpoint={"port": 70000}), "attribute_value_exceeds_range"),
+        (lambda e: e.update(device={"type_id": 1, "name": "n"}), "attribute_unknown"),
+        (lambda e: e["metadata"].update(profiles=["nope"]), "profile_unknown"),
+        (lambda e: e["metadata"].update(version="1.9.0"), "version_incompatible"),
+        (lambda e: e["metadata"].update(version="one"), "version_invalid_format"),
+        (lambda e: e["metadata"].update(uid=7), "attribute_wrong_type"),
+    ],
+)
+def test_the_validator_catches(mutate: Any, code: str) -> None:
+    event = _valid_api_activity()
+    mutate(event)
+    found = [f.code for f in ocsf_schema.errors(schema().validate(event))]
+    assert code in found, found
+
+
+def test_unmapped_is_open_and_profiles_unlock_their_attributes() -> None:
+    event = _valid_api_activity()
+    event["unmapped"]["anything"] = {"goes": [1, "two"]}
+    assert _errors(event) == []
+    event["cloud"] = {"provider": "aws"}  # a cloud-profile attribute, profile not declared
+    assert any("cloud" in e and "profile" in e for e in _errors(event))
+    event["metadata"]["profiles"] = ["cloud"]
+    assert _errors(event) == []
+
+
+def test_warnings_for_sibling_captions_and_a_suspicious_other() -> None:
+    event = _valid_api_activity()
+    event["severity"] = "Critical"  # severity_id 1 is Informational
+    event["activity_id"], event["type_uid"], event["activity_name"] = 99, 600399, "Other"
+    warnings = {f.code for f in schema().validate(event) if f.severity == ocsf_schema.WARNING}
+    assert {"attribute_enum_sibling_incorrect",
+            "attribute_enum_sibling_suspicious_other"} <= warnings  # fmt: skip
+    assert _errors(event) == []
+
+
+def test_the_compiled_schema_follows_extends_includes_and_profiles() -> None:
+    s = schema()
+    assert sorted(s.classes) == [0, 2003, 2004, 3001, 3002, 5001, 6003]
+    auth = s.classes[3002]
+    assert auth.constraints == {"at_least_one": ("service", "dst_endpoint")}
+    assert auth.attributes["actor"].profile is None  # the class lifts the host profile's
+    assert auth.attributes["device"].profile == "host"
+    assert auth.attributes["time"].requirement == "required"  # from includes/occurrence.json
+    assert auth.attributes["type_uid"].enum is not None
+    assert auth.attributes["type_uid"].enum["300201"] == "Authentication: Logon"
+    finding = s.classes[2003]
+    assert finding.attributes["status_id"].enum == {
+        "0": "Unknown", "1": "New", "2": "In Progress", "3": "Suppressed", "4": "Resolved",
+        "99": "Other"}  # fmt: skip
+    assert "resources" not in finding.attributes and "resource" in finding.attributes
+    assert s.objects["device"].attributes["hostname"].requirement == "recommended"  # endpoint's
+    assert s.objects["user"].constraints == {"at_least_one": ("account", "name", "uid")}
+
+
+def test_a_broken_schema_is_a_schema_error() -> None:
+    with pytest.raises(ocsf_schema.SchemaError):
+        ocsf_schema.compile_schema({})
+    with pytest.raises(ocsf_schema.SchemaError, match="loop"):
+        files = {
+            "dictionary.json": {"attributes": {}, "types": {"attributes": {}}},
+            "categories.json": {"attributes": {}},
+            "version.json": {"version": "1.1.0"},
+            "objects/a.json": {"name": "a", "extends": "b", "attributes": {}},
+            "objects/b.json": {"name": "b", "extends": "a", "attributes": {}},
+        }
+        ocsf_schema.compile_schema(files)
+
+
+# --- sweep 1: the scenario, exported through a real ocsf-file sink -----------------------------
+
+
+def _access_scenario(store: Store, now: datetime) -> None:
+    access.create_user(store, SYSTEM, "dev1", PASSWORD, ["developer"], ["nordbank"])
+    access.create_user(store, SYSTEM, "ops1", PASSWORD, ["operator"], [])
+    # a developer logs in from a client address, then logs out
+    issued = access.login(store, "dev1", PASSWORD, None, session_ttl=TTL, source=CLIENT)
+    dev = access.authenticate(store, issued.token, datetime.now(UTC))
+    access.logout(store, dev)
+    # an operator must enroll a second factor first, then logs in with TOTP, then a recovery code
+    enrolling = access.login(store, "ops1", PASSWORD, None, session_ttl=TTL, source=CLIENT)
+    ops_enrolling = access.authenticate(store, enrolling.token, datetime.now(UTC))
+    secret, _ = access.mfa_begin(store, ops_enrolling)
+    step = totp.step_at(datetime.now(UTC).timestamp())
+    recovery = access.mfa_confirm(store, ops_enrolling, totp.code_at_step(secret, step))
+    later = datetime.now(UTC) + timedelta(seconds=90)
+    code = totp.code_at_step(secret, totp.step_at(later.timestamp()))
+    ops_session = access.login(store, "ops1", PASSWORD, code, session_ttl=TTL, now=later)
+    access.login(store, "ops1", PASSWORD, recovery[0], session_ttl=TTL, now=later)
+    with pytest.raises(ProofplaneError):  # a wrong TOTP code
+        access.login(store, "ops1", PASSWORD, "000000", session_ttl=TTL, now=later)
+    ops = access.authenticate(store, ops_session.token, later)
+    # tokens: issued, rotated, revoked
+    token = access.issue_token(store, ops, roles=["operator"], tenants=None, expires_in=3600,
+                               name="ci")  # fmt: skip
+    rotated = access.rotate_token(store, ops, token.id)
+    access.revoke_token(store, ops, rotated.id)
+    # failures: unknown user, wrong passwords until the account locks (alert, lock), a
+    # login while locked, then an admin unlocks and updates the user
+    with pytest.raises(ProofplaneError):
+        access.login(store, "nobody", "x", None, session_ttl=TTL, source=CLIENT)
+    with pytest.raises(ProofplaneError):
+        access.login(store, "ops1", "wrong", None, session_ttl=TTL, source="2001:db8::5")
+    for _ in range(access.LOCK_AFTER + 1):
+        with pytest.raises(ProofplaneError):
+            access.login(store, "dev1", "wrong", None, session_ttl=TTL)
+    access.unlock_user(store, SYSTEM, "dev1")
+    access.update_user(store, SYSTEM, "dev1", disabled=True)
+    with pytest.raises(ProofplaneError):  # disabled
+        access.login(store, "dev1", PASSWORD, None, session_ttl=TTL)
+    # a spray: many accounts, one failure each, within the window
+    for i in range(access.SPRAY_ALERT):
+        with pytest.raises(ProofplaneError):
+            access.login(store, f"spray{i}", "x", None, session_ttl=TTL)
+
+
+def _spec() -> Any:
+    text = (resources.files("proofplane") / "data" / "demo-cluster.yaml").read_text("utf-8")
+    return parse_cluster(text)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("ocsf")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PROOFPLANE_SINK_DIR", str(tmp))
+    try:
+        store = Store(f"sqlite:///{tmp / 'pp.db'}")
+        migrate.upgrade(store.engine)
+        _, attester = demo.load_attested_demo(store, _spec())
+        _access_scenario(store, datetime.now(UTC))
+        node = next(n for n in _certified_nodes(store))
+        revoke_certification(store, SYSTEM, node[0], node[1])
+        sinks_svc.create_sink(store, SYSTEM, "lake", "ocsf-file", {"path": "lake.ocsf.jsonl"})
+        sinks_svc.test_sink(store, SYSTEM, "lake")
+        sinks_svc.export_once(store, SYSTEM, names=["lake"])
+        lines = (tmp / "lake.ocsf.jsonl").read_text("utf-8").splitlines()
+        store.dispose()
+        del attester
+    finally:
+        mp.undo()
+    return [json.loads(line) for line in lines]
+
+
+def _certified_nodes(store: Store) -> list[tuple[str, str]]:
+    from proofplane.service.nodes import list_nodes
+
+    out = []
+    for n in list_nodes(store, SYSTEM, limit=500).items:
+        for key in sorted(n.certifications):
+            out.append((n.name, key))
+    return out
+
+
+def test_every_exported_event_conforms_to_ocsf_1_1_0(exported: list[dict[str, Any]]) -> None:
+    assert len(exported) > 150
+    problems = {}
+    for event in exported:
+        errs = _errors(event)
+        if errs:
+            problems[event["unmapped"]["proofplane"]["action"]] = errs
+    assert problems == {}
+    classes = {e["class_uid"] for e in exported}
+    assert classes == {2003, 2004, 3001, 3002, 5001, 6003}
+
+
+def _by_action(exported: list[dict[str, Any]], action: str) -> list[dict[str, Any]]:
+    return [e for e in exported if e["unmapped"]["proofplane"]["action"] == action]
+
+
+def test_the_scenario_covers_what_the_issue_lists(exported: list[dict[str, Any]]) -> None:
+    actions = {e["unmapped"]["proofplane"]["action"] for e in exported}
+    wanted = {
+        "auth.login", "auth.logout", "mfa.enroll", "mfa.recovery_code.use", "account.lock",
+        "account.unlock", "alert.auth_failure_burst", "alert.auth_failure_spray",
+        "token.issue", "token.rotate", "token.revoke", "user.create", "user.update",
+        "node.register", "node.state", "node.attest", "node.certification.grant",
+        "node.certification.revoke", "workload.submit", "workload.place", "workload.evict",
+        "tenant.create", "attest.policy.set", "sink.create", "sink.test",
+    }  # fmt: skip
+    assert wanted <= actions, wanted - actions
+    outcomes = {(e["unmapped"]["proofplane"]["action"], e["unmapped"]["proofplane"]["outcome"])
+                for e in exported}  # fmt: skip
+    assert {("auth.login", "success"), ("auth.login", "failure"), ("auth.login", "denied"),
+            ("node.attest", "success"), ("node.attest", "failure")} <= outcomes  # fmt: skip
+
+
+def test_logins_are_authentication_events_with_service_and_endpoints(
+    exported: list[dict[str, Any]],
+) -> None:
+    logins = _by_action(exported, "auth.login")
+    for e in logins:
+        assert e["class_uid"] == 3002 and e["type_uid"] == 300201
+        assert e["service"]["name"] == "proofplane"
+        assert e["logon_type_id"] == 3 and e["user"]["name"]
+    ok_from_client = [e for e in logins if e.get("src_endpoint") == {"ip": CLIENT}
+                      and e["status_id"] == 1]  # fmt: skip
+    assert ok_from_client and all(e["is_remote"] for e in ok_from_client)
+    failed = [e for e in logins if e["status_id"] == 2]
+    assert {e["status_detail"] for e in failed} >= {"password", "unknown_user", "account_locked",
+                                                    "totp", "disabled"}  # fmt: skip
+    assert any(e.get("src_endpoint") == {"ip": "2001:db8::5"} for e in failed)
+    totp_login = [e for e in logins if e["unmapped"]["proofplane"]["details"].get("mfa")]
+    assert totp_login and all(e["is_mfa"] is True for e in totp_login)
+    assert all(e["auth_protocol_id"] == 99 and e["auth_protocol"] == "Password" for e in logins)
+    recovery = _by_action(exported, "mfa.recovery_code.use")
+    assert recovery and all(e["is_mfa"] and e["class_uid"] == 3002 for e in recovery)
+
+
+def test_attestation_verdicts_are_compliance_findings(exported: list[dict[str, Any]]) -> None:
+    verdicts = _by_action(exported, "node.attest")
+    assert verdicts
+    for e in verdicts:
+        assert e["class_uid"] == 2003 and e["type_uid"] == 200301
+        assert "status_id" not in e  # the consumer's triage state
+        assert e["metadata"]["profiles"] == ["host"]
+        c = e["compliance"]
+        assert c["standards"] == ["NIST SP 800-53 Rev. 5"] and c["control"] == "SI-7"
+        assert c["requirements"][0].startswith("proofplane attestation policy")
+        node = e["unmapped"]["proofplane"]["target_id"]
+        assert e["resource"]["uid"] == node and e["device"]["name"] == node
+        assert e["resource"]["data"]["gpu_uuids"]
+        passed = e["unmapped"]["proofplane"]["outcome"] == "success"
+        assert (c["status_id"], c["status"]) == ((1, "Pass") if passed else (3, "Fail"))
+        if not passed:
+            reasons = e["unmapped"]["proofplane"]["details"]["reasons"]
+            assert c["status_detail"] == ", ".join(reasons) and c["status_code"] == reasons[0]
+            assert e["severity_id"] == 4  # the demo policy enforces
+    assert {e["compliance"]["status"] for e in verdicts} == {"Pass", "Fail"}
+    # the node's registration stays Device Inventory Info
+    assert {e["class_uid"] for e in _by_action(exported, "node.register")} == {5001}
+
+
+def test_other_activities_name_the_action(exported: list[dict[str, Any]]) -> None:
+    others = [e for e in exported if e["activity_id"] == 99]
+    assert others
+    for e in others:
+        assert e["activity_name"] == e["unmapped"]["proofplane"]["action"]
+        assert e["type_name"] == f"{e['class_name']}: Other"
+    issue = _by_action(exported, "token.issue")[0]
+    assert (issue["class_uid"], issue["type_name"]) == (3001, "Account Change: Other")
+
+
+def test_recommended_attributes_we_know_are_filled(exported: list[dict[str, Any]]) -> None:
+    for e in exported:
+        md = e["metadata"]
+        assert md["log_provider"] == "proofplane" and md["product"]["vendor_name"] == "proofplane"
+        assert md["version"] == "1.1.0" and md["sequence"] == e["unmapped"]["proofplane"]["seq"]
+        assert e["timezone_offset"] == 0 and e["severity"]
+        for user in (e.get("user"), (e.get("actor") or {}).get("user")):
+            if user is not None:
+                assert user["type_id"] in (1, 3)
+        if e["class_uid"] == 5001:
+            assert e["device"]["uid"] == e["unmapped"]["proofplane"]["target_id"]
+    # no sibling caption disagrees with its id anywhere
+    for e in exported:
+        warnings = [f for f in schema().validate(e) if f.severity == ocsf_schema.WARNING]
+        assert warnings == [], (e["unmapped"]["proofplane"]["action"], warnings)
+
+
+# --- sweep 2: every action the code can record -------------------------------------------------
+
+
+def _recorded_actions() -> set[str]:
+    """The literal actions passed to ``record(...)``/``NewEvent(...)`` anywhere in src/."""
+    found: set[str] = set()
+    for path in (REPO / "src" / "proofplane").rglob("*.py"):
+        tree = ast.parse(path.read_text("utf-8"))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call) or not node.args:
+                continue
+            name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+            value = getattr(node.args[0], "value", None)
+            if (
+                name in ("record", "NewEvent", "_record")
+                and isinstance(value, str)
+                and "." in value
+            ):
+                found.add(value)
+    return found
+
+
+def test_every_action_the_code_records_maps_to_a_valid_event() -> None:
+    actions = _recorded_actions()
+    assert len(actions) >= 40 and "auth.login" in actions and "node.attest" in actions
+    ts = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+    problems = {}
+    for action in sorted(actions):
+        for outcome in Outcome:
+            for target_type, details in (
+                ("user", {}),
+                ("node", {"reason": "r", "reasons": ["pcr_mismatch"], "ok": False,
+                          "source_ip": "not an address", "severity": "bogus"}),
+            ):  # fmt: skip
+                event = Event(1, ts, "system", action, target_type, "x-1", outcome, details)
+                out = ocsf.to_ocsf(event, b"\x02" * 32, product_version="1", hostname="h_1")
+                errs = _errors(out)
+                if errs:
+                    problems[(action, outcome.value, target_type)] = errs
+    assert problems == {}
+
+
+def test_an_unsupported_ocsf_version_is_refused() -> None:
+    event = Event(1, datetime(2026, 1, 1, tzinfo=UTC), "a", "x.y", "t", "i", Outcome.SUCCESS, {})
+    with pytest.raises(ValueError, match="1.3.0"):
+        ocsf.to_ocsf(event, b"\0" * 32, product_version="1", ocsf_version="1.3.0")
+
+
+def test_the_ocsf_version_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from proofplane import config
+
+    assert config.OCSF_VERSIONS == ocsf.VERSIONS
+    assert config.sink_settings_from_env({}).ocsf_version == "1.1.0"
+    with pytest.raises(ProofplaneError) as bad:
+        config.sink_settings_from_env({"PROOFPLANE_OCSF_VERSION": "1.3.0"})
+    assert bad.value.code == "invalid_setting"
+    assert Actor("x").name == "x"  # (the import used above)
