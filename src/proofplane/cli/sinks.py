@@ -7,6 +7,8 @@ server's exporter is off).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -15,7 +17,7 @@ from rich.table import Table
 from proofplane.access import SYSTEM
 from proofplane.audit.export.config import SINK_TYPES
 from proofplane.cli import render
-from proofplane.cli.client import segment
+from proofplane.cli.client import CliError, segment
 from proofplane.cli.common import (
     AllOpt,
     CursorOpt,
@@ -107,6 +109,17 @@ def add(
     ),
     index: str | None = typer.Option(None, "--index", help="splunk-hec: index."),
     sourcetype: str | None = typer.Option(None, "--sourcetype", help="splunk-hec: sourcetype."),
+    hec_ack: bool = typer.Option(
+        False,
+        "--hec-ack",
+        help="splunk-hec: wait for indexer acknowledgement (for a token with useACK on).",
+    ),
+    hec_channel: str | None = typer.Option(
+        None, "--hec-channel", help="splunk-hec: the request channel (a UUID; default derived)."
+    ),
+    ack_timeout: float | None = typer.Option(
+        None, "--ack-timeout", help="splunk-hec: seconds to wait for the ack (default 30)."
+    ),
     batch_size: int | None = typer.Option(None, "--batch-size", min=1, max=5000),
     start_at_end: bool = typer.Option(
         False, "--from-now", help="Skip the history: deliver only events from now on."
@@ -127,6 +140,9 @@ def add(
         "index": index,
         "sourcetype": sourcetype,
         "batch_size": batch_size,
+        "ack": True if hec_ack else None,
+        "channel": hec_channel,
+        "ack_timeout_s": ack_timeout,
     }
     body = {
         "name": name,
@@ -252,3 +268,75 @@ def flush(
             render.print_line("no sinks to flush")
     if any(r["error"] for r in results):
         raise typer.Exit(1)
+
+
+@app.command("validate-ocsf")
+def validate_ocsf(
+    file: Path = typer.Argument(
+        ..., help="An OCSF export: JSON lines (ocsf-file) or a JSON array."
+    ),
+    schema_dir: Path = typer.Option(
+        ...,
+        "--schema",
+        help="An OCSF schema directory (github.com/ocsf/ocsf-schema at the export's version).",
+    ),
+    warnings: bool = typer.Option(
+        False, "--warnings", help="Also report warnings (missing recommended attributes…)."
+    ),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Check every event of an OCSF export against the published schema, offline. Exit 1 if
+    any event has an error."""
+    from proofplane.audit.export import ocsf_schema
+    from proofplane.siem.ocsf_files import load_schema
+
+    try:
+        schema = load_schema(schema_dir)
+        events = _ocsf_events(file)
+    except ocsf_schema.SchemaError as exc:
+        raise CliError(exc.message) from None
+    report = []
+    for where, event in events:
+        found = schema.validate(event, warn_recommended=warnings)
+        shown = found if warnings else ocsf_schema.errors(found)
+        report.extend({"event": where, "severity": f.severity, "code": f.code,
+                       "path": f.path, "message": f.message} for f in shown)  # fmt: skip
+    failed = any(r["severity"] == ocsf_schema.ERROR for r in report)
+    if as_json:
+        render.print_json({"events": len(events), "schema": schema.version, "findings": report})
+    else:
+        for r in report:
+            style = "red" if r["severity"] == ocsf_schema.ERROR else "yellow"
+            render.print_line(f"{r['event']}: {r['severity']} {r['code']} at "
+                              f"{r['path'] or '<event>'}: {r['message']}", style)  # fmt: skip
+        verdict = "FAIL" if failed else "ok"
+        render.print_line(
+            f"{len(events)} event(s) checked against OCSF {schema.version}: {verdict}"
+        )
+    if failed:
+        raise typer.Exit(1)
+
+
+def _ocsf_events(file: Path) -> list[tuple[str, Any]]:
+    """(where, event) for each event of a JSON-lines file or a JSON array."""
+    from proofplane.audit.export.ocsf_schema import SchemaError
+
+    try:
+        text = file.read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SchemaError(f"cannot read {file}: {exc}") from None
+    if text.lstrip().startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SchemaError(f"{file}: not JSON: {exc}") from None
+        return [(f"{file.name}[{i}]", e) for i, e in enumerate(items)]
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append((f"{file.name}:{n}", json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise SchemaError(f"{file.name}:{n}: not JSON: {exc}") from None
+    return out

@@ -500,4 +500,3 @@ def _enum_key(value: Any) -> str:
 
 def _semver_key(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in version.split("-", 1)[0].split("."))
-

@@ -45,9 +45,7 @@ SPRAY_ALERT = 20  # failed logins across all accounts within the window
 ENROLLMENT_TTL = timedelta(minutes=15)
 
 
-def _fail(
-    tx: Tx, row: UserRow | None, username: str, reason: str, source: dict[str, str]
-) -> None:
+def _fail(tx: Tx, row: UserRow | None, username: str, reason: str, source: dict[str, str]) -> None:
     """Record a failed login; count it against the account; lock and alert at the limits."""
     tx.record(
         "auth.login",
