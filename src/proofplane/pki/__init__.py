@@ -1,0 +1,1 @@
+"""Certificates proofplane issues and checks: the API's TLS files (``pki.tls``)."""
