@@ -60,6 +60,7 @@ LAYERS: dict[str, int] = {
     "agent": 2,
     "backends": 2,
     "pki": 2,
+    "kms": 2,
     # 3: use cases (one transaction each) and the trace replays
     "service": 3,
     "sim": 3,
@@ -91,6 +92,7 @@ PURE: tuple[str, ...] = (
     "audit.export.hec",
     "audit.export.config",
     "attest",
+    "keys",
     "govern.changes",
     "network.desired",
 )

@@ -63,6 +63,20 @@ def _audit_key_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _master_key_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The embedded KMS's master key is a temporary file, never the user's data directory."""
+    previous = {n: os.environ.get(n) for n in ("PROOFPLANE_MASTER_KEY_FILE", "PROOFPLANE_KMS")}
+    os.environ["PROOFPLANE_MASTER_KEY_FILE"] = str(tmp_path_factory.mktemp("kms") / "master.key")
+    os.environ.pop("PROOFPLANE_KMS", None)
+    yield
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _sink_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """File sinks write into a temporary directory, never the user's data directory; the
     tests keep their sinks' certificates in their own temporary directories, so the TLS

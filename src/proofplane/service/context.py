@@ -173,6 +173,9 @@ class Store:
 
     # What SIEM sinks may reach (issue 19, §5); None: read from PROOFPLANE_SINK_* when needed.
     sink_policy: SinkPolicy | None = None
+    # The KMS sealing its secrets and signing its checkpoints (service/keys.py ``kms_for``);
+    # None: built from PROOFPLANE_KMS on first use.
+    kms: Any = None
 
     def __init__(
         self, url: str, engine: Engine | None = None, backend: Backend | None = None

@@ -398,3 +398,37 @@ class AttestationPolicyRow(Base):
     enforce: Mapped[bool] = mapped_column(Boolean)
     updated_by: Mapped[str] = mapped_column(String(255))
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class KmsKeyRow(Base):
+    """A named KMS key (issue 13): its purpose, the backend holding its material, and which
+    version new ciphertexts and signatures use. Material stays in the backend; each version's
+    handle is in ``kms_key_versions``."""
+
+    __tablename__ = "kms_keys"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    purpose: Mapped[str] = mapped_column(String(16))
+    algorithm: Mapped[str] = mapped_column(String(32))
+    backend: Mapped[str] = mapped_column(String(16))
+    current_version: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    disabled_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class KmsKeyVersionRow(Base):
+    """One version of a KMS key: the backend's opaque handle (the local keyring's sealed
+    material, an HSM object's label, an OpenBao transit key), the public key of a ``sign``
+    version, and when it was made, superseded and destroyed (handle erased)."""
+
+    __tablename__ = "kms_key_versions"
+    key_id: Mapped[int] = mapped_column(
+        ForeignKey("kms_keys.id", ondelete="CASCADE"), primary_key=True
+    )
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    handle: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    public_key: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    retired_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    destroyed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

@@ -1,0 +1,311 @@
+"""The KMS as the services use it: the key inventory in the database, material in a backend.
+
+``Kms`` seals and opens secrets (envelope encryption: ``proofplane.keys.envelope``), signs with
+Ed25519, and manages keys' lifecycle (create, rotate, disable, destroy a version), each change
+an event (``key.create``, ``key.rotate``…). Key versions' handles are read from
+``kms_key_versions`` and cached per process (a handle never changes); which version is current
+is read in the caller's transaction, so a rotation in another replica is seen at once.
+
+Secrets at rest go through ``seal_secret``/``open_secret`` under the key ``secrets``, with the
+row's identity as AAD (``users/42/totp_secret``): a ciphertext copied to another row does not
+open. ``kms_for(store)`` is the store's KMS (``PROOFPLANE_KMS``, default the embedded keyring
+under ``PROOFPLANE_MASTER_KEY_FILE``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from proofplane.keys import (
+    ALGORITHMS,
+    ENCRYPT,
+    PURPOSES,
+    SIGN,
+    DecryptFailed,
+    KeyDisabled,
+    KeyExists,
+    KeyNotFound,
+    WrongPurpose,
+    check_key_name,
+    envelope,
+)
+from proofplane.kms import Backend, backend_from_env
+from proofplane.service.context import Store, Tx
+from proofplane.store.tables import KmsKeyRow, KmsKeyVersionRow
+
+SECRETS_KEY = "secrets"  # seals every secret stored in the database
+AUDIT_KEY = "audit-checkpoint"  # signs the audit log's checkpoints
+
+
+@dataclass(frozen=True, slots=True)
+class VersionView:
+    version: int
+    created_at: datetime
+    retired_at: datetime | None
+    destroyed_at: datetime | None
+    public_key: bytes | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "created_at": self.created_at.isoformat(),
+            "retired_at": self.retired_at.isoformat() if self.retired_at else None,
+            "destroyed_at": self.destroyed_at.isoformat() if self.destroyed_at else None,
+            "public_key": self.public_key.hex() if self.public_key else None,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class KeyView:
+    name: str
+    purpose: str
+    algorithm: str
+    backend: str
+    current_version: int
+    created_at: datetime
+    updated_at: datetime
+    disabled_at: datetime | None
+    versions: tuple[VersionView, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "purpose": self.purpose,
+            "algorithm": self.algorithm,
+            "backend": self.backend,
+            "current_version": self.current_version,
+            "created_at": self.created_at.isoformat(),
+            "updated_at": self.updated_at.isoformat(),
+            "disabled_at": self.disabled_at.isoformat() if self.disabled_at else None,
+            "versions": [v.to_json() for v in self.versions],
+        }
+
+
+def _key_row(session: Session, name: str) -> KmsKeyRow:
+    row = session.scalar(select(KmsKeyRow).where(KmsKeyRow.name == name))
+    if row is None:
+        raise KeyNotFound(f"key {name!r} not found", details={"key": name})
+    return row
+
+
+def _versions(session: Session, key: KmsKeyRow) -> list[KmsKeyVersionRow]:
+    return list(
+        session.scalars(
+            select(KmsKeyVersionRow)
+            .where(KmsKeyVersionRow.key_id == key.id)
+            .order_by(KmsKeyVersionRow.version)
+        )
+    )
+
+
+def key_view(session: Session, row: KmsKeyRow) -> KeyView:
+    versions = tuple(
+        VersionView(v.version, v.created_at, v.retired_at, v.destroyed_at, v.public_key)
+        for v in _versions(session, row)
+    )
+    return KeyView(row.name, row.purpose, row.algorithm, row.backend, row.current_version,
+                   row.created_at, row.updated_at, row.disabled_at, versions)  # fmt: skip
+
+
+class Kms:
+    """Keys in the inventory, material in ``backend`` (see the module's docstring)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._handles: dict[tuple[str, int], tuple[str, bytes]] = {}
+        self._lock = threading.Lock()
+        #: operations done per key (decrypt and sign are counted, not recorded one by one)
+        self.counts: dict[tuple[str, str], int] = {}
+
+    def _count(self, name: str, op: str) -> None:
+        with self._lock:
+            self.counts[(name, op)] = self.counts.get((name, op), 0) + 1
+
+    # --- lifecycle (events) --------------------------------------------------------------------
+
+    def _new_version(self, tx: Tx, row: KmsKeyRow, version: int) -> None:
+        handle = self.backend.generate(row.purpose, f"{row.name}-v{version}")
+        public = self.backend.public_key(handle) if row.purpose == SIGN else None
+        tx.session.add(KmsKeyVersionRow(key_id=row.id, version=version, handle=handle,
+                                        public_key=public, created_at=tx.now))  # fmt: skip
+
+    def create_key(self, tx: Tx, name: str, purpose: str) -> KeyView:
+        check_key_name(name)
+        if purpose not in PURPOSES:
+            raise WrongPurpose(f"a key's purpose is one of {', '.join(PURPOSES)}",
+                               details={"purpose": purpose})  # fmt: skip
+        if tx.session.scalar(select(KmsKeyRow.id).where(KmsKeyRow.name == name)) is not None:
+            raise KeyExists(f"key {name!r} exists", details={"key": name})
+        row = KmsKeyRow(name=name, purpose=purpose, algorithm=ALGORITHMS[purpose],
+                        backend=self.backend.kind, current_version=1, created_at=tx.now,
+                        updated_at=tx.now)  # fmt: skip
+        tx.session.add(row)
+        tx.session.flush()
+        self._new_version(tx, row, 1)
+        tx.record("key.create", "key", name, details={"purpose": purpose,
+                  "algorithm": row.algorithm, "backend": row.backend, "version": 1})  # fmt: skip
+        tx.session.flush()
+        return key_view(tx.session, row)
+
+    def ensure_key(self, tx: Tx, name: str, purpose: str) -> KmsKeyRow:
+        """The key ``name``, created (version 1) on first use."""
+        row = tx.session.scalar(select(KmsKeyRow).where(KmsKeyRow.name == name))
+        if row is None:
+            self.create_key(tx, name, purpose)
+            row = _key_row(tx.session, name)
+        if row.purpose != purpose:
+            raise WrongPurpose(f"key {name!r} is for {row.purpose}, not {purpose}",
+                               details={"key": name})  # fmt: skip
+        return row
+
+    def rotate_key(self, tx: Tx, name: str) -> KeyView:
+        """A new version becomes current; older versions still open and verify."""
+        row = _key_row(tx.session, name)
+        if row.disabled_at is not None:
+            raise KeyDisabled(f"key {name!r} is disabled", details={"key": name})
+        old = tx.session.get(KmsKeyVersionRow, (row.id, row.current_version))
+        if old is not None:
+            old.retired_at = tx.now
+        row.current_version += 1
+        row.updated_at = tx.now
+        self._new_version(tx, row, row.current_version)
+        tx.record("key.rotate", "key", name, details={"version": row.current_version})
+        tx.session.flush()
+        return key_view(tx.session, row)
+
+    def disable_key(self, tx: Tx, name: str, disabled: bool = True) -> KeyView:
+        """Disable (or enable again) a key: nothing is sealed, opened or signed with it."""
+        row = _key_row(tx.session, name)
+        row.disabled_at = tx.now if disabled else None
+        row.updated_at = tx.now
+        tx.record("key.disable" if disabled else "key.enable", "key", name)
+        return key_view(tx.session, row)
+
+    def destroy_version(self, tx: Tx, name: str, version: int) -> KeyView:
+        """Erase one superseded version's material for good: what it sealed no longer opens."""
+        row = _key_row(tx.session, name)
+        ver = tx.session.get(KmsKeyVersionRow, (row.id, version))
+        if ver is None:
+            raise KeyNotFound(f"key {name!r} has no version {version}",
+                              details={"key": name, "version": version})  # fmt: skip
+        if version == row.current_version:
+            raise KeyDisabled("the current version cannot be destroyed: rotate first",
+                              details={"key": name, "version": version})  # fmt: skip
+        if ver.handle is not None:
+            self.backend.destroy(ver.handle)
+        ver.handle, ver.destroyed_at = None, tx.now
+        with self._lock:
+            self._handles.pop((name, version), None)
+        tx.record("key.destroy", "key", name, details={"version": version})
+        return key_view(tx.session, row)
+
+    # --- use -----------------------------------------------------------------------------------
+
+    def _handle(self, session: Session, name: str, version: int, purpose: str) -> bytes:
+        cached = self._handles.get((name, version))
+        if cached is None:
+            row = _key_row(session, name)
+            ver = session.get(KmsKeyVersionRow, (row.id, version))
+            if ver is None:
+                raise DecryptFailed(f"key {name!r} has no version {version}")
+            if ver.handle is None:
+                raise KeyDisabled(f"version {version} of key {name!r} was destroyed",
+                                  details={"key": name, "version": version})  # fmt: skip
+            cached = (row.purpose, ver.handle)
+            with self._lock:
+                self._handles[(name, version)] = cached
+        if cached[0] != purpose:
+            raise WrongPurpose(f"key {name!r} is for {cached[0]}, not {purpose}",
+                               details={"key": name})  # fmt: skip
+        return cached[1]
+
+    def _usable(self, session: Session, name: str) -> KmsKeyRow:
+        row = _key_row(session, name)
+        if row.disabled_at is not None:
+            raise KeyDisabled(f"key {name!r} is disabled", details={"key": name})
+        return row
+
+    def encrypt(self, session: Session, name: str, plaintext: bytes, aad: bytes) -> str:
+        """Seal ``plaintext`` under the current version of ``name`` (an ``encrypt`` key)."""
+        row = self._usable(session, name)
+        handle = self._handle(session, name, row.current_version, ENCRYPT)
+        sealed = envelope.seal(plaintext, aad, key=name, version=row.current_version,
+                               wrap=lambda dk, a: self.backend.wrap(handle, dk, a))  # fmt: skip
+        self._count(name, "encrypt")
+        return sealed.text()
+
+    def decrypt(self, session: Session, ciphertext: str, aad: bytes) -> bytes:
+        """Open a ciphertext of ``encrypt`` (any version of its key that is not destroyed)."""
+        env = envelope.parse(ciphertext)
+        self._usable(session, env.key)
+        handle = self._handle(session, env.key, env.version, ENCRYPT)
+        plain = envelope.open_envelope(
+            env, aad, unwrap=lambda w, a: self.backend.unwrap(handle, w, a)
+        )
+        self._count(env.key, "decrypt")
+        return plain
+
+    def sign(self, session: Session, name: str, message: bytes) -> tuple[int, bytes]:
+        """(version, Ed25519 signature) under the current version of ``name``."""
+        row = self._usable(session, name)
+        handle = self._handle(session, name, row.current_version, SIGN)
+        signature = self.backend.sign(handle, message)
+        self._count(name, "sign")
+        return row.current_version, signature
+
+    def rewrap(self, session: Session, ciphertext: str, aad: bytes) -> str:
+        """The same secret sealed under its key's current version (unchanged if it is)."""
+        env = envelope.parse(ciphertext)
+        row = self._usable(session, env.key)
+        if env.version == row.current_version:
+            return ciphertext
+        return self.encrypt(session, env.key, self.decrypt(session, ciphertext, aad), aad)
+
+
+def list_keys(session: Session) -> list[KeyView]:
+    rows = session.scalars(select(KmsKeyRow).order_by(KmsKeyRow.name))
+    return [key_view(session, r) for r in rows]
+
+
+def get_key(session: Session, name: str) -> KeyView:
+    return key_view(session, _key_row(session, name))
+
+
+# --- the store's KMS and secrets at rest ---------------------------------------------------------
+
+_BUILD_LOCK = threading.Lock()
+
+
+def kms_for(store: Store) -> Kms:
+    """The store's KMS: set by the server at start, else built from the environment once."""
+    kms = store.kms
+    if kms is None:
+        with _BUILD_LOCK:
+            kms = store.kms
+            if kms is None:
+                kms = Kms(backend_from_env(os.environ))
+                store.kms = kms
+    return kms  # type: ignore[no-any-return]
+
+
+def secret_aad(table: str, row_id: object, column: str) -> bytes:
+    """The identity a stored secret is bound to: ``<table>/<row id>/<column>``."""
+    return f"{table}/{row_id}/{column}".encode()
+
+
+def seal_secret(kms: Kms, tx: Tx, value: str, aad: bytes) -> str:
+    """``value`` as stored: KMS ciphertext under the ``secrets`` key (created on first use)."""
+    kms.ensure_key(tx, SECRETS_KEY, ENCRYPT)
+    return kms.encrypt(tx.session, SECRETS_KEY, value.encode(), aad)
+
+
+def open_secret(kms: Kms, session: Session, stored: str, aad: bytes) -> str:
+    """The plaintext of a stored secret (``DecryptFailed`` if it is not the row's)."""
+    return kms.decrypt(session, stored, aad).decode()
