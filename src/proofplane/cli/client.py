@@ -6,17 +6,26 @@ the request could not even be built (a malformed ``--server`` URL or ``--token``
 
 A client built with a ``token`` sends it as ``Authorization: Bearer``; a 401 answer carries a
 hint to log in (unless the client is the login command's own).
+
+An ``https://`` server is verified against ``ca_file`` (the global ``--ca-file`` /
+``PROOFPLANE_CA_FILE``; httpx's default CAs without one). A certificate that does not verify is
+"cannot reach" (exit 3) with the hint to pass the server's CA.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import ssl
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
+import click
 import httpx
+
+from proofplane.errors import ValidationFailed
+from proofplane.pki import tls
 
 DEFAULT_SERVER = "http://127.0.0.1:8470"
 TIMEOUT_S = 10.0
@@ -39,15 +48,62 @@ class CliError(Exception):
         self.exit_code = exit_code
 
 
+CA_HINT = "pass the CA that signed the server's certificate with --ca-file / PROOFPLANE_CA_FILE"
+START_HINT = "start it with 'proofplane up' or set --server / PROOFPLANE_SERVER"
+
+
 class ServerUnreachable(CliError):
-    def __init__(self, server: str, why: str) -> None:
+    def __init__(self, server: str, why: str, hint: str = START_HINT) -> None:
         super().__init__(
-            f"proofplane: cannot reach the proofplane server at {server} ({why}); "
-            "start it with 'proofplane up' or set --server / PROOFPLANE_SERVER",
+            f"proofplane: cannot reach the proofplane server at {server} ({why}); {hint}",
             exit_code=EXIT_UNREACHABLE,
         )
         self.server = server
         self.why = why
+
+
+def unreachable(server: str, exc: httpx.TransportError) -> ServerUnreachable:
+    """The CliError for a transport failure, with the hint that fits it: a TLS failure names
+    what to change (the CA, the scheme), anything else how to start or name the server."""
+    text = str(exc)
+    if "CERTIFICATE_VERIFY_FAILED" in text:
+        reason = text.split("certificate verify failed:", 1)[-1].split("(_ssl.c", 1)[0].strip()
+        why = f"certificate verify failed: {reason}" if reason else "certificate verify failed"
+        return ServerUnreachable(server, why, CA_HINT)
+    if "WRONG_VERSION_NUMBER" in text or "record layer failure" in text:
+        return ServerUnreachable(
+            server,
+            "the TLS handshake failed: the server does not speak TLS on this port",
+            "use an http:// --server URL, or start the server with TLS",
+        )
+    if "CERTIFICATE_REQUIRED" in text or "HANDSHAKE_FAILURE" in text:
+        return ServerUnreachable(
+            server,
+            "the server refused the TLS handshake (it may require a client certificate)",
+            "the CLI cannot present one yet; reach the API through an endpoint without "
+            "--tls-client-ca",
+        )
+    return ServerUnreachable(server, _why(exc))
+
+
+def invocation_ca_file() -> str | None:
+    """The global ``--ca-file`` of the running CLI invocation (None outside one)."""
+    ctx = click.get_current_context(silent=True)
+    obj = ctx.find_root().obj if ctx is not None else None
+    value = getattr(obj, "ca_file", None)
+    return value if isinstance(value, str) and value else None
+
+
+def verify_context(ca_file: str) -> ssl.SSLContext:
+    """The context a client verifies servers with: ``ca_file``'s CAs only (like curl's
+    ``--cacert``), TLS 1.2+; an unreadable or malformed file is a usage error (exit 2)."""
+    try:
+        tls.check_ca_file(ca_file, "CA file")
+        return tls.client_context(ca_file)
+    except ValidationFailed as exc:
+        raise CliError(f"proofplane: --ca-file: {exc.message}", exit_code=EXIT_USAGE) from exc
+    except (OSError, ssl.SSLError) as exc:
+        raise CliError(f"proofplane: --ca-file {ca_file}: {exc}", exit_code=EXIT_USAGE) from exc
 
 
 class ApiError(CliError):
@@ -122,7 +178,10 @@ class ApiClient:
         timeout: float = TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
         auth_hints: bool = True,
+        ca_file: str | None = None,
     ) -> None:
+        """``ca_file``: verify an https server against these CAs (default: the invocation's
+        global ``--ca-file`` / PROOFPLANE_CA_FILE; without one, httpx's default CAs)."""
         self.server = server.rstrip("/") or server
         self.auth_hints = auth_hints
         headers = {"Accept": "application/json", "User-Agent": "proofplane-cli"}
@@ -134,12 +193,17 @@ class ApiClient:
                     exit_code=EXIT_USAGE,
                 )
             headers["Authorization"] = f"Bearer {token}"
+        verify: ssl.SSLContext | bool = True  # httpx's default: the certifi CAs
+        ca_file = ca_file or (invocation_ca_file() if transport is None else None)
+        if ca_file:
+            verify = verify_context(ca_file)
         try:
             self._http = httpx.Client(
                 base_url=self.server,
                 timeout=timeout,
                 transport=transport,
                 headers=headers,
+                verify=verify,
             )
         except (httpx.InvalidURL, ValueError, TypeError) as exc:
             raise CliError(
@@ -166,7 +230,7 @@ class ApiClient:
         try:
             resp = self._http.request(method, path, headers={"Accept": "text/plain"})
         except httpx.TransportError as exc:
-            raise ServerUnreachable(self.server, _why(exc)) from exc
+            raise unreachable(self.server, exc) from exc
         if resp.is_success:
             return resp.text
         self._parse(resp)
@@ -189,7 +253,7 @@ class ApiClient:
                 f"proofplane: invalid --server URL {self.server!r}: {exc}", exit_code=EXIT_USAGE
             ) from exc
         except httpx.TransportError as exc:
-            raise ServerUnreachable(self.server, _why(exc)) from exc
+            raise unreachable(self.server, exc) from exc
         return self._parse(resp)
 
     def pages(self, path: str, params: dict[str, Any], *, follow: bool) -> Iterator[dict[str, Any]]:

@@ -20,6 +20,7 @@ from proofplane.cli.client import DEFAULT_SERVER, ApiClient
 class CliState:
     server: str = DEFAULT_SERVER
     token: str | None = None  # --token / PROOFPLANE_TOKEN
+    ca_file: str | None = None  # --ca-file / PROOFPLANE_CA_FILE: CAs to check https with
 
 
 def state(ctx: typer.Context) -> CliState:
@@ -37,8 +38,10 @@ def resolve_token(ctx: typer.Context) -> str | None:
 
 
 def client(ctx: typer.Context) -> ApiClient:
-    """The API client for the ``--server`` given to the root command, with its token."""
-    return ApiClient(state(ctx).server, token=resolve_token(ctx))
+    """The API client for the ``--server`` given to the root command, with its token, checking
+    an https server against ``--ca-file``."""
+    st = state(ctx)
+    return ApiClient(st.server, token=resolve_token(ctx), ca_file=st.ca_file)
 
 
 # --- options every list / show command takes ---------------------------------------------------

@@ -81,6 +81,14 @@ def root(
         "server).",
         show_default=False,
     ),
+    ca_file: str | None = typer.Option(
+        None,
+        "--ca-file",
+        envvar="PROOFPLANE_CA_FILE",
+        help="PEM CA certificate(s) to verify an https:// server with (e.g. the CA that "
+        "'proofplane up --tls' prints); default: the usual public CAs.",
+        show_default=False,
+    ),
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
@@ -90,7 +98,7 @@ def root(
     Start a demo control plane with `proofplane up`, then try `proofplane nodes list`.
     Sign in to a server with `proofplane login`.
     """
-    ctx.obj = CliState(server=server_url, token=token or None)
+    ctx.obj = CliState(server=server_url, token=token or None, ca_file=ca_file or None)
 
 
 app.command("serve", rich_help_panel="Server")(server.serve)

@@ -8,6 +8,12 @@ Store errors become one message on stderr and exit status 1.
 that token; ``up`` always has one (a fresh random token unless the variable is set), shows it,
 and stores it in the CLI's credentials file so that the demo's commands work as they are.
 
+TLS: ``serve --tls-cert/--tls-key`` (``PROOFPLANE_TLS_CERT``/``_KEY``) serves HTTPS with the
+policy of ``proofplane.pki.tls`` (TLS 1.2+, ECDHE+AEAD suites), checked before anything starts;
+``--tls-client-ca`` requires client certificates from that CA. ``serve`` refuses to listen on
+an address other than loopback in plain HTTP unless ``--insecure-http`` says so. ``up --tls``
+makes a throwaway CA and server certificate for loopback in the demo's data directory.
+
 Both hand placed workloads to the execution engine (``PROOFPLANE_BACKEND``, the local executor
 by default). ``up`` reconciles with it every second and keeps the local executor's state next to
 its database; when it stops, it stops the demo's processes.
@@ -17,10 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import inspect
+import ipaddress
 import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,6 +61,7 @@ from proofplane.demo import swtpm as demo_swtpm
 from proofplane.demo.attester import DemoAttester, load_attested_demo
 from proofplane.errors import Conflict, ProofplaneError, ValidationFailed
 from proofplane.hardware.cluster_file import ClusterSpec, parse_cluster
+from proofplane.pki import tls as pki_tls
 from proofplane.service import execution as execution_svc
 from proofplane.service import sinks as sinks_svc
 from proofplane.service.access import MAX_TOKEN_TTL, bootstrap_admin
@@ -68,6 +78,32 @@ db_app = typer.Typer(help="Database schema migrations.", no_args_is_help=True)
 
 HostOpt = typer.Option("127.0.0.1", "--host", help="Interface to listen on.")
 PortOpt = typer.Option(DEFAULT_PORT, "--port", "-p", min=1, max=65535, help="TCP port.")
+TlsCertOpt = typer.Option(
+    None,
+    "--tls-cert",
+    envvar="PROOFPLANE_TLS_CERT",
+    help="Serve HTTPS with this PEM certificate (chain); needs --tls-key.",
+    show_default=False,
+)
+TlsKeyOpt = typer.Option(
+    None,
+    "--tls-key",
+    envvar="PROOFPLANE_TLS_KEY",
+    help="The PEM private key of --tls-cert (unencrypted; keep it 0600).",
+    show_default=False,
+)
+TlsClientCaOpt = typer.Option(
+    None,
+    "--tls-client-ca",
+    envvar="PROOFPLANE_TLS_CLIENT_CA",
+    help="Require client certificates signed by this PEM CA (mutual TLS).",
+    show_default=False,
+)
+InsecureHttpOpt = typer.Option(
+    False,
+    "--insecure-http",
+    help="Allow plain HTTP on an address other than loopback (tokens travel in clear).",
+)
 DbOpt = typer.Option(
     None,
     "--db",
@@ -145,7 +181,7 @@ def check_port(host: str, port: int) -> None:
             raise CliError(f"proofplane: cannot listen on {host}:{port}: {exc.strerror}") from exc
 
 
-def base_url(host: str, port: int) -> str:
+def base_url(host: str, port: int, tls: bool = False) -> str:
     """The URL clients on this machine use to reach a server listening on host:port."""
     if host in ("0.0.0.0", ""):
         host = "127.0.0.1"
@@ -153,7 +189,103 @@ def base_url(host: str, port: int) -> str:
         host = "::1"
     if ":" in host:
         host = f"[{host}]"
-    return f"http://{host}:{port}"
+    return f"{'https' if tls else 'http'}://{host}:{port}"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1, an IPv4-mapped one) or
+    ``localhost``: what only this machine can reach."""
+    text = host.strip().strip("[]").lower()
+    if text in ("localhost", "localhost."):
+        return True
+    try:
+        addr = ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_loopback
+
+
+def check_exposure(host: str, tls: bool, insecure_http: bool) -> None:
+    """Refuse plain HTTP on an address other machines can reach (bearer tokens, passwords and
+    session cookies would cross the network in clear) unless ``--insecure-http`` says so."""
+    if tls or insecure_http or is_loopback(host):
+        return
+    raise CliError(
+        f"proofplane: refusing to serve plain HTTP on {host or '(every address)'}: tokens and "
+        "passwords would cross the network in clear; give --tls-cert and --tls-key (or "
+        "PROOFPLANE_TLS_CERT/PROOFPLANE_TLS_KEY), listen on 127.0.0.1, or pass --insecure-http "
+        "(e.g. behind a TLS-terminating proxy)"
+    )
+
+
+def server_tls(
+    cert: str | None, key: str | None, client_ca: str | None
+) -> pki_tls.ServerTls | None:
+    """The checked TLS files of ``serve`` (None: plain HTTP). Half a pair, an unreadable file,
+    a key of another certificate or an expired one is one error line (exit 1)."""
+    cert, key, client_ca = cert or None, key or None, client_ca or None
+    if cert is None and key is None:
+        if client_ca is not None:
+            raise CliError("proofplane: --tls-client-ca needs --tls-cert and --tls-key")
+        return None
+    if cert is None or key is None:
+        given, missing = ("--tls-cert", "--tls-key") if key is None else ("--tls-key", "--tls-cert")
+        raise CliError(f"proofplane: {given} needs {missing} too (give both, or neither)")
+    try:
+        return pki_tls.check_server_files(cert, key, client_ca)
+    except ValidationFailed as exc:
+        raise CliError(f"proofplane: {exc.message}") from exc
+
+
+def demo_tls_dir() -> Path:
+    """Where ``up --tls`` keeps its throwaway CA and server certificate."""
+    return Path(platformdirs.user_data_dir("proofplane")) / "demo-tls"
+
+
+DEMO_TLS_HOSTS = ["127.0.0.1", "localhost", "::1"]
+
+
+def prepare_demo_tls(directory: Path, host: str) -> tuple[pki_tls.ServerTls, Path]:
+    """A fresh throwaway CA and a server certificate for loopback (and ``host`` when it is a
+    name or a specific address) in ``directory`` (0700; keys 0600): (server files, CA path)."""
+    hosts = list(DEMO_TLS_HOSTS)
+    if host not in ("", "0.0.0.0", "::") and host not in hosts:
+        hosts.append(host)
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        directory.chmod(0o700)
+        ca_cert, ca_key = pki_tls.make_ca(directory, "demo-ca")
+        cert, key = pki_tls.make_server_cert(ca_cert, ca_key, hosts, directory, name="server")
+    except OSError as exc:
+        raise CliError(
+            f"proofplane: cannot write the demo TLS files in {directory}: {exc}"
+        ) from exc
+    except ValidationFailed as exc:
+        raise CliError(f"proofplane: cannot make the demo TLS files: {exc.message}") from exc
+    return pki_tls.ServerTls(cert, key), ca_cert
+
+
+def uvicorn_tls(tls: pki_tls.ServerTls | None) -> dict[str, object]:
+    """uvicorn.run's arguments for ``tls``: the context of ``proofplane.pki.tls`` (TLS 1.2+,
+    its cipher list, client certificates when required). A uvicorn without
+    ``ssl_context_factory`` gets the same policy as files, cipher string and CERT_REQUIRED
+    (Python's own minimum is already TLS 1.2)."""
+    if tls is None:
+        return {}
+    if "ssl_context_factory" in inspect.signature(uvicorn.Config).parameters:
+        return {"ssl_context_factory": lambda _config, _default: tls.context()}
+    return {  # pragma: no cover - older uvicorn
+        "ssl_certfile": str(tls.cert),
+        "ssl_keyfile": str(tls.key),
+        "ssl_ciphers": pki_tls.TLS12_CIPHERS,
+        **(
+            {"ssl_ca_certs": str(tls.client_ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
+            if tls.client_ca is not None
+            else {}
+        ),
+    }
 
 
 def read_cluster(path: Path | None) -> tuple[ClusterSpec, str]:
@@ -285,16 +417,22 @@ def _welcome(
     token: str | None,
     saved_in: str | None,
     engine: str = "",
+    ca_file: str | None = None,
 ) -> Panel:
     env = [] if url == DEFAULT_SERVER else [f"export PROOFPLANE_SERVER={url}"]
+    cacert = ""
+    if ca_file is not None:
+        env.append(f"export PROOFPLANE_CA_FILE={ca_file}")
+        cacert = f"--cacert {ca_file} "
     commands = [
         *env,
+        *([f"curl {cacert}{url}/healthz"] if ca_file is not None else []),
         "proofplane whoami",
         "proofplane nodes list",
         "proofplane workloads list",
         "proofplane workloads show radiology-triage",
         "proofplane workloads logs radiology-triage",
-        f'curl -s -H "Authorization: Bearer $PROOFPLANE_TOKEN" {url}/api/v1/nodes',
+        f'curl -s {cacert}-H "Authorization: Bearer $PROOFPLANE_TOKEN" {url}/api/v1/nodes',
         'proofplane nodes state fra-h100-01 failed --reason "PSU fault"',
         "proofplane events list --newest --action 'workload.*'",
     ]
@@ -309,6 +447,7 @@ def _welcome(
             f"{counts['workloads']} workloads from {cluster}",
         ),
         *([("engine", engine)] if engine else []),
+        *([("TLS CA", ca_file)] if ca_file is not None else []),
     ):
         facts.append(f"{key:<10}", style="bold cyan")
         facts.append(f"{value}\n")
@@ -379,14 +518,18 @@ def _serve(
     *,
     stop_jobs: bool = False,
     attester: DemoAttester | None = None,
+    tls: pki_tls.ServerTls | None = None,
 ) -> None:
     """Serve until stopped; ``stop_jobs`` (``up``): then cancel the engine jobs still live;
-    ``attester`` (``up``): the demo's simulated agents keep attesting while it serves."""
+    ``attester`` (``up``): the demo's simulated agents keep attesting while it serves;
+    ``tls``: serve HTTPS on these files."""
     previous = _exit_on_sigterm()
     try:
         if attester is not None:
             attester.start()
-        uvicorn.run(create_app(store, settings, execution), host=host, port=port)
+        uvicorn.run(
+            create_app(store, settings, execution), host=host, port=port, **uvicorn_tls(tls)
+        )
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)  # type: ignore[arg-type]
@@ -412,26 +555,36 @@ def serve(
     host: str = HostOpt,
     port: int = PortOpt,
     db: str | None = DbOpt,
+    tls_cert: str | None = TlsCertOpt,
+    tls_key: str | None = TlsKeyOpt,
+    tls_client_ca: str | None = TlsClientCaOpt,
+    insecure_http: bool = InsecureHttpOpt,
 ) -> None:
     """Run the control plane API on an existing database (migrated on start).
 
     Settings come from PROOFPLANE_* variables; with PROOFPLANE_ADMIN_TOKEN set, a database
-    without users gets an `admin` user holding that token (90 days)."""
+    without users gets an `admin` user holding that token (90 days). With --tls-cert and
+    --tls-key it serves HTTPS (TLS 1.2+); on an address other than loopback it refuses plain
+    HTTP unless --insecure-http is given."""
     settings = load_settings()
     sink_policy = load_sink_policy()
+    tls = server_tls(tls_cert, tls_key, tls_client_ca)
+    check_exposure(host, tls is not None, insecure_http)
     url = db or default_database_url()
     execution = load_execution(url)
     check_port(host, port)
     store = open_store(url)
     store.sink_policy = sink_policy
     installed = settings.admin_token is not None and bootstrap(store, settings.admin_token)
+    shown = base_url(host, port, tls is not None)
     render.print_line(
-        f"proofplane serving on {base_url(host, port)} (docs {base_url(host, port)}/docs, "
-        f"database {shown_url(url)})"
+        f"proofplane serving on {shown} (docs {shown}/docs, database {shown_url(url)})"
     )
+    if tls is not None and tls.client_ca is not None:
+        render.print_line(f"clients must present a certificate signed by {tls.client_ca}")
     if installed:
         render.print_line("created user admin with the PROOFPLANE_ADMIN_TOKEN token (90 days)")
-    _serve(store, host, port, settings, execution)
+    _serve(store, host, port, settings, execution, tls=tls)
 
 
 def _swtpm_nodes(spec: ClusterSpec) -> tuple[demo_swtpm.SwtpmFleet | None, str]:
@@ -475,6 +628,13 @@ def up(
         help="A cluster file to load instead of the shipped demo cluster.",
         show_default=False,
     ),
+    tls: bool = typer.Option(
+        False,
+        "--tls",
+        help="Serve HTTPS with a throwaway CA and loopback certificate made in the demo's data "
+        "directory (the CA's path is printed: pass it as --ca-file / curl --cacert).",
+    ),
+    insecure_http: bool = InsecureHttpOpt,
 ) -> None:
     """Start the control plane with a demo cluster, on a fresh database, with a demo admin
     token (PROOFPLANE_ADMIN_TOKEN, or a fresh random one) stored for the CLI.
@@ -484,19 +644,22 @@ def up(
     runs in demo-attester mode (PROOFPLANE_DEMO_ATTESTER=simulated): its nodes are admitted by
     simulated TPM attesters through the real verifier, and one of them drifts. With swtpm and
     tpm2-tools installed, two nodes are attested instead by the node agent against their own
-    software TPM (swtpm), stopped when the demo stops."""
+    software TPM (swtpm), stopped when the demo stops. With --tls it serves HTTPS on a
+    throwaway CA's certificate (and its cookies are Secure)."""
     env_settings = load_settings()
     token = env_settings.admin_token or new_token()
+    check_exposure(host, tls, insecure_http)
     settings = dataclasses.replace(
         env_settings,
         admin_token=token,
-        cookie_secure=False,
+        cookie_secure=tls,
         demo_attester="simulated",
         api_docs=True,
     )
     sink_policy = load_sink_policy()
     spec, source = read_cluster(cluster)
     check_port(host, port)
+    server_files, ca_file = prepare_demo_tls(demo_tls_dir(), host) if tls else (None, None)
     execution = load_execution(db or f"sqlite:///{demo_database_path()}", demo=True)
     url = db if db is not None else _fresh_demo_database()
     if db is None and execution.backend == "local" and execution.local_state_dir:
@@ -531,7 +694,7 @@ def up(
                 "a fresh --db, or `proofplane serve --db URL` to serve it as it is"
             )
         raise
-    url_base = base_url(host, port)
+    url_base = base_url(host, port, tls)
     try:
         installed = bootstrap(store, token)
         saved_in = _save_demo_token(url_base, token) if installed else None
@@ -544,6 +707,7 @@ def up(
                 token if installed else None,
                 saved_in,
                 _engine_line(store),
+                None if ca_file is None else str(ca_file),
             )
         )
     except BaseException:
@@ -553,7 +717,16 @@ def up(
         execution_svc.stop_jobs(store.backend, execution_svc.live_job_ids(store, store.backend))
         store.dispose()
         raise
-    _serve(store, host, port, settings, execution, stop_jobs=True, attester=attester)
+    _serve(
+        store,
+        host,
+        port,
+        settings,
+        execution,
+        stop_jobs=True,
+        attester=attester,
+        tls=server_files,
+    )
 
 
 @db_app.command("upgrade")
