@@ -19,6 +19,12 @@ loopback, link-local and metadata destinations are refused unless allow-listed (
 sink is configured and again at every connection), delivery errors carry a status and a short
 reason, never the receiver's answer, and a deleted sink's secrets are erased from the database.
 
+Secrets at rest (issue 13): the configuration's secret fields (``SECRET_FIELDS``: the HEC
+token, the bearer token, the TLS key file's path) are stored only as KMS ciphertext bound to
+the row and field (``siem_sinks/<id>/<field>``); they are opened only to build the sink for a
+delivery or a test. A secret that does not open (KMS down, tampered or copied) fails that
+sink's pass or test with the KMS's error; it is never sent or used in the clear.
+
 ``proofplane.workers.siem.ExportWorker`` runs ``export_once`` in a background thread of the API
 server; ``proofplane sinks flush`` runs one pass.
 """
@@ -41,8 +47,9 @@ from proofplane.audit.canonical import event_leaf_hash
 from proofplane.audit.export import config as sink_config
 from proofplane.errors import Conflict, NotFound, ProofplaneError
 from proofplane.model import Event, Outcome, validate_name
-from proofplane.service.context import Store
+from proofplane.service.context import Store, Tx
 from proofplane.service.events import event_from_row
+from proofplane.service.keys import kms_for, open_secret, seal_secret, secret_aad
 from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
 from proofplane.siem import guard
 from proofplane.siem.sink import Sink, build, deliver
@@ -109,6 +116,33 @@ def _view(row: SinkRow, head: int) -> SinkView:
         created_at=row.created_at,
         updated_at=row.updated_at,
     )
+
+
+def _secret_aad(row_id: int, field: str) -> bytes:
+    return secret_aad(SinkRow.__tablename__, row_id, field)
+
+
+def _seal_config(store: Store, tx: Tx, row_id: int, cfg: dict[str, Any]) -> dict[str, Any]:
+    """``cfg`` as stored: each secret field present sealed under the ``secrets`` key."""
+    kms = kms_for(store)
+    return {
+        k: seal_secret(kms, tx, v, _secret_aad(row_id, k))
+        if k in sink_config.SECRET_FIELDS and isinstance(v, str)
+        else v
+        for k, v in cfg.items()
+    }
+
+
+def open_config(store: Store, session: Any, row_id: int, cfg: dict[str, Any]) -> dict[str, Any]:
+    """A stored configuration with its secrets in the clear (to build the sink, and only for
+    that). DecryptFailed / KmsUnavailable when one does not open."""
+    kms = kms_for(store)
+    return {
+        k: open_secret(kms, session, v, _secret_aad(row_id, k))
+        if k in sink_config.SECRET_FIELDS and isinstance(v, str)
+        else v
+        for k, v in cfg.items()
+    }
 
 
 def _head(session: Any) -> int:
@@ -183,6 +217,8 @@ def create_sink(
         )
         tx.session.add(row)
         tx.session.flush()
+        row.config = _seal_config(store, tx, row.id, normalized)  # the id is the secrets' AAD
+        tx.session.flush()
         tx.record(
             "sink.create",
             "sink",
@@ -249,8 +285,8 @@ def test_sink(store: Store, actor: Actor, name: str, *, now: datetime | None = N
     authorize(actor, Permission.SINKS_WRITE)
     with store.read() as session:
         row = _row(session, name)
-        kind, cfg = row.kind, dict(row.config)
         view = _view(row, _head(session))
+        kind, cfg = row.kind, open_config(store, session, row.id, dict(row.config))
     event = Event(
         seq=0,
         ts=now or datetime.now(UTC),
@@ -400,11 +436,20 @@ def export_once(
                 raise NotFound(f"sink {missing[0]!r} not found", details={"sinks": missing})
         else:
             rows = list(session.scalars(query.where(SinkRow.enabled.is_(True))))
-        plan = [
-            (r.id, r.name, r.kind, dict(r.config), r.cursor, r.consecutive_failures) for r in rows
-        ]
+        plan = []
+        for r in rows:
+            try:  # a secret that does not open fails this sink's pass, not the others'
+                cfg: dict[str, Any] | ProofplaneError = open_config(
+                    store, session, r.id, dict(r.config)
+                )
+            except ProofplaneError as exc:
+                cfg = exc
+            plan.append((r.id, r.name, r.kind, cfg, r.cursor, r.consecutive_failures))
     results = []
     for row_id, name, kind, cfg, cursor, failures in plan:
+        if isinstance(cfg, ProofplaneError):
+            results.append(PassResult(name, cursor=cursor, error=cfg.message[:MAX_ERROR_CHARS]))
+            continue
         try:
             sink = make(kind, cfg)
         except (ProofplaneError, ValueError, OSError) as exc:

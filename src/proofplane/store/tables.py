@@ -214,7 +214,8 @@ class UserRow(Base):
     password_hash: Mapped[str | None] = mapped_column(String(255), nullable=True)
     roles: Mapped[list[str]] = mapped_column(JsonType)
     tenants: Mapped[list[str]] = mapped_column(JsonType)
-    totp_secret: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # KMS ciphertext (service/keys.py seal_secret; AAD users/<id>/totp_secret), never the seed
+    totp_secret: Mapped[str | None] = mapped_column(Text, nullable=True)
     totp_enabled: Mapped[bool] = mapped_column(Boolean)
     totp_last_step: Mapped[int | None] = mapped_column(BigId, nullable=True)
     recovery_codes: Mapped[list[str]] = mapped_column(JsonType)  # SHA-256 of unused codes
@@ -263,19 +264,21 @@ class AuthFailureRow(Base):
 
 
 class OidcLoginRow(Base):
-    """An OIDC authorization request in flight (state → nonce and PKCE verifier)."""
+    """An OIDC authorization request in flight (state → nonce and PKCE verifier). Nonce and
+    verifier are KMS ciphertext (AAD ``oidc_logins/<state>/<column>``)."""
 
     __tablename__ = "oidc_logins"
     state: Mapped[str] = mapped_column(String(64), primary_key=True)
-    nonce: Mapped[str] = mapped_column(String(64))
-    code_verifier: Mapped[str] = mapped_column(String(128))
+    nonce: Mapped[str] = mapped_column(Text)
+    code_verifier: Mapped[str] = mapped_column(Text)
     return_to: Mapped[str | None] = mapped_column(String(255), nullable=True)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 class SinkRow(Base):
     """A SIEM export sink (issue 4) and its durable cursor: the last event ``seq`` the receiver
-    acknowledged. ``config`` holds secrets (HEC token); the API shows it redacted."""
+    acknowledged. ``config``'s secret fields (``SECRET_FIELDS``: HEC token, bearer token, key
+    file) are KMS ciphertext (AAD ``siem_sinks/<id>/<field>``); the API shows them redacted."""
 
     __tablename__ = "siem_sinks"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

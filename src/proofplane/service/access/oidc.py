@@ -6,6 +6,10 @@ exchanges the code, validates the ID token and opens a session for the user the 
 vouched for (``sessions.login_federated``). The protocol itself (discovery, token exchange,
 ID-token validation, group mapping) is ``proofplane.access.oidc``.
 
+The nonce and the PKCE verifier are stored only as KMS ciphertext bound to their row
+(``oidc_logins/<state>/<column>``); a login whose verifier does not open (KMS down, tampered)
+fails with that error and its row is not consumed.
+
 Every failed completion is recorded as an ``auth.login`` event with outcome ``failure`` and
 ``details.method = "oidc"`` in its own committed transaction, so that the refusal cannot roll
 the evidence back.
@@ -27,6 +31,7 @@ from proofplane.model import Outcome
 from proofplane.service.access.common import IssuedToken
 from proofplane.service.access.sessions import login_federated
 from proofplane.service.context import Store
+from proofplane.service.keys import kms_for, open_secret, seal_secret, secret_aad
 from proofplane.store.tables import OidcLoginRow
 
 LOGIN_TTL = timedelta(minutes=10)  # how long an authorization request may stay in flight
@@ -93,6 +98,10 @@ def _record_failure(store: Store, issuer: str, reason: str, **details: str) -> N
         )
 
 
+def _aad(state: str, column: str) -> bytes:
+    return secret_aad(OidcLoginRow.__tablename__, state, column)
+
+
 def _take_state(store: Store, state: str | None) -> _Pending | None:
     """The login in flight under ``state``, deleted as it is read (single use); None when
     there is none or it has expired."""
@@ -102,10 +111,16 @@ def _take_state(store: Store, state: str | None) -> _Pending | None:
         row = tx.session.scalar(select(OidcLoginRow).where(OidcLoginRow.state == state))
         if row is None:
             return None
-        pending = _Pending(row.nonce, row.code_verifier, row.return_to or "/")
-        fresh = row.expires_at > tx.now
+        pending = None
+        if row.expires_at > tx.now:
+            kms = kms_for(store)
+            pending = _Pending(
+                open_secret(kms, tx.session, row.nonce, _aad(state, "nonce")),
+                open_secret(kms, tx.session, row.code_verifier, _aad(state, "code_verifier")),
+                row.return_to or "/",
+            )
         tx.session.delete(row)
-    return pending if fresh else None
+    return pending
 
 
 def begin_oidc_login(store: Store, config: OidcSettings | None, return_to: str | None) -> str:
@@ -119,11 +134,14 @@ def begin_oidc_login(store: Store, config: OidcSettings | None, return_to: str |
     auth = oidc_client.new_authorization_request(metadata, config)
     with store.write(ANONYMOUS) as tx:
         tx.session.execute(delete(OidcLoginRow).where(OidcLoginRow.expires_at <= tx.now))
+        kms = kms_for(store)
         tx.session.add(
             OidcLoginRow(
                 state=auth.state,
-                nonce=auth.nonce,
-                code_verifier=auth.code_verifier,
+                nonce=seal_secret(kms, tx, auth.nonce, _aad(auth.state, "nonce")),
+                code_verifier=seal_secret(
+                    kms, tx, auth.code_verifier, _aad(auth.state, "code_verifier")
+                ),
                 return_to=target,
                 expires_at=tx.now + LOGIN_TTL,
             )
@@ -150,7 +168,11 @@ def complete_oidc_login(
     InvalidOidcState (unknown, used or expired ``state``), ``OidcFailed`` (the response or
     the ID token does not hold), and whatever ``login_federated`` refuses."""
     config = _configured(config)
-    pending = _take_state(store, state)
+    try:
+        pending = _take_state(store, state)
+    except ProofplaneError as exc:  # the verifier does not open (KMS down, tampered row)
+        _record_failure(store, config.issuer, exc.code)
+        raise
     if error is not None:
         code_word = error if _ERROR_CODE.fullmatch(error) else "<invalid>"
         _record_failure(store, config.issuer, "provider_error", error=code_word)

@@ -36,6 +36,7 @@ from proofplane.service.access.lockout import (
     source_key,
     unknown_name_locked_until,
 )
+from proofplane.service.access.mfa import totp_seed
 from proofplane.service.context import Store, Tx
 from proofplane.store.tables import EventRow, TenantRow, TokenRow, UserRow
 
@@ -182,7 +183,11 @@ def login(
                 error = Unauthenticated("this account needs a TOTP code", code="mfa_required")
             elif row.totp_enabled:
                 assert row.totp_secret is not None and code is not None
-                step = totp.verify(row.totp_secret, code, tx.now.timestamp(), row.totp_last_step)
+                # Opened here, in this transaction, only for a login that brings a code. A
+                # seed that does not open (KMS down, another row's or a tampered ciphertext)
+                # fails the login with that error and rolls it back: nothing is written.
+                seed = totp_seed(store, tx, row)
+                step = totp.verify(seed, code, tx.now.timestamp(), row.totp_last_step)
                 rhash = cred.recovery_hash(code)
                 if step is not None:
                     row.totp_last_step = step
@@ -196,7 +201,7 @@ def login(
                     )
                 else:
                     replay = row.totp_last_step is not None and any(
-                        totp.code_at_step(row.totp_secret, s) == code.strip()
+                        totp.code_at_step(seed, s) == code.strip()
                         for s in range(row.totp_last_step - 1, row.totp_last_step + 1)
                     )
                     _fail(tx, row, username, "totp_replayed" if replay else "totp", where)
