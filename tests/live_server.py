@@ -1,5 +1,9 @@
 """A real proofplane API server for CLI and agent tests: uvicorn on a free loopback port, in a
-thread, ready when ``/healthz`` answers; stopped (and its store disposed) on exit."""
+thread, ready when ``/healthz`` answers; stopped (and its store disposed) on exit.
+
+With ``tls`` (``proofplane.pki.tls.ServerTls``) it serves HTTPS with the API's TLS policy, the
+way ``proofplane serve --tls-cert …`` does, and is ready when uvicorn says it has started (a
+probe could not always pass the handshake: client certificates may be required)."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import uvicorn
 
 from proofplane.api.app import create_app
 from proofplane.config import ExecutionSettings, Settings
+from proofplane.pki.tls import ServerTls
 from proofplane.service.context import Store
 
 
@@ -27,29 +32,39 @@ def free_port() -> int:
 
 @contextmanager
 def serve(
-    store: Store, settings: Settings | None = None, execution: ExecutionSettings | None = None
+    store: Store,
+    settings: Settings | None = None,
+    execution: ExecutionSettings | None = None,
+    *,
+    tls: ServerTls | None = None,
 ) -> Iterator[str]:
-    """Serve ``store``'s API (``execution``: its engine settings, e.g. the sync interval);
-    yields the base URL. Fails the test if it does not come up."""
+    """Serve ``store``'s API (``execution``: its engine settings, e.g. the sync interval;
+    ``tls``: HTTPS on these files); yields the base URL. Fails the test if it does not come up."""
     port = free_port()
+    ssl_options = {} if tls is None else {"ssl_context_factory": lambda _c, _d: tls.context()}
     srv = uvicorn.Server(
         uvicorn.Config(
             create_app(store, settings or Settings(cookie_secure=False), execution),
             host="127.0.0.1",
             port=port,
             log_level="warning",
+            **ssl_options,  # type: ignore[arg-type]
         )
     )
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'http' if tls is None else 'https'}://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
     while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+        if tls is not None:
+            if srv.started:
                 break
-        except httpx.TransportError:
-            pass
+        else:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
         if not thread.is_alive() or time.monotonic() > deadline:
             srv.should_exit = True
             pytest.fail("the test server did not start")
