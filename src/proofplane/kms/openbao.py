@@ -162,10 +162,12 @@ class OpenBaoBackend:
         # redirects are not followed, since the token travels in a header requests would
         # carry to another host.
         session.trust_env = False
+        # hvac takes a given session's ``verify`` over its own argument: set both.
+        session.verify = ca_file if ca_file else True
         self._client = hvac.Client(
             url=self.url,
             token=token,
-            verify=ca_file if ca_file else True,
+            verify=session.verify,
             timeout=timeout,
             allow_redirects=False,
             session=session,
