@@ -80,14 +80,21 @@ def start(db: str, port: int, tls_files: tuple[Path, Path] | None) -> subprocess
         "PROOFPLANE_SIEM_EXPORT_INTERVAL_SECONDS": "0",
         "PROOFPLANE_EXECUTION_SYNC_SECONDS": "0",
     }
-    return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = Path(db.removeprefix("sqlite:///")).with_name(f"serve-{port}.log")
+    with log.open("wb") as err:  # access logs to /dev/null; errors kept to explain a failure
+        return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=err)
 
 
 def wait_ready(base: str, verify: Any, proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"the server for {base} exited with {proc.returncode}")
+            port = base.rsplit(":", 1)[1]
+            logs = list(
+                Path(tempfile.gettempdir()).glob(f"proofplane-bench-tls-*/serve-{port}.log")
+            )
+            tail = logs[0].read_text(errors="replace")[-2000:] if logs else ""
+            raise SystemExit(f"the server for {base} exited with {proc.returncode}:\n{tail}")
         try:
             if httpx.get(f"{base}/healthz", verify=verify, timeout=1).status_code == 200:
                 return
@@ -208,9 +215,10 @@ def main(argv: list[str] | None = None) -> int:
             ),
             "tls": (f"https://127.0.0.1:{tls_port}", tls.client_context(ca), (cert, key), tls_port),
         }
-        procs = {m: start(db, port, files) for m, (_, _, files, port) in modes.items()}
+        procs: dict[str, subprocess.Popen[bytes]] = {}
         try:
-            for m, (base, verify, _, _) in modes.items():
+            for m, (base, verify, files, port) in modes.items():  # one at a time: migrations
+                procs[m] = start(db, port, files)
                 wait_ready(base, verify, procs[m])
             runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
             connect: dict[str, float] = {}
