@@ -5,8 +5,10 @@ leaves nothing behind; the settings are checked (token file 0600, https off loop
 
 from __future__ import annotations
 
+import http.server
 import os
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -198,6 +200,34 @@ def test_a_silent_server_times_out(tmp_path: Path) -> None:
         with pytest.raises(KmsUnavailable) as slow:
             bao.wrap(b"bao:proofplane-k-v1", os.urandom(32), AAD)
     assert "0.3 s" in slow.value.message and url in slow.value.message
+
+
+class _NotBao(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"<html>a web server</html>")
+
+    do_POST = do_PUT = do_GET
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_server_that_is_not_openbao_is_a_clear_error() -> None:
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotBao)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        bao = OpenBaoBackend(f"http://127.0.0.1:{httpd.server_address[1]}", "s.token")
+        for call in (bao.check, lambda: bao.generate(ENCRYPT, "k-v1")):
+            with pytest.raises(KmsError) as odd:
+                call()
+            assert "did not answer as OpenBao does" in odd.value.message
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
 
 
 def test_a_sealed_or_stopped_server_is_unavailable(own_server: BaoServer, tmp_path: Path) -> None:

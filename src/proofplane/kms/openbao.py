@@ -190,6 +190,12 @@ class OpenBaoBackend:
                 code="kms_tls_failed",
                 details={"url": self.url},
             ) from None
+        except requests.exceptions.InvalidJSONError:
+            raise KmsError(
+                f"{self.url} did not answer as OpenBao does while trying to {what} "
+                "(PROOFPLANE_KMS_URL)",
+                details={"url": self.url},
+            ) from None
         except requests.exceptions.Timeout:
             raise KmsUnavailable(
                 f"OpenBao at {self.url} did not answer within {self.timeout:g} s "
@@ -238,6 +244,20 @@ class OpenBaoBackend:
             f"OpenBao at {self.url} refused to {what} (HTTP {status}){said}", details=details
         ) from None
 
+    def _field(self, reply: Any, *path: str) -> Any:
+        """``reply[path[0]][path[1]]…``, or a ``KmsError`` when the reply lacks it."""
+        value = reply
+        try:
+            for part in path:
+                value = value[part]
+        except (KeyError, TypeError, IndexError):
+            raise KmsError(
+                f"{self.url} did not answer as OpenBao does (no {'.'.join(path)} in its reply; "
+                "PROOFPLANE_KMS_URL)",
+                details={"url": self.url},
+            ) from None
+        return value
+
     def _name(self, handle: bytes) -> str:
         if not isinstance(handle, bytes) or not handle.startswith(HANDLE_PREFIX):
             raise DecryptFailed("not a key handle of the OpenBao backend")
@@ -251,7 +271,11 @@ class OpenBaoBackend:
             f"read the transit key {name}",
             lambda: self._client.secrets.transit.read_key(name, mount_point=self.mount),
         )
-        return dict(reply["data"])
+        data = self._field(reply, "data")
+        if not isinstance(data, dict):
+            raise KmsError(f"{self.url} did not answer as OpenBao does (PROOFPLANE_KMS_URL)",
+                           details={"url": self.url})  # fmt: skip
+        return data
 
     def _typed(self, handle: bytes, purpose: str) -> str:
         """The transit key of ``handle``, checked (once per process) to exist with the type
@@ -313,7 +337,7 @@ class OpenBaoBackend:
                 name, plaintext=_b64(data_key), associated_data=_b64(aad),
                 mount_point=self.mount),
         )  # fmt: skip
-        return str(reply["data"]["ciphertext"]).encode("ascii")
+        return str(self._field(reply, "data", "ciphertext")).encode("ascii")
 
     def unwrap(self, handle: bytes, wrapped: bytes, aad: bytes) -> bytes:
         name = self._name(handle)
@@ -342,7 +366,7 @@ class OpenBaoBackend:
                 name, hash_input=_b64(message), key_version=SIGN_VERSION,
                 mount_point=self.mount),
         )  # fmt: skip
-        text = str(reply["data"]["signature"])
+        text = str(self._field(reply, "data", "signature"))
         prefix, _, body = text.rpartition(":")
         try:
             signature = base64.b64decode(body, validate=True)
@@ -388,7 +412,10 @@ class OpenBaoBackend:
 
     def check(self) -> None:
         status = self._call("read the seal status", self._client.sys.read_seal_status)
-        if not isinstance(status, dict) or not status.get("initialized", False):
+        if not isinstance(status, dict):
+            raise KmsError(f"{self.url} did not answer as OpenBao does (PROOFPLANE_KMS_URL)",
+                           details={"url": self.url})  # fmt: skip
+        if not status.get("initialized", False):
             raise KmsUnavailable(f"OpenBao at {self.url} is not initialized",
                                  details={"url": self.url})  # fmt: skip
         if status.get("sealed", True):
