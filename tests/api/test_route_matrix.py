@@ -338,6 +338,17 @@ MATRIX: dict[tuple[str, str], Entry] = {
     ("GET", f"{API}/nodes/{{name}}/attestation"): Entry(
         P.NODES_READ, fixed(f"{API}/nodes/n1/attestation"), 200
     ),
+    # agent channel certificates (issue 13): only a node's own agent gets one (anyone else
+    # holding nodes:write is told the node does not exist for it); CA and CRL are public
+    ("POST", f"{API}/nodes/{{name}}/agent-certificate"): Entry(
+        P.NODES_WRITE, fixed(f"{API}/nodes/n1/agent-certificate", json={"csr": "x"}), 404
+    ),
+    ("GET", f"{API}/pki/ca"): Entry("public", fixed(f"{API}/pki/ca"), 200),
+    ("GET", f"{API}/pki/crl"): Entry("public", fixed(f"{API}/pki/crl"), 200),
+    ("GET", f"{API}/pki/certificates"): Entry(P.NODES_READ, fixed(f"{API}/pki/certificates"), 200),
+    ("POST", f"{API}/pki/certificates/{{serial}}/revoke"): Entry(
+        P.NODES_WRITE, fixed(f"{API}/pki/certificates/abc123/revoke"), 404
+    ),
     ("GET", f"{API}/nodes/{{name}}/evidence"): Entry(
         P.AUDIT_READ, fixed(f"{API}/nodes/n1/evidence"), 200
     ),

@@ -10,6 +10,7 @@ declares none.
 from __future__ import annotations
 
 import hmac
+import ssl
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -19,6 +20,7 @@ from fastapi import Depends, Request, Response
 from proofplane.access import Actor, Forbidden, Permission, Unauthenticated, authorize
 from proofplane.access.credentials import csrf_token
 from proofplane.config import Settings
+from proofplane.service import pki
 from proofplane.service.access import IssuedToken, authenticate
 from proofplane.service.context import Store
 
@@ -95,7 +97,26 @@ def current_actor(request: Request) -> Actor:
             if not hmac.compare_digest(sent.encode(), csrf_token(cookie).encode()):
                 raise Forbidden(f"missing or wrong {CSRF_HEADER} header", code="csrf_failed")
         return actor
+    cert = client_certificate(request)
+    if cert is not None:
+        # A node agent's channel certificate (issue 13): the TLS layer checked the chain
+        # against --tls-client-ca; the service checks it is ours, valid, not revoked, and
+        # that its node is still in service.
+        return pki.actor_for_certificate(store, cert, now)
     raise Unauthenticated("authentication required: send Authorization: Bearer <token>")
+
+
+def client_certificate(request: Request) -> bytes | None:
+    """The DER of the client certificate the TLS connection presented (the ASGI TLS
+    extension, ``scope["extensions"]["tls"]["client_cert_chain"]``, PEM), or None."""
+    tls = (request.scope.get("extensions") or {}).get("tls") or {}
+    chain = tls.get("client_cert_chain") or []
+    if not chain:
+        return None
+    try:
+        return ssl.PEM_cert_to_DER_cert(chain[0])
+    except ValueError:
+        return None
 
 
 def _marked(rule: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

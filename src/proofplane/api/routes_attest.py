@@ -13,15 +13,17 @@ import os
 from pathlib import Path as FsPath
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, status
+from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
+from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
 from proofplane.access import Actor
 from proofplane.access import Permission as P
-from proofplane.api.deps import agent_or, get_store, requires
+from proofplane.api.deps import agent_or, get_settings, get_store, public, requires
 from proofplane.api.schemas import ErrorResponse
 from proofplane.errors import ValidationFailed
 from proofplane.service import attestation as svc
+from proofplane.service import pki
 from proofplane.service.context import Store
 
 router = APIRouter(
@@ -170,3 +172,55 @@ def put_policy(
 ) -> dict[str, Any]:
     """Create or replace the policy of ``policy.node_class`` (default ``default``)."""
     return svc.set_policy(store, actor, body.policy, enforce=body.enforce)
+
+
+# --- agent channel certificates (issue 13, part 5) ----------------------------------------------
+
+
+class CsrIn(BaseModel):
+    csr: str = Field(max_length=16384)  # PEM, BEGIN CERTIFICATE REQUEST
+
+
+@router.post("/nodes/{name}/agent-certificate", status_code=status.HTTP_201_CREATED)
+def agent_certificate(
+    name: NodeName, body: CsrIn, store: StoreDep, actor: Agent, request: Request
+) -> dict[str, Any]:
+    """Sign the node's agent CSR: only the node's own agent asks, and only while the node is
+    admitted and its latest attestation passed (409 ``node_not_attested`` otherwise). The
+    answer: the certificate (PEM, 24 h, ``spiffe://<cluster>/node/<name>``) and the CA."""
+    settings = get_settings(request)
+    return pki.issue_agent_certificate(store, actor, name, body.csr, cluster_id=settings.cluster_id)
+
+
+@router.get("/pki/ca", response_class=PlainTextResponse, dependencies=[Depends(public)])
+def agent_ca_certificate(store: StoreDep, request: Request) -> PlainTextResponse:
+    """The agent CA certificate (PEM): what a server's ``--tls-client-ca`` trusts for agents."""
+    pem = pki.ca_certificate(store, get_settings(request).cluster_id)
+    return PlainTextResponse(pem, media_type="application/x-pem-file")
+
+
+@router.get("/pki/crl", response_class=Response, dependencies=[Depends(public)])
+def agent_crl(store: StoreDep, request: Request) -> Response:
+    """The agent CA's certificate revocation list (DER): every revoked, unexpired serial."""
+    der = pki.crl_der(store, get_settings(request).cluster_id)
+    return Response(der, media_type="application/pkix-crl")
+
+
+@router.get("/pki/certificates")
+def agent_certificates(
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.NODES_READ))],
+    node: Annotated[str | None, Query(max_length=63)] = None,
+) -> dict[str, Any]:
+    """Every agent certificate issued (or one node's), with its revocation."""
+    return {"items": pki.list_certificates(store, actor, node)}
+
+
+@router.post("/pki/certificates/{serial}/revoke")
+def revoke_agent_certificate(
+    serial: Annotated[str, Path(max_length=40, pattern="^[0-9a-fA-F]+$")],
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.NODES_WRITE))],
+) -> dict[str, Any]:
+    """Revoke one agent certificate now (it goes on the CRL)."""
+    return pki.revoke_certificate(store, actor, serial)

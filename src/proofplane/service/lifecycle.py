@@ -18,6 +18,9 @@ from proofplane.service.scheduling import ClusterView, evict, reschedule_pending
 from proofplane.store.repo import WORKLOAD_LOAD
 from proofplane.store.tables import NodeRow, PlacementRow, WorkloadRow
 
+#: states in which a node's agent certificates are revoked at once
+REVOKING_STATES = frozenset({NodeState.QUARANTINED, NodeState.FAILED, NodeState.DECOMMISSIONED})
+
 
 def change_node_state(tx: Tx, row: NodeRow, state: NodeState, reason: str | None) -> None:
     """Move the node to ``state`` inside ``tx`` and carry out what follows: the event, the
@@ -48,6 +51,11 @@ def change_node_state(tx: Tx, row: NodeRow, state: NodeState, reason: str | None
         details={"from": current.value, "to": state.value, "reason": reason},
     )
     execution.node_state_changed(tx, row.name, current, state, reason)
+    if state in REVOKING_STATES:
+        # its channel certificates stop working now, not when they expire (issue 13)
+        from proofplane.service.pki import revoke_node
+
+        revoke_node(tx, row.name, f"node {state.value}: {reason or 'no reason given'}")
     view = ClusterView(tx.session)
     if state not in KEEPS_WORK:
         code, why = node_left_service(row.name, state, reason)

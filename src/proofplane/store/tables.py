@@ -435,3 +435,29 @@ class KmsKeyVersionRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     retired_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     destroyed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class PkiCaRow(Base):
+    """The agent CA (issue 13): its certificate, and its private key only as KMS ciphertext
+    (``secrets`` key, bound to this row)."""
+
+    __tablename__ = "pki_ca"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    cluster_id: Mapped[str] = mapped_column(String(63))
+    cert_pem: Mapped[str] = mapped_column(Text)
+    key_sealed: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class AgentCertRow(Base):
+    """A certificate the agent CA issued to a node's agent, and its revocation."""
+
+    __tablename__ = "agent_certificates"
+    serial: Mapped[str] = mapped_column(String(40), primary_key=True)  # lowercase hex
+    node_name: Mapped[str] = mapped_column(String(63), index=True)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    not_before: Mapped[datetime] = mapped_column(UTCDateTime)
+    not_after: Mapped[datetime] = mapped_column(UTCDateTime)
+    issued_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    revoke_reason: Mapped[str | None] = mapped_column(String(200), nullable=True)
