@@ -94,10 +94,22 @@ _SESSION_LOST: tuple[type[Exception], ...] = (
 )
 
 
+#: the call was refused at the door, nothing was done: even a key generation may be tried again
+_REFUSED: tuple[type[Exception], ...] = (
+    p11.SessionHandleInvalid,
+    p11.SessionClosed,
+    p11.UserNotLoggedIn,
+)
+
+
 def _lost(exc: Exception) -> bool:
     # The binding raises the bare PKCS11Error for CKR_CRYPTOKI_NOT_INITIALIZED (the library
     # was finalised under us): a new session after initialising it again may work.
     return isinstance(exc, _SESSION_LOST) or type(exc) is p11.PKCS11Error
+
+
+def _refused(exc: Exception) -> bool:
+    return isinstance(exc, _REFUSED) or type(exc) is p11.PKCS11Error
 
 
 #: a cached object handle went stale (logged out and in again, destroyed by another process)
@@ -326,12 +338,12 @@ class Pkcs11Backend:
         self._session = None
         self._keys.clear()
 
-    def _run(self, what: str, op: Callable[[Any], T], *, retry: bool = True) -> T:
-        """``op(session)`` under the lock; one retry after a lost session or stale handles
-        (``retry``: ``op`` may be done twice). Errors of the binding that ``op`` does not map
-        itself become ``KmsUnavailable``."""
+    def _run(self, what: str, op: Callable[[Any], T], *, idempotent: bool = True) -> T:
+        """``op(session)`` under the lock; one retry after a lost session or stale handles (not
+        idempotent: only when the token refused the call before doing anything). Errors of the
+        binding that ``op`` does not map itself become ``KmsUnavailable``."""
         with self._lock:
-            for attempt in (1, 2) if retry else (2,):
+            for attempt in (1, 2):
                 session = self._connect()
                 try:
                     return op(session)
@@ -343,7 +355,7 @@ class Pkcs11Backend:
                     if not _lost(exc):
                         raise _unavailable(what, exc) from None
                     self._drop_session()
-                    if attempt == 2:
+                    if attempt == 2 or not (idempotent or _refused(exc)):
                         raise _unavailable(what, exc) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -423,8 +435,8 @@ class Pkcs11Backend:
                 ) from None
             return handle
 
-        # No retry: a key made just before the session was lost would be made twice.
-        return self._run("generate a key", generate, retry=False)
+        # Not idempotent: a key made just before the device failed would be made twice.
+        return self._run("generate a key", generate, idempotent=False)
 
     def wrap(self, handle: bytes, data_key: bytes, aad: bytes) -> bytes:
         def wrap(session: Any) -> bytes:
