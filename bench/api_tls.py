@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds_per_run": args.seconds,
         "runs": args.runs,
         "connections": args.connections,
-        "tls": version,
+        "tls_negotiated": version,
     }
     for m in modes:
         out[m] = {
