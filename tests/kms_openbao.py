@@ -221,6 +221,12 @@ class BaoServer:
 _shared: BaoServer | None = None
 
 
+def _stop_shared() -> None:
+    if _shared is not None:
+        _shared.stop()
+        shutil.rmtree(_shared.workdir, ignore_errors=True)
+
+
 def shared_server(tmp_path: Path) -> BaoServer:
     """This process's dev server, started on first use (again if it died), stopped at exit."""
     global _shared
@@ -228,7 +234,7 @@ def shared_server(tmp_path: Path) -> BaoServer:
         if _shared is not None:
             _shared.stop()
         else:
-            atexit.register(lambda: _shared.stop() if _shared is not None else None)
+            atexit.register(_stop_shared)
         _shared = BaoServer(tmp_path.parent / f"openbao-{os.getpid()}").start()
     return _shared
 
