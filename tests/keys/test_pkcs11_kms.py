@@ -6,6 +6,7 @@ wrapping, signing and the key lifecycle."""
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -268,3 +269,15 @@ def test_threads_share_one_session(backend: Pkcs11Backend) -> None:
     for t in threads:
         t.join()
     assert failures == []
+
+
+def test_a_token_removed_at_run_time_is_unavailable(backend: Pkcs11Backend, token: str) -> None:
+    handle = backend.generate(ENCRYPT, "k-v1")
+    util = kms_pkcs11.require_softhsm()
+    subprocess.run([util, "--delete-token", "--token", token], check=True, capture_output=True)
+    pkcs11.lib(kms_pkcs11.MODULE).reinitialize()  # the slot is empty now
+    with pytest.raises(KmsUnavailable) as down:
+        backend.wrap(handle, os.urandom(32), AAD)
+    assert token in down.value.message
+    with pytest.raises(KmsUnavailable):
+        backend.check()

@@ -274,6 +274,7 @@ class Pkcs11Backend:
         self._session: Any = None
         self._keys: dict[bytes, _Key] = {}
         self._refused: KmsError | None = None  # a login the token refused: never sent again
+        self._started = False  # logged in once: a token missing now is down, not misnamed
         with self._lock:
             self._connect()
 
@@ -287,11 +288,14 @@ class Pkcs11Backend:
         if self._session is not None:
             return self._session
         if self._refused is not None:
-            raise self._refused
+            raise KmsError(self._refused.message, code=self._refused.code)
         lib = load_module(self.module)  # cached; initialised again if it was finalised
         try:
             token = lib.get_token(token_label=self.token_label)
         except p11.NoSuchToken:
+            if self._started:  # it was there: removed, or the device is down
+                raise KmsUnavailable(f"the PKCS#11 token {self.token_label!r} is gone",
+                                     details={"token": self.token_label}) from None  # fmt: skip
             raise KmsError(
                 f"no PKCS#11 token labelled {self.token_label!r} in {self.module} "
                 f"({TOKEN_SETTING}; a token made after the server started is seen after a "
@@ -329,7 +333,7 @@ class Pkcs11Backend:
             raise self._refused from None
         except p11.PKCS11Error as exc:
             raise _unavailable("open a session", exc) from None
-        self._session = session
+        self._session, self._started = session, True
         return session
 
     def _drop_session(self) -> None:
