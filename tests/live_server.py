@@ -18,6 +18,7 @@ import pytest
 import uvicorn
 
 from proofplane.api.app import create_app
+from proofplane.api.tls_scope import ClientCertProtocol
 from proofplane.config import ExecutionSettings, Settings
 from proofplane.pki.tls import ServerTls
 from proofplane.service.context import Store
@@ -41,7 +42,10 @@ def serve(
     """Serve ``store``'s API (``execution``: its engine settings, e.g. the sync interval;
     ``tls``: HTTPS on these files); yields the base URL. Fails the test if it does not come up."""
     port = free_port()
-    ssl_options = {} if tls is None else {"ssl_context_factory": lambda _c, _d: tls.context()}
+    ssl_options: dict[str, object] = {}
+    if tls is not None:  # as serve does: its policy, and client certificates reach the app
+        ssl_options = {"ssl_context_factory": lambda _c, _d: tls.context(),
+                       "http": ClientCertProtocol}  # fmt: skip
     srv = uvicorn.Server(
         uvicorn.Config(
             create_app(store, settings or Settings(cookie_secure=False), execution),

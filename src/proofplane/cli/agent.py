@@ -25,6 +25,7 @@ from typing import Any
 
 import typer
 
+from proofplane.agent import channel
 from proofplane.agent.tpm.tpm2tools import Tpm, TpmToolError
 from proofplane.attest import Evidence
 from proofplane.cli.client import ApiClient, ApiError, CliError, ServerUnreachable, segment
@@ -158,6 +159,14 @@ def agent(
     ),
     ak: str = typer.Option(AK_HANDLE, "--ak-handle", help="Persistent handle of the AK."),
     ek: str = typer.Option(EK_HANDLE, "--ek-handle", help="Persistent handle of the EK."),
+    cert_dir: Path | None = typer.Option(
+        None,
+        "--cert-dir",
+        envvar="PROOFPLANE_AGENT_CERT_DIR",
+        help="Keep a channel certificate here: after each passing round the agent asks for "
+        "one (its key never leaves this directory) and then connects with it instead of the "
+        "bearer credential.",
+    ),
     once: bool = typer.Option(False, "--once", help="One round, then exit 0 (pass) or 1."),
     interval: float = typer.Option(60.0, "--interval", min=1.0, help="Seconds between rounds."),
     as_json: bool = typer.Option(False, "--json", help="Print the server's answer as JSON."),
@@ -174,15 +183,16 @@ def agent(
         raise CliError(f"proofplane agent: missing {', '.join(missing)}", exit_code=2)
     assert server is not None and token is not None and node is not None
     recorded = _read_inventory(inventory)
-    with tempfile.TemporaryDirectory(prefix="proofplane-agent-") as tmp, ApiClient(
-        server, token=token
-    ) as api:  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="proofplane-agent-") as tmp:
         tpm = Tpm(tcti, Path(tmp))
         while True:
             inv = recorded if inventory is not None else gpu_inventory(None)
             try:
-                result = attest_once(api, node, tpm, ak=ak, ek=ek,
-                                     eventlog=_read_eventlog(eventlog), inventory=inv)  # fmt: skip
+                log = _read_eventlog(eventlog)
+                with _client(server, token, cert_dir) as api:
+                    result = attest_once(api, node, tpm, ak=ak, ek=ek, eventlog=log, inventory=inv)
+                    if cert_dir is not None and result["verdict"]["ok"]:
+                        renew_certificate(api, node, cert_dir)
             except (TpmToolError, ServerUnreachable, ApiError) as exc:
                 error = TpmError(exc.message) if isinstance(exc, TpmToolError) else exc
                 if once or not _transient(exc):
@@ -201,6 +211,42 @@ def agent(
                     raise typer.Exit(1)
                 return
             time.sleep(interval)
+
+
+def _client(server: str, token: str, cert_dir: Path | None) -> ApiClient:
+    """The connection for a round: with a valid channel certificate, that certificate (no
+    bearer credential); else the agent credential. A certificate the server refuses
+    (revoked: the node was quarantined) is set aside, so the next round uses the credential."""
+    cert = channel.current(cert_dir)
+    if cert is None:
+        return ApiClient(server, token=token)
+    return _CertClient(server, cert, cert_dir)
+
+
+class _CertClient(ApiClient):
+    def __init__(self, server: str, cert: tuple[str, str], cert_dir: Path | None) -> None:
+        super().__init__(server, client_cert=cert)
+        self.cert_dir = cert_dir
+
+    def request(
+        self, method: str, path: str, *, params: dict[str, Any] | None = None, body: Any = None
+    ) -> Any:
+        try:
+            return super().request(method, path, params=params, body=body)
+        except ApiError as exc:
+            if exc.status == 401 and self.cert_dir is not None:
+                (self.cert_dir / channel.CERT_FILE).unlink(missing_ok=True)
+            raise
+
+
+def renew_certificate(api: ApiClient, node: str, cert_dir: Path) -> dict[str, Any]:
+    """Ask for a channel certificate after a passing round (a CSR with the agent's own key)."""
+    issued = api.post(
+        f"/api/v1/nodes/{segment(node)}/agent-certificate",
+        {"csr": channel.make_csr(cert_dir, node)},
+    )
+    channel.store_certificate(cert_dir, issued["certificate"], issued["ca"])
+    return issued  # type: ignore[no-any-return]
 
 
 def _transient(exc: Exception) -> bool:

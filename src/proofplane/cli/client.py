@@ -179,9 +179,12 @@ class ApiClient:
         transport: httpx.BaseTransport | None = None,
         auth_hints: bool = True,
         ca_file: str | None = None,
+        client_cert: tuple[str, str] | None = None,
     ) -> None:
         """``ca_file``: verify an https server against these CAs (default: the invocation's
-        global ``--ca-file`` / PROOFPLANE_CA_FILE; without one, httpx's default CAs)."""
+        global ``--ca-file`` / PROOFPLANE_CA_FILE; without one, httpx's default CAs).
+        ``client_cert``: (certificate, key) files to show the server (mutual TLS: a node
+        agent's channel certificate)."""
         self.server = server.rstrip("/") or server
         self.auth_hints = auth_hints
         headers = {"Accept": "application/json", "User-Agent": "proofplane-cli"}
@@ -197,6 +200,14 @@ class ApiClient:
         ca_file = ca_file or (invocation_ca_file() if transport is None else None)
         if ca_file:
             verify = verify_context(ca_file)
+        if client_cert is not None:
+            try:
+                verify = tls.client_context(ca_file or None, *client_cert)
+            except (OSError, ssl.SSLError) as exc:
+                raise CliError(
+                    f"proofplane: cannot load the client certificate {client_cert[0]}: {exc}",
+                    exit_code=EXIT_USAGE,
+                ) from exc
         try:
             self._http = httpx.Client(
                 base_url=self.server,

@@ -53,6 +53,7 @@ from proofplane.access.credentials import new_token
 from proofplane.agent.tpm import swtpm
 from proofplane.api.app import create_app
 from proofplane.api.routes_attest import EK_CA_BUNDLE_ENV
+from proofplane.api.tls_scope import ClientCertProtocol
 from proofplane.audit.export.config import SinkPolicy
 from proofplane.cli import credentials, render
 from proofplane.cli.client import DEFAULT_SERVER, CliError, format_details
@@ -98,6 +99,13 @@ TlsClientCaOpt = typer.Option(
     envvar="PROOFPLANE_TLS_CLIENT_CA",
     help="Require client certificates signed by this PEM CA (mutual TLS).",
     show_default=False,
+)
+TlsClientOptionalOpt = typer.Option(
+    False,
+    "--tls-client-optional",
+    envvar="PROOFPLANE_TLS_CLIENT_OPTIONAL",
+    help="With --tls-client-ca: check a client certificate when one is shown, but let clients "
+    "without one in (node agents with their channel certificates, people with tokens).",
 )
 InsecureHttpOpt = typer.Option(
     False,
@@ -527,8 +535,15 @@ def _serve(
     try:
         if attester is not None:
             attester.start()
+        # With TLS, uvicorn's h11 protocol plus the client certificate in each request's
+        # scope (api/tls_scope.py): a node agent's channel certificate is its identity.
+        protocol = {"http": ClientCertProtocol} if tls is not None else {}
         uvicorn.run(
-            create_app(store, settings, execution), host=host, port=port, **uvicorn_tls(tls)
+            create_app(store, settings, execution),
+            host=host,
+            port=port,
+            **uvicorn_tls(tls),
+            **protocol,  # type: ignore[arg-type]
         )
     finally:
         if previous is not None:
@@ -558,6 +573,7 @@ def serve(
     tls_cert: str | None = TlsCertOpt,
     tls_key: str | None = TlsKeyOpt,
     tls_client_ca: str | None = TlsClientCaOpt,
+    tls_client_optional: bool = TlsClientOptionalOpt,
     insecure_http: bool = InsecureHttpOpt,
 ) -> None:
     """Run the control plane API on an existing database (migrated on start).
@@ -569,6 +585,10 @@ def serve(
     settings = load_settings()
     sink_policy = load_sink_policy()
     tls = server_tls(tls_cert, tls_key, tls_client_ca)
+    if tls_client_optional:
+        if tls is None or tls.client_ca is None:
+            raise CliError("proofplane: --tls-client-optional needs --tls-client-ca")
+        tls = dataclasses.replace(tls, client_optional=True)
     check_exposure(host, tls is not None, insecure_http)
     url = db or default_database_url()
     execution = load_execution(url)
@@ -581,7 +601,8 @@ def serve(
         f"proofplane serving on {shown} (docs {shown}/docs, database {shown_url(url)})"
     )
     if tls is not None and tls.client_ca is not None:
-        render.print_line(f"clients must present a certificate signed by {tls.client_ca}")
+        must = "may" if tls.client_optional else "must"
+        render.print_line(f"clients {must} present a certificate signed by {tls.client_ca}")
     if installed:
         render.print_line("created user admin with the PROOFPLANE_ADMIN_TOKEN token (90 days)")
     _serve(store, host, port, settings, execution, tls=tls)

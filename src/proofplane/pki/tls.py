@@ -44,14 +44,17 @@ _SKEW = timedelta(minutes=5)  # not-before this far back: clocks of client and s
 
 @dataclass(frozen=True)
 class ServerTls:
-    """The files a TLS server runs on; ``client_ca``: client certificates are required."""
+    """The files a TLS server runs on; ``client_ca``: client certificates are required (or,
+    ``client_optional``, checked when a client shows one: node agents authenticate with their
+    certificates, people with tokens)."""
 
     cert: Path
     key: Path
     client_ca: Path | None = None
+    client_optional: bool = False
 
     def context(self) -> ssl.SSLContext:
-        return server_context(self.cert, self.key, self.client_ca)
+        return server_context(self.cert, self.key, self.client_ca, self.client_optional)
 
 
 # --- the policy --------------------------------------------------------------------------------
@@ -61,9 +64,11 @@ def server_context(
     cert: str | os.PathLike[str],
     key: str | os.PathLike[str],
     client_ca: str | os.PathLike[str] | None = None,
+    client_optional: bool = False,
 ) -> ssl.SSLContext:
     """A server-side context: TLS 1.2+, ECDHE+AEAD suites for TLS 1.2, the server's preference
-    order; with ``client_ca``, clients must present a certificate it signed (CERT_REQUIRED)."""
+    order; with ``client_ca``, clients must present a certificate it signed (CERT_REQUIRED), or
+    with ``client_optional`` a certificate they show must be one it signed (CERT_OPTIONAL)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = MIN_VERSION
     ctx.set_ciphers(TLS12_CIPHERS)
@@ -72,7 +77,7 @@ def server_context(
     ctx.load_cert_chain(os.fspath(cert), os.fspath(key))
     if client_ca is not None:
         ctx.load_verify_locations(cafile=os.fspath(client_ca))
-        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.verify_mode = ssl.CERT_OPTIONAL if client_optional else ssl.CERT_REQUIRED
     return ctx
 
 
