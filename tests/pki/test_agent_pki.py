@@ -96,7 +96,9 @@ def test_an_attested_node_gets_a_short_lived_client_certificate_naming_it(store:
 
 
 def test_no_certificate_without_a_passing_attestation_or_for_another_node(store: Store) -> None:
-    register_node(store, SYSTEM, Node("gpu-02", "r1", "z1", gpus=(Gpu(0, "GPU-x", "H100-80GB", 81920),)))
+    register_node(
+        store, SYSTEM, Node("gpu-02", "r1", "z1", gpus=(Gpu(0, "GPU-x", "H100-80GB", 81920),))
+    )
     with pytest.raises(InvalidState) as refused:
         pki.issue_agent_certificate(store, Actor("node:gpu-02"), "gpu-02", _csr("gpu-02"),
                                     cluster_id=CLUSTER)  # fmt: skip
