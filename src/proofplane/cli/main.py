@@ -21,6 +21,7 @@ from proofplane.cli import (
     backends,
     events,
     nodes,
+    pki,
     server,
     sim,
     sinks,
@@ -119,6 +120,7 @@ app.add_typer(audit.app, name="audit", rich_help_panel="Audit")
 app.add_typer(sinks.app, name="sinks", rich_help_panel="Audit")
 app.add_typer(sim.app, name="sim", rich_help_panel="Simulation")
 app.add_typer(attest.app, name="attest", rich_help_panel="Attestation")
+app.add_typer(pki.app, name="pki", rich_help_panel="Attestation")
 app.command("agent", rich_help_panel="Attestation")(agent.agent)
 
 
