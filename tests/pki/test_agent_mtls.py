@@ -141,3 +141,32 @@ def test_expired_and_foreign_certificates_are_refused_at_the_handshake(
     bad = (str(tmp_path / "foreign.crt"), str(certs / channel.KEY_FILE))
     with ApiClient(url, ca_file=ca, client_cert=bad) as agent, pytest.raises(CliError):
         agent.post(NONCE)
+
+
+def test_pki_cli_lists_revokes_and_prints_the_ca(world: dict[str, Any]) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from proofplane.cli.main import app
+
+    url, ca, certs = world["url"], world["ca"], world["certs"]
+    with ApiClient(url, token=world["token"], ca_file=ca) as api:
+        issued = renew_certificate(api, "gpu-01", certs)
+    runner = CliRunner()
+
+    def cli(*args: str) -> Any:
+        return runner.invoke(app, ["--server", url, "--token", ADMIN, "--ca-file", ca, *args])
+
+    listed = cli("pki", "list", "--json")
+    assert listed.exit_code == 0, listed.output
+    assert [c["serial"] for c in json.loads(listed.stdout)["items"]] == [issued["serial"]]
+    assert "gpu-01" in cli("pki", "list").stdout
+    done = cli("pki", "revoke", issued["serial"])
+    assert done.exit_code == 0 and "revoked" in done.stdout
+    assert cli("pki", "list", "--node", "gpu-01", "--json").exit_code == 0
+    for bad in ("not-hex!", "ffff"):
+        refused = cli("pki", "revoke", bad)
+        assert refused.exit_code != 0 and "Traceback" not in refused.output
+    shown = cli("pki", "ca")
+    assert shown.exit_code == 0 and shown.stdout == pki.ca_certificate(world["store"], "default")
