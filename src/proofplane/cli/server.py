@@ -683,6 +683,11 @@ def up(
     server_files, ca_file = prepare_demo_tls(demo_tls_dir(), host) if tls else (None, None)
     execution = load_execution(db or f"sqlite:///{demo_database_path()}", demo=True)
     url = db if db is not None else _fresh_demo_database()
+    if db is None and "PROOFPLANE_MASTER_KEY_FILE" not in os.environ:
+        # the demo's embedded KMS gets a fresh master key beside its fresh database
+        key_file = Path(f"{demo_database_path()}.master.key")
+        key_file.unlink(missing_ok=True)
+        os.environ["PROOFPLANE_MASTER_KEY_FILE"] = str(key_file)
     if db is None and execution.backend == "local" and execution.local_state_dir:
         jobs_dir = Path(execution.local_state_dir)
         if jobs_dir == local_jobs_dir(url):  # ours, not one PROOFPLANE_LOCAL_STATE_DIR named
