@@ -250,7 +250,8 @@ def test_no_secret_is_in_the_database_in_the_clear_and_each_still_works(
     # at rest: ciphertext of the key "secrets", in every row that holds a secret
     with store.read() as s:
         user = s.scalar(select(UserRow).where(UserRow.username == "ops"))
-        assert user is not None and envelope.is_ciphertext(user.totp_secret)
+        assert user is not None and user.totp_secret is not None
+        assert envelope.is_ciphertext(user.totp_secret)
         assert envelope.parse(user.totp_secret).key == "secrets"
         configs = {r.name: r.config for r in s.scalars(select(SinkRow))}
         assert envelope.is_ciphertext(configs["splunk"]["token"])

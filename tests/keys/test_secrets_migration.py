@@ -78,7 +78,7 @@ def old_rows(store: Store, now: datetime) -> None:
     """What a server before 0012 stored: secrets in the clear."""
     with store.engine.begin() as conn:
         conn.execute(
-            insert(UserRow.__table__).values(
+            insert(UserRow).values(
                 id=7, username="ops", source="local", external_subject=None,
                 password_hash=cred.hash_password(PASSWORD), roles=["operator"], tenants=[],
                 totp_secret=SEED, totp_enabled=True, totp_last_step=None,
@@ -87,7 +87,7 @@ def old_rows(store: Store, now: datetime) -> None:
             )
         )  # fmt: skip
         conn.execute(
-            insert(SinkRow.__table__),
+            insert(SinkRow),
             [
                 dict(id=3, name="splunk", kind="splunk-hec", enabled=True,
                      config={"url": "http://127.0.0.1:9", "token": HEC_TOKEN, "batch_size": 100},
@@ -101,7 +101,7 @@ def old_rows(store: Store, now: datetime) -> None:
             ],
         )  # fmt: skip
         conn.execute(
-            insert(OidcLoginRow.__table__).values(
+            insert(OidcLoginRow).values(
                 state=STATE, nonce=NONCE, code_verifier=VERIFIER, return_to="/x",
                 expires_at=now + timedelta(minutes=10),
             )

@@ -120,7 +120,8 @@ class _Secrets:
     @property
     def backend(self) -> Backend:
         if self._backend is None:
-            given = op.get_context().config.attributes.get("kms_backend")
+            config = op.get_context().config
+            given = config.attributes.get("kms_backend") if config is not None else None
             self._backend = given if given is not None else backend_from_env(os.environ)
         return self._backend
 
