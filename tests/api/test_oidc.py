@@ -38,6 +38,7 @@ from proofplane.access import SYSTEM, oidc
 from proofplane.api.app import create_app
 from proofplane.api.errors import status_for
 from proofplane.config import OidcSettings, Settings
+from proofplane.service import keys as keys_svc
 from proofplane.service.context import Store
 from proofplane.store.tables import EventRow, OidcLoginRow, UserRow
 
@@ -918,8 +919,11 @@ def _tamper(sso: Sso, callback: str, **values: str) -> None:
     with sso.store.write(SYSTEM) as tx:
         row = tx.session.get(OidcLoginRow, state)
         assert row is not None
+        kms = keys_svc.kms_for(sso.store)
         for name, value in values.items():
-            setattr(row, name, value)
+            # stored sealed for this row (issue 13): a valid ciphertext of another value
+            aad = keys_svc.secret_aad("oidc_logins", state, name)
+            setattr(row, name, keys_svc.seal_secret(kms, tx, value, aad))
 
 
 @pytest.mark.parametrize(
@@ -997,9 +1001,18 @@ def test_login_redirect_and_stored_request(sso: Sso) -> None:
     with sso.store.read() as session:
         row = session.get(OidcLoginRow, q["state"])
         assert row is not None
-        assert (row.nonce, row.return_to) == (q["nonce"], "/x")
-        assert oidc.code_challenge(row.code_verifier) == q["code_challenge"]
-        assert row.code_verifier not in r.headers["location"]
+        kms = keys_svc.kms_for(sso.store)
+
+        def opened(column: str) -> str:
+            aad = keys_svc.secret_aad("oidc_logins", q["state"], column)
+            stored = getattr(row, column)
+            assert stored.startswith("ppk1.secrets.")  # sealed at rest (issue 13)
+            return keys_svc.open_secret(kms, session, stored, aad)
+
+        assert (opened("nonce"), row.return_to) == (q["nonce"], "/x")
+        verifier = opened("code_verifier")
+        assert oidc.code_challenge(verifier) == q["code_challenge"]
+        assert verifier not in r.headers["location"]
 
 
 def test_a_disabled_user_cannot_sign_in(sso: Sso, client: TestClient) -> None:

@@ -277,18 +277,18 @@ def test_test_message_reports_an_unreachable_receiver(lite_client, hec_server):
 def test_hec_delivers_everything_in_order_with_seq_and_leaf_hash(lite, hec_server):
     store = lite
     make_events(store, 9, nasty=True)
-    hec_sink(store, hec_server.url)
+    hec_sink(store, hec_server.url)  # + key.create (its token is the first secret sealed)
     [result] = svc.export_once(store, retry=NO_SLEEP)
-    assert result.error is None and result.cursor == head(store) == 10
+    assert result.error is None and result.cursor == head(store) == 11
     assert hec_server.problems == []
-    assert hec_server.requests == 3  # batches of 4: 4 + 4 + 2
-    assert hec_server.seqs() == list(range(1, 11))
+    assert hec_server.requests == 3  # batches of 4: 4 + 4 + 3
+    assert hec_server.seqs() == list(range(1, 12))
     by_seq = {e.seq: e for e in all_events(store)}
     for obj in hec_server.accepted:
         seq = obj["event"]["seq"]
         assert obj["event"]["leaf_hash"] == event_leaf_hash(by_seq[seq]).hex()
         assert datetime.fromisoformat(obj["event"]["ts"]) == by_seq[seq].ts
-    assert svc.get_sink(store, SYSTEM, "splunk").cursor == 10
+    assert svc.get_sink(store, SYSTEM, "splunk").cursor == 11
     # nothing new: a second pass sends nothing
     assert svc.export_once(store, retry=NO_SLEEP)[0].delivered == 0
     assert hec_server.requests == 3
@@ -405,8 +405,9 @@ def test_ocsf_http_sink_posts_a_json_array(lite, tmp_path):
     finally:
         server.shutdown()
         server.server_close()
-    assert [(p, a) for p, a, _ in got] == [("/ingest", "Bearer s3cret")] * 2
-    assert [o["metadata"]["sequence"] for _, _, batch in got for o in batch] == [1, 2, 3, 4]
+    # 3 events + key.create (the bearer token is the first secret sealed) + sink.create: 5
+    assert [(p, a) for p, a, _ in got] == [("/ingest", "Bearer s3cret")] * 3
+    assert [o["metadata"]["sequence"] for _, _, batch in got for o in batch] == [1, 2, 3, 4, 5]
 
 
 def test_disabled_sinks_wait_and_a_deleted_sink_stops(lite, tmp_path):
@@ -470,7 +471,7 @@ def test_cli_flush_on_the_database(tmp_path, hec_server):
     store.dispose()
     done = runner.invoke(cli, ["sinks", "flush", "--db", url, "--json"])
     assert done.exit_code == 0, done.output
-    assert json.loads(done.output)["results"][0]["delivered"] == 4
+    assert json.loads(done.output)["results"][0]["delivered"] == 5  # + key.create
     hec_server.fail_next = 10**6
     store = Store(url)
     make_events(store, 1)

@@ -62,12 +62,13 @@ def test_rsyslog_receives_cef_over_mutual_tls_with_octet_framing(store, rsyslog,
         for i in range(4):
             tx.record("node.register", "node", f"gpu-{i}", details={"note": NASTY, "i": i})
         tx.record("auth.login", "user", NASTY, details={})
+    # + key.create (the key file's path is the first secret sealed) and sink.create
     svc.create_sink(store, SYSTEM, "siem", "syslog", syslog_config(pki, rsyslog.port))
     [result] = svc.export_once(store, retry=NO_SLEEP)
-    assert result.error is None and result.delivered == 6
+    assert result.error is None and result.delivered == 7
 
-    got = rsyslog.wait_for(6)
-    assert len(got) == 6, rsyslog.log.read_text()
+    got = rsyslog.wait_for(7)
+    assert len(got) == 7, rsyslog.log.read_text()
     with store.read() as session:
         events = [event_from_row(r) for r in session.query(EventRow).order_by(EventRow.seq)]
     for msg, ev in zip(got, events, strict=True):

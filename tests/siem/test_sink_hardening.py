@@ -312,12 +312,15 @@ def test_a_deleted_sinks_token_is_gone_from_the_database_files(api, store, tmp_p
     def on_disk() -> bytes:
         return b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("pp.db"))
 
-    assert token.encode() in on_disk()  # stored (the exporter needs it) ...
-    assert api.delete(f"{API}/sinks/s").status_code == 200
-    assert token.encode() not in on_disk()  # ... and erased, not just unlisted
-    with store.read() as session:
-        from proofplane.store.tables import SinkRow
+    from proofplane.store.tables import SinkRow
 
+    with store.read() as session:
+        sealed = session.query(SinkRow).one().config["token"]
+    assert sealed.startswith("ppk1.secrets.")  # only its KMS ciphertext is stored (issue 13)
+    assert token.encode() not in on_disk() and sealed.encode() in on_disk()
+    assert api.delete(f"{API}/sinks/s").status_code == 200
+    assert sealed.encode() not in on_disk()  # ... and that is erased, not just unlisted
+    with store.read() as session:
         assert session.query(SinkRow).count() == 0
 
 

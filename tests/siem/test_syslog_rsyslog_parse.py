@@ -113,8 +113,9 @@ def delivered(
             [result] = svc.export_once(store, retry=NO_SLEEP)
             with store.read() as session:
                 events = [event_from_row(r) for r in session.query(EventRow).order_by(EventRow.seq)]
-            # the five above and the sink's own creation event
-            assert result.error is None and result.delivered == len(events) == 6, result
+            # the five above, the secrets key's creation (the sink's key file path is the first
+            # secret sealed) and the sink's own creation event
+            assert result.error is None and result.delivered == len(events) == 7, result
         finally:
             store.dispose()
     got = rsyslog.wait_for(len(skip) + len(events))[len(skip) :]

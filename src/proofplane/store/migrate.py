@@ -10,6 +10,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
+from proofplane.store.db import erase_freed_pages
+
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
 
@@ -22,6 +24,9 @@ def _config(engine: Engine) -> Config:
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
     command.upgrade(_config(engine), revision)
+    # A migration may have replaced secrets in place (0012 seals plaintext): on SQLite the
+    # write-ahead log would keep the old pages until a truncating checkpoint.
+    erase_freed_pages(engine)
 
 
 def head_revision() -> str:

@@ -145,8 +145,14 @@ _VERBS = {
     "evict": (3, "Update"),
     "state": (3, "Update"),
     "repartition": (3, "Update"),
+    "rotate": (3, "Update"),
+    "rewrap": (3, "Update"),
+    "disable": (3, "Update"),
+    "enable": (3, "Update"),
+    "revoke": (3, "Update"),
     "delete": (4, "Delete"),
     "remove": (4, "Delete"),
+    "destroy": (4, "Delete"),
 }
 
 
