@@ -235,7 +235,9 @@ def bench_verify(workdir: Path, events: int) -> dict[str, Any]:
     def run(workers: int) -> tuple[float, float]:
         """(wall s, CPU s of this process and its worker processes) of one verification."""
         t0, c0 = time.perf_counter(), os.times()
-        report = audit_svc.verify_log(store, keys.verifier(), "proofplane/bench", workers=workers)
+        report = audit_svc.verify_log(
+            store, keys.verifier(store), "proofplane/bench", workers=workers
+        )
         wall, c1 = time.perf_counter() - t0, os.times()
         assert report.ok, report.problems
         cpu = sum(c1[:4]) - sum(c0[:4])  # user + system, self + reaped children

@@ -172,6 +172,7 @@ EXAMPLES: dict[tuple[str, str], Any] = {
     ("POST", f"{API}/tokens/{{token_id}}/rotate"): {"expires_in": 600},
     ("POST", f"{API}/nodes/{{name}}/agent-credentials"): {"ttl_days": 1},
     ("POST", f"{API}/sinks"): {"name": "fuzz-s2", "type": "ocsf-file", "config": {"path": "x"}},
+    ("POST", f"{API}/keys"): {"name": "fuzz-k1", "purpose": "encrypt"},
     ("POST", f"{API}/k8s/admission"): ADMISSION,
     ("POST", f"{API}/nodes/{{name}}/attestation/enroll"): {"ek_public": "AAAA", "ak_public": "AA"},
     ("POST", f"{API}/nodes/{{name}}/attestation/activate"): {"secret": "AAAA"},

@@ -408,6 +408,19 @@ MATRIX: dict[tuple[str, str], Entry] = {
         P.AUDIT_CHECKPOINT, fixed(f"{API}/audit/checkpoint"), 200
     ),
     ("GET", f"{API}/audit/key"): Entry(P.AUDIT_READ, fixed(f"{API}/audit/key"), 200),
+    ("GET", f"{API}/audit/verifiers"): Entry(P.AUDIT_READ, fixed(f"{API}/audit/verifiers"), 200),
+    # the KMS key inventory: "secrets" exists (the TOTP seeds are sealed with it)
+    ("GET", f"{API}/keys"): Entry(P.KEYS_READ, fixed(f"{API}/keys"), 200),
+    ("GET", f"{API}/keys/{{name}}"): Entry(P.KEYS_READ, fixed(f"{API}/keys/secrets"), 200),
+    ("POST", f"{API}/keys"): Entry(
+        P.KEYS_WRITE, fixed(f"{API}/keys", json={"name": "k-new", "purpose": "encrypt"}), 201
+    ),
+    **{
+        ("POST", f"{API}/keys/{{name}}/{action}"): Entry(
+            P.KEYS_WRITE, fixed(f"{API}/keys/secrets/{action}"), 200
+        )
+        for action in ("rotate", "rewrap", "disable", "enable")
+    },
     ("GET", f"{API}/audit/entries"): Entry(
         P.AUDIT_READ, fixed(f"{API}/audit/entries", params={"start": 0, "end": 2}), 200
     ),
@@ -678,6 +691,10 @@ class CurrentStore:
     """Stands in for the application's store and forwards to the copy of the case being run
     (the handlers and the readiness probe both hold the store the app was created with; one
     app for all cases keeps FastAPI's per-app route setup out of every case)."""
+
+    # One KMS for every copy (the app builds it at creation, before any copy is open): the
+    # copies share the template's keys and the master key of the tests' environment.
+    kms: Any = None
 
     def __init__(self) -> None:
         self.current: Store | None = None

@@ -317,7 +317,7 @@ def test_non_canonical_details_text_falls_back_to_the_exact_recomputation(tmp_pa
     with store.read() as s:
         assert full == audit_log.root_at(s, 20)
     assert slow == 1
-    assert audit_svc.verify_log(store, keys.verifier(), "proofplane/test").ok
+    assert audit_svc.verify_log(store, keys.verifier(store), "proofplane/test").ok
     store.dispose()
 
 
@@ -349,6 +349,6 @@ def test_fast_pass_never_accepts_an_altered_row(tmp_path: Path, statements):
     except audit_verify.Unverifiable:
         full = None
     assert full != want
-    report = audit_svc.verify_log(store, keys.verifier(), "proofplane/test")
+    report = audit_svc.verify_log(store, keys.verifier(store), "proofplane/test")
     assert not report.ok
     store.dispose()

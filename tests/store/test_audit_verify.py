@@ -5,6 +5,7 @@ verify offline and malformed ones are refused. SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from typer.testing import CliRunner
 
 from proofplane.access import SYSTEM
 from proofplane.audit import bundle as bundle_mod
+from proofplane.audit import note
 from proofplane.cli.main import app
 from proofplane.service import audit as audit_svc
 from proofplane.service.context import Store
@@ -53,17 +55,17 @@ def _attack(store: Store, *statements: str) -> None:
             conn.execute(text(s))
 
 
-def _cli_verify(db_url: str, keys: audit_svc.AuditKeys):
-    vkey = keys.verifier().text()
+def _cli_verify(db_url: str, store: Store, keys: audit_svc.AuditKeys):
+    vkey = keys.verifier(store).text()
     return runner.invoke(app, ["audit", "verify", "--db", db_url, "--key", vkey, "--json"])
 
 
 def test_untampered_log_verifies(db_url: str, store: Store, keys):
     _fill(store, keys)
-    report = audit_svc.verify_log(store, keys.verifier(), "proofplane/test")
+    report = audit_svc.verify_log(store, keys.verifier(store), "proofplane/test")
     assert report.ok, report.problems
-    assert (report.events, report.checkpoint_size) == (12, 12)
-    result = _cli_verify(db_url, keys)
+    assert (report.events, report.checkpoint_size) == (13, 13)  # with the key's key.create
+    result = _cli_verify(db_url, store, keys)
     assert result.exit_code == 0, result.output
 
 
@@ -88,10 +90,10 @@ def test_untampered_log_verifies(db_url: str, store: Store, keys):
 def test_tampering_is_caught(db_url: str, store: Store, keys, attack, first_bad):
     _fill(store, keys)
     _attack(store, *attack)
-    report = audit_svc.verify_log(store, keys.verifier(), "proofplane/test")
+    report = audit_svc.verify_log(store, keys.verifier(store), "proofplane/test")
     assert not report.ok
     assert report.first_bad_index == first_bad, report.problems
-    result = _cli_verify(db_url, keys)
+    result = _cli_verify(db_url, store, keys)
     assert result.exit_code == 1
     assert f"first bad index: {first_bad}" in result.output
 
@@ -103,14 +105,16 @@ def test_text_that_is_not_utf8_is_named_not_raised(db_url: str, store: Store, ke
     if not db_url.startswith("sqlite"):  # the database refuses the bytes: nothing to find
         with pytest.raises(DBAPIError):
             _attack(store, "UPDATE events SET actor = convert_from('\\xff6d616c', 'UTF8')")
-        assert audit_svc.verify_log(store, keys.verifier(), "proofplane/test").ok
+        assert audit_svc.verify_log(store, keys.verifier(store), "proofplane/test").ok
         return
     _attack(store, "UPDATE events SET actor = CAST(X'ff6d616c' AS TEXT) WHERE seq = 5")
     for workers in (1, 2):
-        report = audit_svc.verify_log(store, keys.verifier(), "proofplane/test", workers=workers)
+        report = audit_svc.verify_log(
+            store, keys.verifier(store), "proofplane/test", workers=workers
+        )
         assert not report.ok and report.first_bad_index == 4, report.problems
         assert "not UTF-8" in report.problems[0]
-    result = _cli_verify(db_url, keys)
+    result = _cli_verify(db_url, store, keys)
     assert result.exit_code == 1 and "first bad index: 4" in result.output
     assert "Traceback" not in result.output
 
@@ -132,15 +136,15 @@ def test_rewriting_the_stored_hashes_too_is_caught(store: Store, keys):
             text("UPDATE audit_hashes SET hash = :h WHERE id = :i"),
             {"h": leaf, "i": audit_log.node_id(0, 8)},
         )
-    report = audit_svc.verify_log(store, keys.verifier())
+    report = audit_svc.verify_log(store, keys.verifier(store))
     assert not report.ok
-    assert report.first_bad_index == 6  # the checkpoint at size 6 still verifies
+    assert report.first_bad_index == 7  # the checkpoint at size 7 (6 + key.create) verifies
 
 
 def test_wrong_key_is_refused(store: Store, keys, tmp_path: Path):
     _fill(store, keys, 3)
-    other = audit_svc.AuditKeys(origin="proofplane/test", key_file=tmp_path / "other.key")
-    report = audit_svc.verify_log(store, other.verifier())
+    other = note.generate_signer("proofplane/test", os.urandom(32))
+    report = audit_svc.verify_log(store, other.verifier)
     assert not report.ok and "does not verify" in report.problems[0]
 
 
@@ -149,10 +153,11 @@ def test_bundle_round_trip_and_tamper(store: Store, keys, tmp_path: Path):
     data = audit_svc.export_bundle(
         store, SYSTEM, keys, tenant="acme", since=T0 + timedelta(minutes=2), now=T0
     )
-    assert [e["index"] for e in data["entries"]] == [3, 5, 7, 9, 11]
+    # (index 6: the audit key's key.create, in the first checkpoint's transaction)
+    assert [e["index"] for e in data["entries"]] == [3, 5, 8, 10, 12]
     path = tmp_path / "bundle.json"
     path.write_text(json.dumps(data))
-    vkey = keys.verifier().text()
+    vkey = keys.verifier(store).text()
     ok = runner.invoke(app, ["audit", "verify-bundle", str(path), "--key", vkey])
     assert ok.exit_code == 0, ok.output
     assert "ok: 5 entries" in ok.output
@@ -169,10 +174,8 @@ def test_bundle_round_trip_and_tamper(store: Store, keys, tmp_path: Path):
     res = runner.invoke(app, ["audit", "verify-bundle", str(tmp_path / "bad.json")])
     assert res.exit_code == 1 and "does NOT verify" in res.output
 
-    other = audit_svc.AuditKeys(origin="proofplane/test", key_file=tmp_path / "o.key")
-    res = runner.invoke(
-        app, ["audit", "verify-bundle", str(path), "--key", other.verifier().text()]
-    )
+    other = note.generate_signer("proofplane/test", os.urandom(32))
+    res = runner.invoke(app, ["audit", "verify-bundle", str(path), "--key", other.verifier.text()])
     assert res.exit_code == 1
 
     for content in ["not json", "{}", json.dumps({**data, "entries": [{"index": -1}]})]:

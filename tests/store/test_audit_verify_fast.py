@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from proofplane.access import SYSTEM
+from proofplane.keys import SIGN
 from proofplane.model import Outcome
 from proofplane.service import audit as audit_svc
+from proofplane.service import keys as keys_svc
 from proofplane.service.context import Store
 from proofplane.store import audit_log, audit_verify, migrate
 
@@ -29,14 +31,17 @@ ACTIONS = [
 
 
 def _fill(tmp_path: Path) -> tuple[Store, audit_svc.AuditKeys, str]:
-    """N events, four per transaction (one ts for the four), actions in runs and switches."""
+    """N events: the audit key's creation, then four per transaction (one ts for the four),
+    actions in runs and switches."""
     path = tmp_path / "fast.db"
     store = Store(f"sqlite:///{path}")
     migrate.upgrade(store.engine)
     keys = audit_svc.AuditKeys(origin="proofplane/test", key_file=tmp_path / "k.key")
-    for start in range(0, N, 4):
+    with store.write(SYSTEM, now=T0) as tx:  # the checkpoints' KMS key: event 1 (key.create)
+        keys_svc.kms_for(store).ensure_key(tx, keys_svc.AUDIT_KEY, SIGN)
+    for start in range(0, N - 1, 4):
         with store.write(SYSTEM, now=T0 + timedelta(seconds=start)) as tx:
-            for i in range(start, start + 4):
+            for i in range(start, min(start + 4, N - 1)):
                 action, ttype, outcome = ACTIONS[(i // 3) % len(ACTIONS)]
                 details = {"i": i, "node": f"gpu-{i % 5}", "tags": {"hipaa": "true"}}
                 tx.record(action, ttype, f"t-{i}", details=details, outcome=outcome)
@@ -77,7 +82,7 @@ def test_an_intact_log_is_proved_by_the_fast_pass_alone(
     full, roots, slow = audit_verify.log_roots(path, N, list(want), workers=workers)
     assert (full, roots, slow) == (want[N], want, 0)
     _no_exact_pass(monkeypatch)
-    report = audit_svc.verify_log(store, keys.verifier(), "proofplane/test", workers=workers)
+    report = audit_svc.verify_log(store, keys.verifier(store), "proofplane/test", workers=workers)
     assert report.ok and report.events == N, report.problems
     store.dispose()
 
@@ -112,7 +117,7 @@ def test_the_default_chunks_shrink_to_give_every_worker_several():
     assert audit_verify.chunk_bounds(0, 2) == []
 
 
-FIRST, MIDDLE, LAST = 1, 21, N  # seq (index + 1)
+FIRST, MIDDLE, LAST = 1, 22, N  # seq (index + 1); 22: the first of its transaction
 
 
 def _alter(column: str, value: str):
@@ -175,7 +180,7 @@ def test_a_tampered_row_is_never_accepted_and_is_named(
     else:
         assert full != want and roots[N] != want
 
-    report = audit_svc.verify_log(store, keys.verifier(), "proofplane/test", workers=workers)
+    report = audit_svc.verify_log(store, keys.verifier(store), "proofplane/test", workers=workers)
     assert not report.ok
     # the last row is swapped with the one before it
     expected = N - 2 if attack == "reorder" and seq == LAST else seq - 1
@@ -190,7 +195,7 @@ def test_a_gap_in_seq_is_caught_even_with_the_right_row_count(tmp_path: Path, sm
     _attack(store, f"UPDATE events SET seq = {N + 1} WHERE seq = 13")
     with pytest.raises(audit_verify.Unverifiable):
         audit_verify.log_roots(path, N, [N], workers=1)
-    report = audit_svc.verify_log(store, keys.verifier(), "proofplane/test")
+    report = audit_svc.verify_log(store, keys.verifier(store), "proofplane/test")
     assert not report.ok and report.first_bad_index == 12, report.problems
     store.dispose()
 

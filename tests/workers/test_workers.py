@@ -9,12 +9,16 @@ import time
 from collections.abc import Callable, Collection
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from proofplane.access import SYSTEM
 from proofplane.demo.attester import DEMO_INTERVAL_S, DemoAttester
+from proofplane.keys import KmsUnavailable
 from proofplane.service.audit import AuditKeys
 from proofplane.service.context import Store
+from proofplane.service.keys import Kms, kms_for
 from proofplane.store import migrate
 from proofplane.workers import (
     CheckpointWorker,
@@ -294,17 +298,27 @@ def test_the_server_loops_keep_their_names_and_timing(tmp_path: Path) -> None:
         store.dispose()
 
 
+class _DownKms(Kms):
+    def sign(self, session: Any, name: str, message: bytes) -> tuple[int, bytes]:
+        raise KmsUnavailable("the HSM does not answer")
+
+
 def test_the_checkpoint_worker_signs_when_the_log_grew_and_keeps_its_error(
     tmp_path: Path,
 ) -> None:
     store = _store(tmp_path)
     try:
+        kms_for(store)
         w = CheckpointWorker(store, AuditKeys(key_file=tmp_path / "audit.key"), 3600)
         assert w.tick() and w.last_success_at is not None
         assert w.run_once() is None  # the log did not grow since
-        broken = CheckpointWorker(store, AuditKeys(key_file=tmp_path), 3600)  # a directory
+        with store.write(SYSTEM) as tx:
+            tx.record("node.heartbeat", "node", "n1")  # the log grew
+        working, store.kms = store.kms, _DownKms(store.kms.backend)
+        broken = CheckpointWorker(store, AuditKeys(), 3600)  # the KMS cannot sign
         assert broken.tick() is False
         assert broken.last_error and broken.consecutive_failures == 1
+        store.kms = working
         with checkpoint_worker(store, AuditKeys(), None) as none:
             assert none is None
         with checkpoint_worker(store, AuditKeys(key_file=tmp_path / "k2"), 3600) as held:

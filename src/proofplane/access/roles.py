@@ -30,6 +30,8 @@ class Permission(StrEnum):
     SINKS_READ = "sinks:read"  # SIEM export sinks and their cursors
     SINKS_WRITE = "sinks:write"  # configure SIEM export sinks
     ATTEST_POLICY_WRITE = "attest:policy-write"  # set node attestation policies (admin only)
+    KEYS_READ = "keys:read"  # the KMS key inventory: versions, what each protects, use counts
+    KEYS_WRITE = "keys:write"  # create, rotate, rewrap, disable, enable KMS keys (admin only)
 
 
 class Role(StrEnum):
@@ -55,6 +57,7 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
             P.AUDIT_CHECKPOINT,
             P.SINKS_READ,
             P.SINKS_WRITE,
+            P.KEYS_READ,
         }
     ),
     Role.DEVELOPER: frozenset({P.NODES_READ, P.TENANTS_READ, P.WORKLOADS_READ, P.WORKLOADS_WRITE}),
@@ -79,6 +82,7 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
             P.TOKENS_READ_ALL,
             P.AUDIT_READ,
             P.SINKS_READ,
+            P.KEYS_READ,
         }
     ),
 }

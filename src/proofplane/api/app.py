@@ -18,6 +18,7 @@ from proofplane.api import (
     routes_attest,
     routes_audit,
     routes_backends,
+    routes_keys,
     routes_oidc,
     routes_sinks,
 )
@@ -28,8 +29,10 @@ from proofplane.api.middleware_limits import BodyLimit, route_limits
 from proofplane.api.request_body import checked_json_body
 from proofplane.api.routes import router
 from proofplane.config import ExecutionSettings, Settings
+from proofplane.errors import ProofplaneError
 from proofplane.service import audit as audit_svc
 from proofplane.service import execution as execution_svc
+from proofplane.service import keys as keys_svc
 from proofplane.service.context import Store
 from proofplane.store import migrate
 from proofplane.workers import (
@@ -69,6 +72,10 @@ def create_app(
     start unless the store already has one) and reconciled every ``sync_interval_s``. Without
     it and without ``store.backend``, placements are decisions only."""
     settings = settings or Settings()
+    # The KMS (PROOFPLANE_KMS): a bad setting (a master key file others can read, an HSM
+    # library that is missing…) fails here, at start, with its message (a KmsError).
+    # (No store: an application built only for its route table.)
+    kms = keys_svc.kms_for(store) if store is not None else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -104,6 +111,7 @@ def create_app(
     )
     app.state.store = store
     app.state.settings = settings
+    app.state.kms = kms
     app.state.audit_keys = audit_svc.AuditKeys(
         origin=audit_svc.origin_for(settings.cluster_id),
         key_file=Path(settings.audit_key_file) if settings.audit_key_file else None,
@@ -115,6 +123,7 @@ def create_app(
     app.include_router(routes_oidc.router)
     app.include_router(routes_sinks.router)
     app.include_router(routes_audit.router)
+    app.include_router(routes_keys.router)
     app.include_router(routes_backends.router)
     app.include_router(routes_attest.router)
     # Request bodies: settings.max_body_bytes, a node's evidence its own (issue 19, §3);
@@ -138,7 +147,8 @@ def create_app(
 
     @app.get("/readyz", tags=["health"], response_model=None, dependencies=[Depends(public)])
     def readyz() -> dict[str, str] | JSONResponse:
-        """Readiness: the database answers and its schema is at the code's migration head."""
+        """Readiness: the database answers, its schema is at the code's migration head, and
+        the KMS can be used (checkpoints are signed, secrets opened through it)."""
         try:
             with store.engine.connect() as conn:
                 conn.execute(text("SELECT 1"))
@@ -153,6 +163,19 @@ def create_app(
                 f"database schema is at {current}, code expects {head}: run proofplane db upgrade",
                 {"current": current, "head": head},
             )
-        return {"status": "ready", "database": store.engine.dialect.name, "revision": current}
+        backend = keys_svc.kms_for(store).backend
+        try:
+            backend.check()
+        except Exception as exc:
+            message = exc.message if isinstance(exc, ProofplaneError) else str(exc)
+            return errors.error_response(
+                503, "kms_unavailable", f"the KMS ({backend.kind}) cannot be used: {message}"
+            )
+        return {
+            "status": "ready",
+            "database": store.engine.dialect.name,
+            "revision": current,
+            "kms": backend.kind,
+        }
 
     return app

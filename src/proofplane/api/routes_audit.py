@@ -82,10 +82,38 @@ def post_checkpoint(
 
 @router.get("/key", response_class=PlainTextResponse, responses=_TEXT)  # type: ignore[arg-type]
 def get_key(
-    keys: KeysDep, actor: Annotated[Actor, Depends(requires(P.AUDIT_READ))]
+    store: StoreDep, keys: KeysDep, actor: Annotated[Actor, Depends(requires(P.AUDIT_READ))]
 ) -> PlainTextResponse:
-    """The verifier key, ``<name>+<key id hex>+<base64(0x01 ‖ Ed25519 public key)>``."""
-    return PlainTextResponse(audit_svc.get_verifier_key(keys, actor) + "\n")
+    """The verifier key new checkpoints are signed with (the current version of the KMS key
+    ``audit-checkpoint``), ``<name>+<key id hex>+<base64(0x01 ‖ Ed25519 public key)>``."""
+    return PlainTextResponse(audit_svc.get_verifier_key(store, keys, actor) + "\n")
+
+
+class VerifierOut(BaseModel):
+    verifier: str = Field(description="C2SP note verifier key: <name>+<key id hex>+<base64>")
+    key_id: str
+    kms_key: str | None = Field(description="the KMS key; null for the legacy key file")
+    version: int | None
+    valid_from: datetime | None
+    valid_until: datetime | None = Field(description="null: it signs new checkpoints")
+    current: bool
+    legacy: bool = Field(description="the signing key file of deployments before the KMS")
+    destroyed_at: datetime | None
+    checkpoints: int = Field(description="stored checkpoints signed in its validity period")
+
+
+class VerifiersOut(BaseModel):
+    verifiers: list[VerifierOut]
+
+
+@router.get("/verifiers", response_model=VerifiersOut)
+def get_verifiers(
+    store: StoreDep, keys: KeysDep, actor: Annotated[Actor, Depends(requires(P.AUDIT_READ))]
+) -> VerifiersOut:
+    """Every verifier key the log's checkpoints were signed with, oldest first, with its
+    validity period: one per version of ``audit-checkpoint``, and the legacy key file's."""
+    items = audit_svc.list_verifiers(store, keys, actor)
+    return VerifiersOut(verifiers=[VerifierOut(**v.to_json()) for v in items])
 
 
 @router.get("/entries", response_model=EntriesOut)

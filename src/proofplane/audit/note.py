@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidSignature
@@ -139,8 +140,45 @@ def sign(text: str, signer: SignerKey) -> str:
     """The signed note: text, blank line, one signature line."""
     _check_text(text)
     sig = _private(signer.seed).sign(text.encode())
-    kid = key_id(signer.name, signer.public_key)
-    return f"{text}\n{SIG_PREFIX}{signer.name} {base64.b64encode(kid + sig).decode()}\n"
+    return signed_note(text, signer.verifier, sig)
+
+
+def signed_note(text: str, verifier: VerifierKey, signature: bytes) -> str:
+    """The signed note of ``text`` with an Ed25519 ``signature`` made elsewhere (a KMS: the
+    private key never comes here), checked against ``verifier`` before it is returned."""
+    _check_text(text)
+    if len(signature) != 64:
+        raise NoteError("an Ed25519 signature is 64 bytes")
+    blob = base64.b64encode(verifier.key_id + signature).decode()
+    note = f"{text}\n{SIG_PREFIX}{verifier.name} {blob}\n"
+    open_note(note, verifier)
+    return note
+
+
+def verifier_for(name: str, public_key: bytes) -> VerifierKey:
+    """The verifier key of an Ed25519 ``public_key`` (32 raw bytes) under ``name``."""
+    _check_name(name)
+    if len(public_key) != 32:
+        raise NoteError("an Ed25519 public key is 32 bytes")
+    return VerifierKey(name, key_id(name, public_key), public_key)
+
+
+def signed_by(note: str, verifiers: Sequence[VerifierKey]) -> VerifierKey:
+    """The one of ``verifiers`` whose signature line ``note`` carries and verifies (a log
+    signed by successive key versions: each checkpoint names its version by key id)."""
+    last: NoteError | None = None
+    for verifier in verifiers:
+        try:
+            open_note(note, verifier)
+        except NoteError as exc:
+            last = exc
+            continue
+        return verifier
+    if last is None:
+        raise NoteError("no verifier key to check the note with")
+    if len(verifiers) == 1:
+        raise last
+    raise NoteError(f"no signature by any of {len(verifiers)} known verifier keys ({last})")
 
 
 def open_note(note: str, verifier: VerifierKey) -> str:
@@ -199,8 +237,13 @@ def sign_checkpoint(checkpoint: Checkpoint, signer: SignerKey) -> str:
     return sign(checkpoint.text(), signer)
 
 
-def verify_checkpoint(note: str, verifier: VerifierKey, origin: str | None = None) -> Checkpoint:
-    """The checkpoint in a signed note, after checking the signature and (given) the origin."""
+def verify_checkpoint(
+    note: str, verifier: VerifierKey | Sequence[VerifierKey], origin: str | None = None
+) -> Checkpoint:
+    """The checkpoint in a signed note, after checking the signature (by ``verifier``, or by
+    one of several) and (given) the origin."""
+    if not isinstance(verifier, VerifierKey):
+        verifier = signed_by(note, verifier)
     cp = parse_checkpoint(open_note(note, verifier))
     if origin is not None and cp.origin != origin:
         raise NoteError(f"checkpoint origin {cp.origin!r} is not {origin!r}")

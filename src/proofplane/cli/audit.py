@@ -27,7 +27,8 @@ KeyOpt = typer.Option(
     None,
     "--key",
     help="The verifier key you trust (<name>+<id>+<base64>, or a file holding it). Default: "
-    "the server's /audit/key, or with --db the public half of the local signing key file.",
+    "the verifier keys the server publishes (audit key --all), or with --db those of the key "
+    "inventory in the database (and a legacy key file's). Pinning is the stronger check.",
 )
 
 
@@ -57,10 +58,36 @@ def checkpoint(
 
 
 @app.command("key")
-def key(ctx: typer.Context) -> None:
-    """Print the log's verifier key."""
+def key(
+    ctx: typer.Context,
+    all_keys: bool = typer.Option(
+        False,
+        "--all",
+        help="Every verifier key the log was signed with (one per version of the KMS key "
+        "audit-checkpoint, and a legacy key file's), with its validity period.",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="With --all: print JSON."),
+) -> None:
+    """Print the verifier key new checkpoints are signed with (or all of them with --all)."""
     with client(ctx) as c:
-        typer.echo(c.text("GET", f"{API}/key"), nl=False)
+        if not all_keys:
+            typer.echo(c.text("GET", f"{API}/key"), nl=False)
+            return
+        data = c.get(f"{API}/verifiers")
+    if as_json:
+        _print(data)
+        return
+    for v in data["verifiers"]:
+        which = "legacy key file" if v["legacy"] else f"{v['kms_key']} v{v['version']}"
+        until = v["valid_until"] or ("now (current)" if v["current"] else "-")
+        since = v["valid_from"] or "-"
+        typer.echo(f"{v['verifier']}")
+        typer.echo(f"  {which}; valid {since} .. {until}; {v['checkpoints']} checkpoint(s)")
+
+
+def _server_verifiers(c: Any) -> list[note.VerifierKey]:
+    """The verifier keys the server publishes (every version's, oldest first)."""
+    return [note.parse_verifier_key(v["verifier"]) for v in c.get(f"{API}/verifiers")["verifiers"]]
 
 
 @app.command("prove")
@@ -78,8 +105,9 @@ def prove(
     if (index is None) == (old_size is None):
         raise CliError("proofplane: give exactly one of --index or --old-size", exit_code=2)
     with client(ctx) as c:
-        vk = note.parse_verifier_key(_trusted_key(trusted) or c.text("GET", f"{API}/key"))
-        cp = note.verify_checkpoint(c.text("GET", f"{API}/checkpoint"), vk)
+        pinned = _trusted_key(trusted)
+        vks = [note.parse_verifier_key(pinned)] if pinned else _server_verifiers(c)
+        cp = note.verify_checkpoint(c.text("GET", f"{API}/checkpoint"), vks)
         size = tree_size or cp.size
         if size != cp.size:
             raise CliError("proofplane: --tree-size must be the checkpoint's size to verify")
@@ -153,15 +181,14 @@ def _verify_db(
     from proofplane.service.context import Store
 
     with store_errors("audit verify"):
-        if trusted is None:
-            vk = audit_svc.load_or_create_signer(
-                audit_svc.default_key_file(), origin or "proofplane/default"
-            ).verifier
-        else:
-            vk = note.parse_verifier_key(trusted)
         store = Store(url)
         try:
-            return audit_svc.verify_log(store, vk, origin, workers=workers).to_dict()
+            if trusted is None:
+                keys = audit_svc.AuditKeys(origin=origin or "proofplane/default")
+                vks = audit_svc.known_verifiers(store, keys)
+            else:
+                vks = [note.parse_verifier_key(trusted)]
+            return audit_svc.verify_log(store, vks, origin, workers=workers).to_dict()
         finally:
             store.dispose()
 
@@ -170,9 +197,9 @@ def _verify_server(ctx: typer.Context, trusted: str | None, origin: str | None) 
     problems: list[str] = []
     first_bad: int | None = None
     with client(ctx) as c:
-        vk = note.parse_verifier_key(trusted or c.text("GET", f"{API}/key"))
+        vks = [note.parse_verifier_key(trusted)] if trusted else _server_verifiers(c)
         try:
-            cp = note.verify_checkpoint(c.text("GET", f"{API}/checkpoint"), vk, origin)
+            cp = note.verify_checkpoint(c.text("GET", f"{API}/checkpoint"), vks, origin)
         except note.NoteError as exc:
             raise CliError(f"proofplane: the checkpoint does not verify: {exc}") from exc
         leaves = []
@@ -236,9 +263,13 @@ def _export_server(
     ctx: typer.Context, since: datetime | None, until: datetime | None, tenant: str | None
 ) -> dict[str, Any]:
     with client(ctx) as c:
-        vkey = c.text("GET", f"{API}/key").strip()
         signed = c.text("GET", f"{API}/checkpoint")
-        cp = note.verify_checkpoint(signed, note.parse_verifier_key(vkey))
+        try:
+            vk = note.signed_by(signed, _server_verifiers(c))
+        except note.NoteError as exc:
+            raise CliError(f"proofplane: the checkpoint does not verify: {exc}") from exc
+        vkey = vk.text()
+        cp = note.verify_checkpoint(signed, vk)
         items = []
         for e in _iter_entries(c, cp.size):
             raw = base64.b64decode(e["entry"])

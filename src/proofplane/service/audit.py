@@ -2,22 +2,36 @@
 ``proofplane.workers.checkpoints``), proofs, canonical entries, whole-log verification on the
 database, and offline evidence bundles.
 
-The signing key lives outside the database, in a file with 0600 permissions (created on first
-use); the key name is the log's origin, ``proofplane/<cluster-id>``. Checkpoints are not
-events: a checkpoint signs the log, it does not change it (recording one would grow the log
-and call for another checkpoint, forever).
+Checkpoints are signed through the KMS (issue 13): the ``sign`` key ``audit-checkpoint``
+(``service.keys.AUDIT_KEY``; in the HSM with ``pkcs11``, in OpenBao with ``openbao``, in the
+embedded keyring with ``local``), created on first use. The note's key name is the log's
+origin, ``proofplane/<cluster-id>``; each key version has its own verifier key (its key id
+differs), derived from the version's public key in the key inventory, and is valid from the
+version's creation until its retirement (``keys rotate``). A checkpoint signed before a rotation
+verifies with its own version's verifier. A KMS that cannot sign fails the round (nothing is
+written; the signer retries at its next interval): a checkpoint is never skipped silently nor
+signed with anything else.
+
+Deployments before the KMS signed with a key file (``PROOFPLANE_AUDIT_KEY_FILE``, default
+``<user data dir>/audit-signing.key``). That file is never created nor signed with again; while
+it is there, its public half is published as the *legacy* verifier, valid until the KMS key's
+first version was created (the switch), so the checkpoints it signed still verify.
+
+Checkpoints are not events: a checkpoint signs the log, it does not change it (recording one
+would grow the log and call for another checkpoint, forever).
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +43,15 @@ from proofplane.access import Actor, Permission, authorize
 from proofplane.audit import bundle as bundle_mod
 from proofplane.audit import merkle, note
 from proofplane.audit.canonical import entry_bytes
-from proofplane.errors import NotFound, ProofplaneError, ValidationFailed
+from proofplane.errors import Conflict, NotFound, ProofplaneError, ValidationFailed
+from proofplane.keys import SIGN, KeyDisabled, KmsError, KmsUnavailable
+from proofplane.service import keys as keys_svc
 from proofplane.service.context import Store
 from proofplane.service.events import event_from_row
 from proofplane.store import audit_log, audit_verify
-from proofplane.store.tables import AuditCheckpointRow, EventRow
+from proofplane.store.tables import AuditCheckpointRow, EventRow, KmsKeyRow, KmsKeyVersionRow
+
+log = logging.getLogger("proofplane.audit")
 
 MAX_ENTRIES = 1000  # per GET /audit/entries request
 KEY_FILE_ENV = "PROOFPLANE_AUDIT_KEY_FILE"
@@ -48,7 +66,8 @@ def origin_for(cluster_id: str) -> str:
 
 
 def default_key_file() -> Path:
-    """``$PROOFPLANE_AUDIT_KEY_FILE``, else ``<user data dir>/audit-signing.key``."""
+    """``$PROOFPLANE_AUDIT_KEY_FILE``, else ``<user data dir>/audit-signing.key``: where
+    deployments before the KMS kept their signing key (the legacy verifier's source)."""
     configured = os.environ.get(KEY_FILE_ENV)
     if configured:
         return Path(configured).expanduser()
@@ -56,8 +75,9 @@ def default_key_file() -> Path:
 
 
 def load_or_create_signer(path: Path, name: str) -> note.SignerKey:
-    """The signing key in ``path``; generated (Ed25519, os.urandom) and written 0600 when the
-    file does not exist yet. A key file readable by others is refused."""
+    """A signing key file as deployments before the KMS kept it (and tests make legacy keys
+    with): generated (Ed25519, os.urandom) and written 0600 when the file does not exist yet.
+    A key file readable by others is refused. The server no longer signs with it."""
     path = Path(path)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -84,25 +104,125 @@ def load_or_create_signer(path: Path, name: str) -> note.SignerKey:
     return signer
 
 
+def read_legacy_verifier(path: Path) -> note.VerifierKey | None:
+    """The public half of a pre-KMS signing key file; None when there is no such file. Only
+    read, never created: the server does not sign with it any more."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        return note.parse_signer_key(path.read_text()).verifier
+    except (OSError, UnicodeDecodeError, note.NoteError) as exc:
+        raise ValidationFailed(
+            f"the legacy audit signing key {path} ({KEY_FILE_ENV}) cannot be read: {exc}",
+            code="audit_key_invalid",
+        ) from None
+
+
 @dataclass
 class AuditKeys:
-    """The log's signing key, loaded (or created) on first use."""
+    """The log's origin (the notes' key name) and where a pre-KMS signing key file may be
+    (``key_file``, default ``default_key_file()``): its verifier stays published as legacy."""
 
     origin: str = "proofplane/default"
     key_file: Path | None = None
-    _signer: note.SignerKey | None = field(default=None, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def signer(self) -> note.SignerKey:
-        with self._lock:
-            if self._signer is None:
-                self._signer = load_or_create_signer(
-                    self.key_file or default_key_file(), self.origin
-                )
-            return self._signer
+    def legacy_verifier(self) -> note.VerifierKey | None:
+        return read_legacy_verifier(self.key_file or default_key_file())
 
-    def verifier(self) -> note.VerifierKey:
-        return self.signer().verifier
+    def verifier(self, store: Store) -> note.VerifierKey:
+        """The verifier of the current ``audit-checkpoint`` version (``no_audit_key`` when no
+        checkpoint was signed through the KMS yet)."""
+        with store.read() as s:
+            current = [v.key for v in verifiers(s, self) if v.current]
+        if not current:
+            raise NotFound("no checkpoint has been signed through the KMS yet",
+                           code="no_audit_key")  # fmt: skip
+        return current[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Verifier:
+    """One published verifier key and when it signed: a KMS key version's (``version``), or
+    the pre-KMS key file's (``legacy``)."""
+
+    key: note.VerifierKey
+    version: int | None
+    valid_from: datetime | None
+    valid_until: datetime | None  # None: still signing (the current version)
+    current: bool
+    legacy: bool = False
+    destroyed_at: datetime | None = None
+    checkpoints: int = 0  # checkpoints stored that were signed in this validity period
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verifier": self.key.text(),
+            "key_id": self.key.key_id.hex(),
+            "kms_key": None if self.legacy else keys_svc.AUDIT_KEY,
+            "version": self.version,
+            "valid_from": self.valid_from.isoformat() if self.valid_from else None,
+            "valid_until": self.valid_until.isoformat() if self.valid_until else None,
+            "current": self.current,
+            "legacy": self.legacy,
+            "destroyed_at": self.destroyed_at.isoformat() if self.destroyed_at else None,
+            "checkpoints": self.checkpoints,
+        }
+
+
+def _checkpoints_between(session: Any, start: datetime | None, end: datetime | None) -> int:
+    query = select(func.count()).select_from(AuditCheckpointRow)
+    if start is not None:
+        query = query.where(AuditCheckpointRow.created_at >= start)
+    if end is not None:
+        query = query.where(AuditCheckpointRow.created_at < end)
+    return int(session.scalar(query) or 0)
+
+
+def verifiers(session: Any, keys: AuditKeys) -> list[Verifier]:
+    """Every verifier of the log, oldest first: the legacy file key's (while the file is
+    there), then one per version of the KMS key ``audit-checkpoint``. Read from the key
+    inventory only (public keys): no KMS call, so this works with the KMS down."""
+    row = session.scalar(select(KmsKeyRow).where(KmsKeyRow.name == keys_svc.AUDIT_KEY))
+    versions = (
+        list(
+            session.scalars(
+                select(KmsKeyVersionRow)
+                .where(KmsKeyVersionRow.key_id == row.id)
+                .order_by(KmsKeyVersionRow.version)
+            )
+        )
+        if row is not None
+        else []
+    )
+    out: list[Verifier] = []
+    legacy = keys.legacy_verifier()
+    if legacy is not None:
+        switch = versions[0].created_at if versions else None
+        out.append(Verifier(legacy, None, None, switch, current=False, legacy=True,
+                            checkpoints=_checkpoints_between(session, None, switch)))  # fmt: skip
+    for v in versions:
+        if v.public_key is None:
+            continue
+        assert row is not None
+        out.append(
+            Verifier(
+                note.verifier_for(keys.origin, bytes(v.public_key)),
+                v.version,
+                v.created_at,
+                v.retired_at,
+                current=v.version == row.current_version,
+                destroyed_at=v.destroyed_at,
+                checkpoints=_checkpoints_between(session, v.created_at, v.retired_at),
+            )
+        )
+    return out
+
+
+def known_verifiers(store: Store, keys: AuditKeys) -> list[note.VerifierKey]:
+    """The verifier keys of every checkpoint the log may hold (see ``verifiers``)."""
+    with store.read() as s:
+        return [v.key for v in verifiers(s, keys)]
 
 
 # --- reading ------------------------------------------------------------------------------
@@ -115,9 +235,24 @@ class Entry:
     leaf_hash: bytes  # as stored in the Merkle log
 
 
-def get_verifier_key(keys: AuditKeys, actor: Actor) -> str:
+def get_verifier_key(store: Store, keys: AuditKeys, actor: Actor) -> str:
+    """The verifier key new checkpoints are signed with: the current version of the KMS key
+    ``audit-checkpoint`` (created now, on first use, when no checkpoint was signed yet)."""
     authorize(actor, Permission.AUDIT_READ)
-    return keys.verifier().text()
+    with store.read() as s:
+        current = [v for v in verifiers(s, keys) if v.current and not v.legacy]
+    if not current:
+        _ensure_audit_key(store, keys_svc.kms_for(store), actor, datetime.now(UTC))
+        with store.read() as s:
+            current = [v for v in verifiers(s, keys) if v.current and not v.legacy]
+    return current[0].key.text()
+
+
+def list_verifiers(store: Store, keys: AuditKeys, actor: Actor) -> list[Verifier]:
+    """Every verifier key of the log with its validity period (``audit key --all``)."""
+    authorize(actor, Permission.AUDIT_READ)
+    with store.read() as s:
+        return verifiers(s, keys)
 
 
 def latest_checkpoint(store: Store, actor: Actor) -> str:
@@ -177,23 +312,66 @@ def consistency_proof(store: Store, actor: Actor, old_size: int, new_size: int) 
 def sign_checkpoint(
     store: Store, actor: Actor, keys: AuditKeys, now: datetime, *, only_if_grown: bool = False
 ) -> str | None:
-    """Sign the log as it is now and keep the signed note. With ``only_if_grown`` (the
-    background worker), nothing happens when the newest checkpoint already covers the log."""
+    """Sign the log as it is now with the KMS key ``audit-checkpoint`` (created on first use)
+    and keep the signed note. With ``only_if_grown`` (the background worker), nothing happens
+    when the newest checkpoint already covers the log. A KMS that cannot sign raises
+    (``KmsUnavailable``…): nothing is written, and the error is logged."""
     authorize(actor, Permission.AUDIT_CHECKPOINT)
-    signer = keys.signer()
-    with store.write(actor, now) as tx:
-        s = tx.session
-        size = audit_log.tree_size(s)
+    kms = keys_svc.kms_for(store)
+    try:
         if only_if_grown:
-            last = s.scalar(
-                select(AuditCheckpointRow.tree_size).order_by(AuditCheckpointRow.id.desc()).limit(1)
-            )
-            if last is not None and last >= size:
+            with store.read() as s:
+                if not _grown(s):
+                    return None
+        _ensure_audit_key(store, kms, actor, now)
+        with store.write(actor, now) as tx:
+            s = tx.session
+            if only_if_grown and not _grown(s):
                 return None
-        root = audit_log.root_at(s, size)
-        signed = note.sign_checkpoint(note.Checkpoint(keys.origin, size, root), signer)
-        s.add(AuditCheckpointRow(tree_size=size, root_hash=root, note=signed, created_at=now))
+            key = kms.ensure_key(tx, keys_svc.AUDIT_KEY, SIGN)
+            size = audit_log.tree_size(s)
+            root = audit_log.root_at(s, size)
+            text = note.Checkpoint(keys.origin, size, root).text()
+            version, signature = kms.sign(s, keys_svc.AUDIT_KEY, text.encode())
+            ver = s.get(KmsKeyVersionRow, (key.id, version))
+            if ver is None or ver.public_key is None:
+                raise KmsError(f"key {keys_svc.AUDIT_KEY!r} version {version} has no public key")
+            try:
+                signed = note.signed_note(
+                    text, note.verifier_for(keys.origin, bytes(ver.public_key)), signature
+                )
+            except note.NoteError as exc:
+                raise KmsError(
+                    f"the KMS signature does not verify with key {keys_svc.AUDIT_KEY!r} "
+                    f"version {version}'s public key: {exc}",
+                    code="kms_bad_signature",
+                ) from None
+            s.add(AuditCheckpointRow(tree_size=size, root_hash=root, note=signed, created_at=now))
+    except (KmsError, KmsUnavailable, KeyDisabled) as exc:
+        log.warning("audit checkpoint not signed (retried at the next round): %s", exc)
+        raise
     return signed
+
+
+def _grown(session: Any) -> bool:
+    """Whether the log has entries the newest checkpoint does not cover (or none exists)."""
+    last = session.scalar(
+        select(AuditCheckpointRow.tree_size).order_by(AuditCheckpointRow.id.desc()).limit(1)
+    )
+    return last is None or last < audit_log.tree_size(session)
+
+
+def _ensure_audit_key(store: Store, kms: keys_svc.Kms, actor: Actor, now: datetime) -> None:
+    """Create the key ``audit-checkpoint`` on first use, in its own write transaction: its
+    ``key.create`` event is then in the log the first checkpoint signs."""
+    with store.read() as s:
+        if s.scalar(select(KmsKeyRow.id).where(KmsKeyRow.name == keys_svc.AUDIT_KEY)):
+            return
+    try:
+        with store.write(actor, now) as tx:
+            kms.ensure_key(tx, keys_svc.AUDIT_KEY, SIGN)
+    except Conflict:
+        pass  # another replica created it first (KeyExists, or the unique name)
 
 
 # --- verification on the database ----------------------------------------------------------
@@ -265,7 +443,7 @@ def _sqlite_leaf_hashes(store: Store, batch: int) -> Iterator[tuple[int, bytes]]
 
 def verify_log(
     store: Store,
-    verifier: note.VerifierKey,
+    verifier: note.VerifierKey | Sequence[note.VerifierKey],
     origin: str | None = None,
     *,
     workers: int | None = None,
@@ -294,13 +472,14 @@ def verify_log(
 
 def _verify_log(
     store: Store,
-    verifier: note.VerifierKey,
+    verifier: note.VerifierKey | Sequence[note.VerifierKey],
     origin: str | None = None,
     *,
     workers: int | None = None,
 ) -> VerifyReport:
     """Recompute every leaf from the event rows and the tree from the leaves, and check it
-    against the newest signed checkpoint and the stored Merkle log. Names the first index
+    against the newest signed checkpoint (by ``verifier``, or by whichever of several signed
+    it: a log signed by successive key versions) and the stored Merkle log. Names the first index
     that does not match. (No actor: this runs with direct database access, as an auditor.)
 
     On SQLite a fast pass runs first (``store.audit_verify``, ``workers`` processes, default
@@ -450,10 +629,18 @@ def export_bundle(
     now: datetime,
 ) -> dict[str, Any]:
     """The events of a time range and/or a tenant, each with its inclusion proof against the
-    newest checkpoint, plus that checkpoint and the verifier key: checkable offline."""
+    newest checkpoint, plus that checkpoint and the verifier key that signed it: checkable
+    offline."""
     authorize(actor, Permission.AUDIT_READ)
     signed = latest_checkpoint(store, actor)
-    cp = note.verify_checkpoint(signed, keys.verifier())
+    try:
+        verifier = note.signed_by(signed, known_verifiers(store, keys))
+    except note.NoteError as exc:
+        raise ValidationFailed(
+            f"the newest checkpoint does not verify with any published verifier key: {exc}",
+            code="checkpoint_unverifiable",
+        ) from None
+    cp = note.verify_checkpoint(signed, verifier)
     query = select(EventRow).where(EventRow.seq <= cp.size).order_by(EventRow.seq)
     if since is not None:
         query = query.where(EventRow.ts >= since)
@@ -469,7 +656,7 @@ def export_bundle(
             items.append((row.seq - 1, entry_bytes(event), proof))
     return bundle_mod.make_bundle(
         checkpoint=signed,
-        verifier_key=keys.verifier().text(),
+        verifier_key=verifier.text(),
         items=items,
         created_at=now,
         selection={
