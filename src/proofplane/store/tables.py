@@ -461,3 +461,91 @@ class AgentCertRow(Base):
     issued_at: Mapped[datetime] = mapped_column(UTCDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     revoke_reason: Mapped[str | None] = mapped_column(String(200), nullable=True)
+
+
+class ChangeRequestRow(Base):
+    """A typed change to something trust-bearing (issue 12): requested, approved by others,
+    applied atomically; ``payload_sha256`` is what approvals are bound to."""
+
+    __tablename__ = "change_requests"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    type: Mapped[str] = mapped_column(String(64), index=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    payload: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    payload_sha256: Mapped[str] = mapped_column(String(64))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    emergency: Mapped[bool] = mapped_column(Boolean, default=False)
+    tenant: Mapped[str | None] = mapped_column(String(63), nullable=True)  # its scope, if any
+    requested_by: Mapped[str] = mapped_column(String(128))
+    requested_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_edited_by: Mapped[str] = mapped_column(String(128))
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    applied_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    applied_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # emergency changes: the post-implementation review (pending -> done), due by
+    review_state: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    review_due_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    review_alerted_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class ChangeVoteRow(Base):
+    """An approval or denial of a change request (or of an emergency change's review), bound
+    to the payload hash it saw."""
+
+    __tablename__ = "change_votes"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    change_id: Mapped[int] = mapped_column(
+        ForeignKey("change_requests.id", ondelete="CASCADE"), index=True
+    )
+    decision: Mapped[str] = mapped_column(String(16))  # approve | deny | review
+    by: Mapped[str] = mapped_column(String(128))
+    roles: Mapped[list[str]] = mapped_column(JsonType)  # the voter's roles when voting
+    at: Mapped[datetime] = mapped_column(UTCDateTime)
+    comment: Mapped[str] = mapped_column(Text, default="")
+    payload_sha256: Mapped[str] = mapped_column(String(64))
+
+
+class ChangeRuleRow(Base):
+    """An admin's approval rule for a change type (defaults live in the code)."""
+
+    __tablename__ = "change_rules"
+    type: Mapped[str] = mapped_column(String(64), primary_key=True)
+    approvals: Mapped[int] = mapped_column(Integer)
+    roles: Mapped[list[str]] = mapped_column(JsonType)
+    updated_by: Mapped[str] = mapped_column(String(128))
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class IncidentRow(Base):
+    """An incident (issue 12): its subject (a node or a tenant), severity, owner, state, the
+    post-mortem, and the evidence bundle captured when it was opened."""
+
+    __tablename__ = "incidents"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    subject_type: Mapped[str] = mapped_column(String(16))  # node | tenant
+    subject: Mapped[str] = mapped_column(String(63), index=True)
+    severity: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    owner: Mapped[str] = mapped_column(String(128))
+    reason: Mapped[str] = mapped_column(Text)
+    opened_by: Mapped[str] = mapped_column(String(128))
+    opened_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    closed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    postmortem: Mapped[str | None] = mapped_column(Text, nullable=True)
+    bundle: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    bundle_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+class RetiredEkRow(Base):
+    """An endorsement key whose node was decommissioned: it may not enroll again without a new
+    approved change (a retired disk or board must not come back quietly)."""
+
+    __tablename__ = "retired_eks"
+    ek_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    node_name: Mapped[str] = mapped_column(String(63))
+    retired_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    change_id: Mapped[int | None] = mapped_column(BigId, nullable=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
