@@ -20,6 +20,7 @@ from proofplane.cli import (
     auth,
     backends,
     events,
+    keys,
     nodes,
     pki,
     server,
@@ -118,6 +119,7 @@ app.add_typer(events.app, name="events", rich_help_panel="Client")
 app.add_typer(backends.app, name="backends", rich_help_panel="Client")
 app.add_typer(audit.app, name="audit", rich_help_panel="Audit")
 app.add_typer(sinks.app, name="sinks", rich_help_panel="Audit")
+app.add_typer(keys.app, name="keys", rich_help_panel="Access")
 app.add_typer(sim.app, name="sim", rich_help_panel="Simulation")
 app.add_typer(attest.app, name="attest", rich_help_panel="Attestation")
 app.add_typer(pki.app, name="pki", rich_help_panel="Attestation")
