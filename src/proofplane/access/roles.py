@@ -32,6 +32,8 @@ class Permission(StrEnum):
     ATTEST_POLICY_WRITE = "attest:policy-write"  # set node attestation policies (admin only)
     KEYS_READ = "keys:read"  # the KMS key inventory: versions, what each protects, use counts
     KEYS_WRITE = "keys:write"  # create, rotate, rewrap, disable, enable KMS keys (admin only)
+    CHANGES_READ = "changes:read"  # change requests, their approvals, the change register
+    CHANGES_APPROVE = "changes:approve"  # approve or deny change requests (rules say whose)
 
 
 class Role(StrEnum):
@@ -40,6 +42,8 @@ class Role(StrEnum):
     DEVELOPER = "developer"
     TENANT_ADMIN = "tenant-admin"
     AUDITOR = "auditor"
+    # reads everything, approves or denies changes; applies nothing, changes nothing else
+    SECURITY_OFFICER = "security-officer"
 
 
 P = Permission
@@ -58,6 +62,7 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
             P.SINKS_READ,
             P.SINKS_WRITE,
             P.KEYS_READ,
+            P.CHANGES_READ,
         }
     ),
     Role.DEVELOPER: frozenset({P.NODES_READ, P.TENANTS_READ, P.WORKLOADS_READ, P.WORKLOADS_WRITE}),
@@ -70,6 +75,8 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
             P.USERS_READ,
             P.USERS_WRITE,
             P.QUOTAS_WRITE,
+            P.CHANGES_READ,
+            P.CHANGES_APPROVE,  # only changes scoped to its own tenants (govern.changes)
         }
     ),
     Role.AUDITOR: frozenset(
@@ -83,12 +90,30 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
             P.AUDIT_READ,
             P.SINKS_READ,
             P.KEYS_READ,
+            P.CHANGES_READ,
+        }
+    ),
+    Role.SECURITY_OFFICER: frozenset(
+        {
+            P.NODES_READ,
+            P.TENANTS_READ,
+            P.WORKLOADS_READ,
+            P.EVENTS_READ,
+            P.USERS_READ,
+            P.TOKENS_READ_ALL,
+            P.AUDIT_READ,
+            P.SINKS_READ,
+            P.KEYS_READ,
+            P.CHANGES_READ,
+            P.CHANGES_APPROVE,
         }
     ),
 }
-GLOBAL_ROLES = frozenset({Role.ADMIN, Role.OPERATOR, Role.AUDITOR})
+GLOBAL_ROLES = frozenset({Role.ADMIN, Role.OPERATOR, Role.AUDITOR, Role.SECURITY_OFFICER})
 SCOPED_ROLES = frozenset({Role.DEVELOPER, Role.TENANT_ADMIN})
 # Roles whose holders must log in with a second factor (TOTP).
-MFA_REQUIRED = frozenset({Role.ADMIN, Role.OPERATOR, Role.TENANT_ADMIN, Role.AUDITOR})
+MFA_REQUIRED = frozenset(
+    {Role.ADMIN, Role.OPERATOR, Role.TENANT_ADMIN, Role.AUDITOR, Role.SECURITY_OFFICER}
+)
 # What a tenant-admin may hand out, and only within their own tenants.
 DELEGABLE_BY_TENANT_ADMIN = frozenset({Role.DEVELOPER, Role.TENANT_ADMIN})

@@ -35,6 +35,7 @@ from proofplane.errors import (
     Unavailable,
     ValidationFailed,
 )
+from proofplane.govern.changes import NotAnApprover, SeparationOfDuties
 from proofplane.hardware.nvml import NvmlError
 from proofplane.service.access import (
     AccountLocked,
@@ -63,6 +64,8 @@ STATUS: dict[type[ProofplaneError], int] = {
     # access
     Unauthenticated: 401,
     Forbidden: 403,
+    SeparationOfDuties: 403,
+    NotAnApprover: 403,
     AccountLocked: 423,
     TooManyAttempts: 429,  # (the login route adds Retry-After)
     OidcFailed: 401,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -167,6 +168,9 @@ def _sqlite_ts(now: datetime, dialect: Dialect) -> str:
     return value
 
 
+_JOINED: ContextVar[tuple[Store, Tx] | None] = ContextVar("proofplane_joined_tx", default=None)
+
+
 class Store:
     """The database a control plane instance works on, and the engine that runs its placed
     workloads (``backend``; None: placements are decisions only, nothing is executed)."""
@@ -185,7 +189,23 @@ class Store:
         self.backend = backend
 
     @contextmanager
+    def joined(self, tx: Tx) -> Iterator[None]:
+        """Inside this block, ``write`` on this store (in this thread or task) joins ``tx``
+        instead of opening a transaction: a service function called here commits or rolls
+        back with ``tx``. An approved change applies the very function a direct call runs,
+        atomically with the change request's own state and events (issue 12)."""
+        token = _JOINED.set((self, tx))
+        try:
+            yield
+        finally:
+            _JOINED.reset(token)
+
+    @contextmanager
     def write(self, actor: Actor, now: datetime | None = None) -> Iterator[Tx]:
+        joined = _JOINED.get()
+        if joined is not None and joined[0] is self:
+            yield joined[1]  # the outer transaction commits (or rolls back) it all
+            return
         session = write_session(self.engine)
         try:
             with session.begin():

@@ -1,0 +1,1 @@
+"""Governance: change control with approvals and separation of duties (``changes``), pure."""

@@ -1,0 +1,576 @@
+"""Change control (issue 12): every trust-changing action as a typed, approved, recorded change.
+
+``TYPES`` is the registry: per type, the payload's schema (pydantic), who may ask (the
+permission the direct call needs), the tenant it is scoped to, and ``apply``: the very service
+function the direct call runs, executed inside the change's own transaction
+(``Store.joined``), so applying does exactly what the direct call did, atomically with the
+request's state and events. A later issue adds its type with one ``register`` call.
+
+The rules (who may approve, separation of duties, the payload hash) are the pure core's:
+``proofplane.govern.changes``. Applying re-checks the payload against the cluster as it is
+now; a failed apply leaves the request ``approved`` with the error recorded. Requests expire
+(``PROOFPLANE_CHANGE_TTL_SECONDS``, default 7 days). An admin's emergency change applies at
+once and then needs the same approvals as a review within ``emergency_review`` (24 h).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy import select
+
+from proofplane.access import Actor, Permission, Role, authorize
+from proofplane.access.authz import Forbidden
+from proofplane.errors import InvalidState, NotFound, ValidationFailed
+from proofplane.govern import changes as rules
+from proofplane.model import NodeState, Quota
+from proofplane.model.tenant import profile_from_json
+from proofplane.service.context import Store, Tx
+from proofplane.store.tables import ChangeRequestRow, ChangeRuleRow, ChangeVoteRow
+
+DEFAULT_TTL = timedelta(days=7)
+EMERGENCY_REVIEW = timedelta(hours=24)
+MAX_REASON = 2000
+
+
+# --- the registry ------------------------------------------------------------------------------
+
+
+class Payload(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class CertificationGrant(Payload):
+    node: str = Field(min_length=1, max_length=63)
+    key: str = Field(min_length=1, max_length=63)
+    value: str = Field(min_length=1, max_length=63)
+
+
+class CertificationRevoke(Payload):
+    node: str = Field(min_length=1, max_length=63)
+    key: str = Field(min_length=1, max_length=63)
+
+
+class TenantProfile(Payload):
+    tenant: str = Field(min_length=1, max_length=63)
+    profile: dict[str, Any]
+    description: str | None = Field(None, max_length=1000)
+
+
+class AttestationPolicy(Payload):
+    node_class: str = Field("default", min_length=1, max_length=63)
+    policy: dict[str, Any]
+    enforce: bool = True
+
+
+class NodeDecommission(Payload):
+    node: str = Field(min_length=1, max_length=63)
+    reason: str = Field(min_length=1, max_length=MAX_REASON)
+
+
+class NodeReadmit(Payload):
+    node: str = Field(min_length=1, max_length=63)
+    reason: str = Field(min_length=1, max_length=MAX_REASON)
+
+
+class QuotaSet(Payload):
+    tenant: str = Field(min_length=1, max_length=63)
+    gpus: int | None = None
+    mig_slices: int | None = None
+
+
+class RunbookPublish(Payload):
+    text: str = Field(min_length=1, max_length=200_000)
+
+
+Apply = Callable[[Store, Actor, Any], Any]
+
+
+@dataclass(frozen=True)
+class ChangeType:
+    name: str
+    payload: type[Payload]
+    permission: Permission  # what the direct call needs: who may ask for (and apply) it
+    apply: Apply
+    scope: Callable[[Any], str | None] = lambda _p: None  # the tenant it concerns
+    summary: Callable[[Any], str] = lambda p: ""
+
+
+TYPES: dict[str, ChangeType] = {}
+
+
+def register(change_type: ChangeType) -> None:
+    TYPES[change_type.name] = change_type
+
+
+def _grant(store: Store, actor: Actor, p: CertificationGrant) -> Any:
+    from proofplane.service.nodes import grant_certification
+
+    return grant_certification(store, actor, p.node, p.key, p.value)
+
+
+def _revoke(store: Store, actor: Actor, p: CertificationRevoke) -> Any:
+    from proofplane.service.nodes import revoke_certification
+
+    return revoke_certification(store, actor, p.node, p.key)
+
+
+def _profile(store: Store, actor: Actor, p: TenantProfile) -> Any:
+    from proofplane.service.tenants import update_tenant
+
+    try:
+        profile = profile_from_json(p.profile)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValidationFailed(f"invalid profile: {exc}", code="invalid_payload") from None
+    return update_tenant(store, actor, p.tenant, description=p.description, profile=profile)
+
+
+def _policy(store: Store, actor: Actor, p: AttestationPolicy) -> Any:
+    from proofplane.service.attestation import set_policy
+
+    return set_policy(store, actor, {**p.policy, "node_class": p.node_class}, enforce=p.enforce)
+
+
+def _decommission(store: Store, actor: Actor, p: NodeDecommission) -> Any:
+    try:
+        from proofplane.service.decommission import decommission_node
+    except ImportError:  # pragma: no cover - until decommissioning lands
+        from proofplane.service.nodes import set_node_state
+
+        return set_node_state(store, actor, p.node, NodeState.DECOMMISSIONED, p.reason)
+    return decommission_node(store, actor, p.node, p.reason)
+
+
+def _readmit(store: Store, actor: Actor, p: NodeReadmit) -> Any:
+    from proofplane.service.nodes import set_node_state
+
+    return set_node_state(store, actor, p.node, NodeState.ADMITTED, p.reason)
+
+
+def _quota(store: Store, actor: Actor, p: QuotaSet) -> Any:
+    from proofplane.service.tenants import set_quota
+
+    return set_quota(store, actor, p.tenant, Quota(p.gpus, p.mig_slices))
+
+
+def _runbook(store: Store, actor: Actor, p: RunbookPublish) -> Any:
+    from proofplane.service import runbooks
+
+    with store.write(actor) as tx:
+        return runbooks.publish_runbook(tx, p.text)
+
+
+for _t in (
+    ChangeType("certification.grant", CertificationGrant, Permission.CERTIFY, _grant,
+               summary=lambda p: f"certify node {p.node} {p.key}={p.value}"),
+    ChangeType("certification.revoke", CertificationRevoke, Permission.CERTIFY, _revoke,
+               summary=lambda p: f"revoke {p.key} from node {p.node}"),
+    ChangeType("tenant.profile", TenantProfile, Permission.TENANTS_WRITE, _profile,
+               scope=lambda p: p.tenant, summary=lambda p: f"set tenant {p.tenant}'s profile"),
+    ChangeType("attestation.policy", AttestationPolicy, Permission.ATTEST_POLICY_WRITE, _policy,
+               summary=lambda p: f"set the {p.node_class} attestation policy"),
+    ChangeType("node.decommission", NodeDecommission, Permission.NODES_WRITE, _decommission,
+               summary=lambda p: f"decommission node {p.node}"),
+    ChangeType("node.readmit", NodeReadmit, Permission.NODES_WRITE, _readmit,
+               summary=lambda p: f"readmit node {p.node}"),
+    ChangeType("quota.set", QuotaSet, Permission.QUOTAS_WRITE, _quota,
+               scope=lambda p: p.tenant, summary=lambda p: f"set tenant {p.tenant}'s quota"),
+    ChangeType("runbook.publish", RunbookPublish, Permission.NODES_WRITE, _runbook,
+               summary=lambda p: "publish a runbook version"),
+):  # fmt: skip
+    register(_t)
+
+
+# --- settings ----------------------------------------------------------------------------------
+
+
+def ttl_from_env() -> timedelta:
+    raw = os.environ.get("PROOFPLANE_CHANGE_TTL_SECONDS", "").strip()
+    if not raw:
+        return DEFAULT_TTL
+    if not raw.isdigit() or not 60 <= int(raw) <= 90 * 86400:
+        raise ValidationFailed("PROOFPLANE_CHANGE_TTL_SECONDS must be 60..7776000",
+                               code="invalid_setting")  # fmt: skip
+    return timedelta(seconds=int(raw))
+
+
+def control_from_env() -> str:
+    """``PROOFPLANE_CHANGE_CONTROL``: ``enforce`` (governed actions only through approved
+    changes) or ``off``."""
+    raw = os.environ.get("PROOFPLANE_CHANGE_CONTROL", "enforce").strip().lower() or "enforce"
+    if raw not in ("enforce", "off"):
+        raise ValidationFailed("PROOFPLANE_CHANGE_CONTROL must be enforce or off",
+                               code="invalid_setting")  # fmt: skip
+    return raw
+
+
+# --- views -------------------------------------------------------------------------------------
+
+
+def _votes(tx_session: Any, change_id: int) -> list[ChangeVoteRow]:
+    return list(
+        tx_session.scalars(
+            select(ChangeVoteRow).where(ChangeVoteRow.change_id == change_id).order_by(
+                ChangeVoteRow.id)
+        )
+    )  # fmt: skip
+
+
+def _pure(row: ChangeRequestRow, votes: list[ChangeVoteRow]) -> rules.Change:
+    return rules.Change(
+        state=row.state, requested_by=row.requested_by, last_edited_by=row.last_edited_by,
+        payload_sha256=row.payload_sha256, tenant=row.tenant, expires_at=row.expires_at,
+        votes=tuple(rules.Vote(v.decision, v.by, v.payload_sha256) for v in votes),
+        emergency=row.emergency, review_state=row.review_state,
+    )  # fmt: skip
+
+
+def view(row: ChangeRequestRow, votes: list[ChangeVoteRow]) -> dict[str, Any]:
+    def entries(decision: str) -> list[dict[str, Any]]:
+        return [{"by": v.by, "at": v.at.isoformat(), "comment": v.comment,
+                 "payload_sha256": v.payload_sha256,
+                 "current": v.payload_sha256 == row.payload_sha256}
+                for v in votes if v.decision == decision]  # fmt: skip
+
+    return {
+        "id": row.id,
+        "type": row.type,
+        "state": row.state,
+        "payload": row.payload,
+        "payload_sha256": row.payload_sha256,
+        "reason": row.reason,
+        "emergency": row.emergency,
+        "tenant": row.tenant,
+        "requested_by": row.requested_by,
+        "requested_at": row.requested_at.isoformat(),
+        "last_edited_by": row.last_edited_by,
+        "approvals": entries(rules.APPROVE),
+        "denials": entries(rules.DENY),
+        "reviews": entries(rules.REVIEW),
+        "expires_at": row.expires_at.isoformat(),
+        "applied_at": row.applied_at.isoformat() if row.applied_at else None,
+        "applied_by": row.applied_by,
+        "error": row.error,
+        "review_state": row.review_state,
+        "review_due_at": row.review_due_at.isoformat() if row.review_due_at else None,
+    }
+
+
+def _authorize(actor: Actor, ct: ChangeType, scope: str | None) -> None:
+    if scope is not None:
+        authorize(actor, ct.permission, tenant=scope)
+    else:
+        authorize(actor, ct.permission)
+
+
+def _change_type(name: str) -> ChangeType:
+    ct = TYPES.get(name)
+    if ct is None:
+        known = sorted(TYPES)
+        raise ValidationFailed(
+            f"unknown change type {name!r}; one of {', '.join(known)}",
+            code="unknown_change_type",
+            details={"types": known},
+        )
+    return ct
+
+
+def _parse(ct: ChangeType, payload: Any) -> Payload:
+    if not isinstance(payload, dict):
+        raise ValidationFailed("the payload must be an object", code="invalid_payload")
+    try:
+        return ct.payload.model_validate(payload)
+    except ValidationError as exc:
+        problems = [f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise ValidationFailed(f"the {ct.name} payload is invalid: {'; '.join(problems)}",
+                               code="invalid_payload", details=problems) from None  # fmt: skip
+
+
+def rule_for(session: Any, change_type: str) -> rules.Rule:
+    row = session.get(ChangeRuleRow, change_type)
+    if row is not None:
+        return rules.Rule(row.approvals, tuple(row.roles))
+    return rules.DEFAULT_RULES.get(change_type, rules.ONE)
+
+
+def _row(session: Any, change_id: int) -> ChangeRequestRow:
+    row = session.get(ChangeRequestRow, change_id)
+    if row is None:
+        raise NotFound(f"change {change_id} not found", details={"change": change_id})
+    return row  # type: ignore[no-any-return]
+
+
+def _can_read(actor: Actor) -> None:
+    if not actor.holds(Permission.CHANGES_READ):
+        authorize(actor, Permission.CHANGES_READ)
+
+
+def _expire(tx: Tx, row: ChangeRequestRow) -> bool:
+    if row.state in rules.OPEN and tx.now >= row.expires_at:
+        row.state, row.updated_at = rules.EXPIRED, tx.now
+        tx.record("change.expire", "change", str(row.id), details={"type": row.type})
+        return True
+    return False
+
+
+# --- the operations ----------------------------------------------------------------------------
+
+
+def create_change(
+    store: Store,
+    actor: Actor,
+    change_type: str,
+    payload: Any,
+    *,
+    reason: str = "",
+    emergency: bool = False,
+    ttl: timedelta | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Ask for a change (who may make the direct call may ask). ``emergency`` (admins only,
+    with a reason): applied at once, reviewed afterwards."""
+    ct = _change_type(change_type)
+    parsed = _parse(ct, payload)
+    scope = ct.scope(parsed)
+    _authorize(actor, ct, scope)
+    if not isinstance(reason, str) or len(reason) > MAX_REASON:
+        raise ValidationFailed(f"reason is text of at most {MAX_REASON} characters",
+                               code="invalid_reason")  # fmt: skip
+    if emergency:
+        if Role.ADMIN not in actor.roles:
+            raise Forbidden("only an admin may apply an emergency change", code="forbidden")
+        if not reason.strip():
+            raise ValidationFailed("an emergency change needs a reason", code="invalid_reason")
+    body = parsed.model_dump(mode="json")
+    with store.write(actor, now) as tx:
+        row = ChangeRequestRow(
+            type=ct.name, state=rules.PENDING, payload=body,
+            payload_sha256=rules.payload_sha256(body), reason=reason, emergency=emergency,
+            tenant=scope, requested_by=actor.name, requested_at=tx.now,
+            last_edited_by=actor.name, updated_at=tx.now,
+            expires_at=tx.now + (ttl or ttl_from_env()),
+        )  # fmt: skip
+        tx.session.add(row)
+        tx.session.flush()
+        tx.record("change.create", "change", str(row.id), details={
+            "type": ct.name, "payload_sha256": row.payload_sha256, "emergency": emergency,
+            "reason": reason, "summary": ct.summary(parsed)})  # fmt: skip
+        if emergency:
+            with store.joined(tx):
+                ct.apply(store, actor, parsed)
+            row.state, row.applied_at, row.applied_by = rules.APPLIED, tx.now, actor.name
+            row.review_state, row.review_due_at = rules.PENDING, tx.now + EMERGENCY_REVIEW
+            tx.record("change.apply", "change", str(row.id), details={
+                "type": ct.name, "payload_sha256": row.payload_sha256, "emergency": True,
+                "approvals": []})  # fmt: skip
+        return view(row, [])
+
+
+def get_change(store: Store, actor: Actor, change_id: int) -> dict[str, Any]:
+    _can_read(actor)
+    with store.read() as session:
+        row = _row(session, change_id)
+        return view(row, _votes(session, row.id))
+
+
+def list_changes(
+    store: Store, actor: Actor, *, state: str | None = None, change_type: str | None = None,
+    limit: int = 100,
+) -> list[dict[str, Any]]:  # fmt: skip
+    _can_read(actor)
+    if state is not None and state not in rules.STATES:
+        raise ValidationFailed(f"state is one of {', '.join(rules.STATES)}", code="invalid_state")
+    with store.read() as session:
+        query = select(ChangeRequestRow).order_by(ChangeRequestRow.id.desc()).limit(limit)
+        if state is not None:
+            query = query.where(ChangeRequestRow.state == state)
+        if change_type is not None:
+            query = query.where(ChangeRequestRow.type == change_type)
+        return [view(r, _votes(session, r.id)) for r in session.scalars(query)]
+
+
+def edit_change(
+    store: Store, actor: Actor, change_id: int, payload: Any, *, now: datetime | None = None
+) -> dict[str, Any]:
+    """Replace the payload of an open request (its requester, or whoever may ask for it):
+    every earlier approval is void, and the editor may not approve it."""
+    with store.write(actor, now) as tx:
+        row = _row(tx.session, change_id)
+        ct = _change_type(row.type)
+        parsed = _parse(ct, payload)
+        scope = ct.scope(parsed)
+        if actor.name != row.requested_by:
+            _authorize(actor, ct, scope)
+        if _expire(tx, row) or row.state not in rules.OPEN:
+            raise InvalidState(f"the change is {row.state}: it cannot be edited",
+                               code="change_not_pending", details={"state": row.state})  # fmt: skip
+        body = parsed.model_dump(mode="json")
+        before = row.payload_sha256
+        row.payload, row.payload_sha256 = body, rules.payload_sha256(body)
+        row.tenant, row.last_edited_by, row.updated_at = scope, actor.name, tx.now
+        row.state = rules.PENDING  # approvals of the old payload no longer count
+        details = {"type": row.type, "payload_sha256": row.payload_sha256, "previous": before}
+        tx.record("change.edit", "change", str(row.id), details=details)
+        return view(row, _votes(tx.session, row.id))
+
+
+def vote(
+    store: Store,
+    actor: Actor,
+    change_id: int,
+    decision: str,
+    comment: str = "",
+    *,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Approve, deny, or (an applied emergency change) review it. Separation of duties is
+    checked here: 403 ``separation_of_duties``."""
+    if decision not in (rules.APPROVE, rules.DENY, rules.REVIEW):
+        raise ValidationFailed("decision is approve, deny or review", code="invalid_decision")
+    if not isinstance(comment, str) or len(comment) > MAX_REASON:
+        raise ValidationFailed(f"a comment is at most {MAX_REASON} characters",
+                               code="invalid_comment")  # fmt: skip
+    with store.write(actor, now) as tx:
+        row = _row(tx.session, change_id)
+        if _expire(tx, row):
+            return view(row, _votes(tx.session, row.id))  # committed: it expired
+        rule = rule_for(tx.session, row.type)
+        votes = _votes(tx.session, row.id)
+        rules.check_vote(_pure(row, votes), rule, by=actor.name,
+                         roles=[r.value for r in actor.roles], tenants=sorted(actor.tenants),
+                         decision=decision, now=tx.now)  # fmt: skip
+        cast = ChangeVoteRow(change_id=row.id, decision=decision, by=actor.name,
+                             roles=sorted(r.value for r in actor.roles), at=tx.now,
+                             comment=comment, payload_sha256=row.payload_sha256)  # fmt: skip
+        tx.session.add(cast)
+        tx.session.flush()
+        votes.append(cast)
+        pure = _pure(row, votes)
+        if decision == rules.REVIEW:
+            if rules.review_done(pure, rule):
+                row.review_state = "done"
+        else:
+            row.state = rules.state_after_votes(pure, rule)
+        row.updated_at = tx.now
+        tx.record(f"change.{decision}", "change", str(row.id), details={
+            "type": row.type, "payload_sha256": row.payload_sha256, "comment": comment,
+            "state": row.state, "review_state": row.review_state})  # fmt: skip
+        return view(row, votes)
+
+
+def apply_change(
+    store: Store, actor: Actor, change_id: int, *, now: datetime | None = None
+) -> dict[str, Any]:
+    """Apply an approved change: the direct call's own function, re-checked against the
+    cluster now, in one transaction with the request's state and events. A failure leaves
+    the request approved, with the error recorded (and raises it)."""
+    with store.read() as session:
+        row = _row(session, change_id)
+        ct = _change_type(row.type)
+        parsed = _parse(ct, row.payload)
+        scope = ct.scope(parsed)
+    _authorize(actor, ct, scope)
+    try:
+        with store.write(actor, now) as tx:
+            row = _row(tx.session, change_id)
+            if _expire(tx, row):
+                expired = True
+            else:
+                expired = False
+                if row.state != rules.APPROVED:
+                    raise InvalidState(f"the change is {row.state}, not approved",
+                                       code="change_not_approved",
+                                       details={"state": row.state})  # fmt: skip
+                votes = _votes(tx.session, row.id)
+                rule = rule_for(tx.session, row.type)
+                pure = _pure(row, votes)
+                if rules.state_after_votes(pure, rule) != rules.APPROVED:  # defence in depth
+                    raise InvalidState("the change lacks its approvals",
+                                       code="change_not_approved")  # fmt: skip
+                with store.joined(tx):
+                    ct.apply(store, actor, ct.payload.model_validate(row.payload))
+                row.state, row.applied_at, row.applied_by = rules.APPLIED, tx.now, actor.name
+                row.error, row.updated_at = None, tx.now
+                tx.record("change.apply", "change", str(row.id), details={
+                    "type": row.type, "payload_sha256": row.payload_sha256,
+                    "approvals": rules.approvals(pure)})  # fmt: skip
+                return view(row, votes)
+    except InvalidState as exc:
+        if exc.code in ("change_not_approved",):
+            raise
+        _record_failure(store, actor, change_id, exc)
+        raise
+    except (NotFound, ValidationFailed) as exc:
+        _record_failure(store, actor, change_id, exc)
+        raise
+    assert expired
+    raise InvalidState("the change expired before it was applied", code="change_expired")
+
+
+def _record_failure(store: Store, actor: Actor, change_id: int, exc: Exception) -> None:
+    message = getattr(exc, "message", str(exc))
+    with store.write(actor) as tx:
+        row = _row(tx.session, change_id)
+        row.error, row.updated_at = message[:2000], tx.now
+        tx.record("change.apply", "change", str(row.id), outcome=_failure(),
+                  details={"type": row.type, "error": message[:500]})  # fmt: skip
+
+
+def _failure() -> Any:
+    from proofplane.model import Outcome
+
+    return Outcome.FAILURE
+
+
+def cancel_change(
+    store: Store, actor: Actor, change_id: int, comment: str = "", *, now: datetime | None = None
+) -> dict[str, Any]:
+    """The requester (or an admin) withdraws an open request."""
+    with store.write(actor, now) as tx:
+        row = _row(tx.session, change_id)
+        if actor.name != row.requested_by and Role.ADMIN not in actor.roles:
+            raise Forbidden("only the requester or an admin cancels a change", code="forbidden")
+        if _expire(tx, row) or row.state not in rules.OPEN:
+            raise InvalidState(f"the change is {row.state}: it cannot be cancelled",
+                               code="change_not_pending", details={"state": row.state})  # fmt: skip
+        row.state, row.updated_at = rules.CANCELLED, tx.now
+        tx.record("change.cancel", "change", str(row.id),
+                  details={"type": row.type, "comment": comment})  # fmt: skip
+        return view(row, _votes(tx.session, row.id))
+
+
+def overdue_reviews(store: Store, now: datetime) -> list[int]:
+    """Emergency changes whose review is overdue: an ``alert.change_review_overdue`` event for
+    each, at most once an hour while it stays overdue. Returns their ids."""
+    from proofplane.access import SYSTEM
+
+    out: list[int] = []
+    with store.write(SYSTEM, now) as tx:
+        rows = tx.session.scalars(
+            select(ChangeRequestRow).where(
+                ChangeRequestRow.review_state == rules.PENDING,
+                ChangeRequestRow.review_due_at <= tx.now,
+            )
+        )
+        for row in rows:
+            if row.review_alerted_at is not None and tx.now - row.review_alerted_at < timedelta(
+                hours=1
+            ):
+                continue
+            row.review_alerted_at = tx.now
+            tx.record("alert.change_review_overdue", "change", str(row.id), details={
+                "type": row.type, "due": row.review_due_at.isoformat() if row.review_due_at
+                else None, "severity": "high"})  # fmt: skip
+            out.append(row.id)
+    return out
+
+
+def governed(action: str) -> str | None:
+    """The change type a direct call must go through when change control is on (None: not
+    governed)."""
+    return action if action in TYPES else None
