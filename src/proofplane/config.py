@@ -62,6 +62,10 @@ class Settings:
     max_evidence_bytes: int = MAX_EVIDENCE_BYTES
     # /docs and /redoc (issue 19, §6): off unless asked for; /openapi.json is always served.
     api_docs: bool = False
+    # Change control (issue 12): "enforce" (PROOFPLANE_CHANGE_CONTROL's default, so serve's and
+    # up's): governed actions only through approved change requests; "off" (this dataclass's
+    # default, for tests and small labs): the direct calls work, and /readyz says so.
+    change_control: str = "off"
 
 
 DEMO_ATTESTERS = ("simulated",)
@@ -176,7 +180,21 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         cookie_secure=env.get("PROOFPLANE_COOKIE_SECURE", "true").lower() != "false",
         admin_token=admin_token,
         oidc=oidc,
+        change_control=_change_control(env),
     )
+
+
+CHANGE_CONTROL = ("enforce", "off")
+
+
+def _change_control(env: dict[str, str]) -> str:
+    value = env.get("PROOFPLANE_CHANGE_CONTROL", "enforce").strip().lower() or "enforce"
+    if value not in CHANGE_CONTROL:
+        raise ValidationFailed(
+            f"PROOFPLANE_CHANGE_CONTROL must be one of {', '.join(CHANGE_CONTROL)}",
+            code="invalid_setting",
+        )
+    return value
 
 
 # --- execution backends (issue 7) ---------------------------------------------------------------

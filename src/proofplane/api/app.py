@@ -18,8 +18,10 @@ from proofplane.api import (
     routes_attest,
     routes_audit,
     routes_backends,
+    routes_incidents,
     routes_keys,
     routes_oidc,
+    routes_runbooks,
     routes_sinks,
 )
 from proofplane.api.deps import public

@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Response, status
+from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 
 from proofplane.access import Actor
 from proofplane.access import Permission as P
-from proofplane.api.deps import get_store, requires
+from proofplane.api.deps import get_settings, get_store, requires
 from proofplane.api.schemas import (
     CancelIn,
     CertificationIn,
@@ -44,6 +44,7 @@ from proofplane.model import (
     WorkloadStatus,
     parse_tag_pairs,
 )
+from proofplane.service import changes as changes_svc
 from proofplane.service import events as events_svc
 from proofplane.service import nodes as nodes_svc
 from proofplane.service import tenants as tenants_svc
@@ -112,7 +113,15 @@ def update_tenant(
     body: TenantPatch,
     store: StoreDep,
     actor: Annotated[Actor, Depends(requires(P.TENANTS_WRITE))],
+    request: Request,
 ) -> TenantOut:
+    if body.profile is not None:  # a compliance profile is a governed change (issue 12)
+        changes_svc.gate(
+            get_settings(request).change_control,
+            "tenant.profile",
+            {"tenant": name, "profile": body.profile.model_dump(mode="json"),
+             "description": body.description},
+        )  # fmt: skip
     profile = _profile(body.profile) if body.profile is not None else None
     return TenantOut.of(
         tenants_svc.update_tenant(store, actor, name, description=body.description, profile=profile)
@@ -125,8 +134,11 @@ def set_tenant_quota(
     body: QuotaIO,
     store: StoreDep,
     actor: Annotated[Actor, Depends(requires(P.QUOTAS_WRITE))],
+    request: Request,
 ) -> TenantOut:
     """Set the tenant's quotas (null: no limit); raising one places waiting work at once."""
+    payload = {"tenant": name, "gpus": body.gpus, "mig_slices": body.mig_slices}
+    changes_svc.gate(get_settings(request).change_control, "quota.set", payload)
     return TenantOut.of(
         tenants_svc.set_quota(store, actor, name, Quota(body.gpus, body.mig_slices))
     )
@@ -217,7 +229,16 @@ def set_node_state(
     body: NodeStateIn,
     store: StoreDep,
     actor: Annotated[Actor, Depends(requires(P.NODES_WRITE))],
+    request: Request,
 ) -> NodeOut:
+    control = get_settings(request).change_control
+    if body.state == NodeState.DECOMMISSIONED:  # the lifecycle's last step: governed
+        changes_svc.gate(control, "node.decommission",
+                         {"node": name, "reason": body.reason or ""})  # fmt: skip
+    elif body.state == NodeState.ADMITTED and control == "enforce":
+        current = nodes_svc.get_node(store, actor, name)
+        if current.state == NodeState.QUARANTINED:  # lifting a quarantine by hand: governed
+            changes_svc.gate(control, "node.readmit", {"node": name, "reason": body.reason or ""})
     return NodeOut.of(nodes_svc.set_node_state(store, actor, name, body.state, body.reason))
 
 
@@ -227,14 +248,23 @@ def grant_certification(
     body: CertificationIn,
     store: StoreDep,
     actor: Annotated[Actor, Depends(requires(P.CERTIFY))],
+    request: Request,
 ) -> NodeOut:
+    changes_svc.gate(get_settings(request).change_control, "certification.grant",
+                     {"node": name, "key": body.key, "value": body.value})  # fmt: skip
     return NodeOut.of(nodes_svc.grant_certification(store, actor, name, body.key, body.value))
 
 
 @router.delete("/nodes/{name}/certifications/{key}", tags=["nodes"])
 def revoke_certification(
-    name: str, key: str, store: StoreDep, actor: Annotated[Actor, Depends(requires(P.CERTIFY))]
+    name: str,
+    key: str,
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.CERTIFY))],
+    request: Request,
 ) -> NodeOut:
+    changes_svc.gate(get_settings(request).change_control, "certification.revoke",
+                     {"node": name, "key": key})  # fmt: skip
     return NodeOut.of(nodes_svc.revoke_certification(store, actor, name, key))
 
 

@@ -23,7 +23,7 @@ from proofplane.api.deps import agent_or, get_settings, get_store, public, requi
 from proofplane.api.schemas import ErrorResponse
 from proofplane.errors import ValidationFailed
 from proofplane.service import attestation as svc
-from proofplane.service import pki
+from proofplane.service import changes, pki
 from proofplane.service.context import Store
 
 router = APIRouter(
@@ -169,8 +169,13 @@ def put_policy(
     body: PolicyIn,
     store: StoreDep,
     actor: Annotated[Actor, Depends(requires(P.ATTEST_POLICY_WRITE))],
+    request: Request,
 ) -> dict[str, Any]:
-    """Create or replace the policy of ``policy.node_class`` (default ``default``)."""
+    """Create or replace the policy of ``policy.node_class`` (default ``default``). With change
+    control on: 409 ``change_request_required`` (an ``attestation.policy`` change)."""
+    node_class = body.policy.get("node_class", "default") if isinstance(body.policy, dict) else ""
+    payload = {"node_class": node_class, "policy": body.policy, "enforce": body.enforce}
+    changes.gate(get_settings(request).change_control, "attestation.policy", payload)
     return svc.set_policy(store, actor, body.policy, enforce=body.enforce)
 
 

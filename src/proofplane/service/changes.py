@@ -26,7 +26,7 @@ from sqlalchemy import select
 
 from proofplane.access import Actor, Permission, Role, authorize
 from proofplane.access.authz import Forbidden
-from proofplane.errors import InvalidState, NotFound, ValidationFailed
+from proofplane.errors import Conflict, InvalidState, NotFound, ValidationFailed
 from proofplane.govern import changes as rules
 from proofplane.model import NodeState, Quota
 from proofplane.model.tenant import profile_from_json
@@ -570,7 +570,22 @@ def overdue_reviews(store: Store, now: datetime) -> list[int]:
     return out
 
 
-def governed(action: str) -> str | None:
-    """The change type a direct call must go through when change control is on (None: not
-    governed)."""
-    return action if action in TYPES else None
+class ChangeRequestRequired(Conflict):
+    """409: with change control on, a governed action goes through an approved change; the
+    details carry the request that would do it (``POST /api/v1/changes``)."""
+
+    code = "change_request_required"
+
+
+def gate(control: str, change_type: str, payload: dict[str, Any]) -> None:
+    """Refuse a direct governed call when change control is ``enforce`` (nothing is written),
+    naming the change request that would do it."""
+    if control != "enforce":
+        return
+    ct = _change_type(change_type)
+    body = {"type": change_type, "payload": payload, "reason": "", "emergency": False}
+    raise ChangeRequestRequired(
+        f"{ct.name} is a governed change: create a change request (POST /api/v1/changes) "
+        "and have it approved; change control is on (PROOFPLANE_CHANGE_CONTROL=enforce)",
+        details={"change": body},
+    )
