@@ -18,10 +18,8 @@ from proofplane.api import (
     routes_attest,
     routes_audit,
     routes_backends,
-    routes_incidents,
     routes_keys,
     routes_oidc,
-    routes_runbooks,
     routes_sinks,
 )
 from proofplane.api.deps import public
@@ -178,6 +176,7 @@ def create_app(
             "database": store.engine.dialect.name,
             "revision": current,
             "kms": backend.kind,
+            "change_control": settings.change_control,
         }
 
     return app
