@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from proofplane.cli import render
-from proofplane.cli.client import segment
+from proofplane.cli.client import ApiError, segment
 from proofplane.cli.common import (
     AllOpt,
     CursorOpt,
@@ -102,6 +102,27 @@ def set_state(
     _done(node, as_json, f"node {node['name']} is now {node['state']}{why}")
 
 
+def governed(
+    ctx: typer.Context, method: str, path: str, body: Any, as_json: bool
+) -> dict[str, Any] | None:
+    """The direct call; with change control on (409 ``change_request_required``), the change
+    request the server named is created instead and its id printed (None is returned)."""
+    try:
+        return send(ctx, method, path, body)  # type: ignore[no-any-return]
+    except ApiError as exc:
+        if exc.code != "change_request_required" or not isinstance(exc.details, dict):
+            raise
+        change = send(ctx, "POST", "/api/v1/changes", exc.details["change"])
+    if as_json:
+        render.print_json(change)
+    else:
+        render.print_line(
+            f"change control is on: change {change['id']} ({change['type']}) requested; it "
+            f"applies once approved (proofplane changes show {change['id']})"
+        )
+    return None
+
+
 @app.command("certify")
 def certify(
     ctx: typer.Context,
@@ -111,12 +132,15 @@ def certify(
 ) -> None:
     """Grant a node a certification (only admitted nodes can be certified)."""
     ((key, value),) = parse_pairs([certification], "KEY=VALUE").items()
-    node = send(
+    node = governed(
         ctx,
         "POST",
         f"/api/v1/nodes/{segment(name)}/certifications",
         {"key": key, "value": value},
+        as_json,
     )
+    if node is None:
+        return
     _done(
         node,
         as_json,
@@ -133,7 +157,10 @@ def uncertify(
     as_json: bool = JsonOpt,
 ) -> None:
     """Revoke a certification; work that needed it is moved off the node."""
-    node = send(ctx, "DELETE", f"/api/v1/nodes/{segment(name)}/certifications/{segment(key)}")
+    path = f"/api/v1/nodes/{segment(name)}/certifications/{segment(key)}"
+    node = governed(ctx, "DELETE", path, None, as_json)
+    if node is None:
+        return
     _done(
         node,
         as_json,
