@@ -32,8 +32,13 @@ from proofplane.service.workloads import WorkloadSpec, get_workload, submit_work
 from proofplane.store.tables import AuditCheckpointRow, EventRow, IncidentRow
 
 KEYS = AuditKeys(origin="proofplane/incident-test")
-POLICY = {"id": "p", "node_class": "default", "require_eventlog": False,
-          "require_secure_boot": False, "require_inventory": False}  # fmt: skip
+POLICY = {
+    "id": "p",
+    "node_class": "default",
+    "require_eventlog": False,
+    "require_secure_boot": False,
+    "require_inventory": False,
+}
 OPERATOR = Actor("op", frozenset({Role.OPERATOR}))
 DEVELOPER = Actor("dev", frozenset({Role.DEVELOPER}), frozenset({"acme"}))
 AUDITOR = Actor("aud", frozenset({Role.AUDITOR}))
@@ -41,18 +46,26 @@ AUDITOR = Actor("aud", frozenset({Role.AUDITOR}))
 
 def attested_node(store: Store, name: str) -> None:
     """Register ``name`` and admit it by a passing (simulated) attestation."""
-    register_node(store, SYSTEM, Node(name, "r1", "z1",
-                                      gpus=(Gpu(0, f"GPU-{name}", "H100-80GB", 81920),)))  # fmt: skip
+    register_node(
+        store, SYSTEM, Node(name, "r1", "z1", gpus=(Gpu(0, f"GPU-{name}", "H100-80GB", 81920),))
+    )
     att.set_policy(store, SYSTEM, POLICY, enforce=True)
     a = SimulatedAttester.create()
     agent = Actor(f"node:{name}")
-    ch = att.enroll(store, agent, name, a.ek_public, a.ak_public, simulated=True,
-                    allow_simulated=True)  # fmt: skip
+    ch = att.enroll(
+        store, agent, name, a.ek_public, a.ak_public, simulated=True, allow_simulated=True
+    )
     att.activate(store, agent, name, a.activate(ch.credential))
     a.boot(demo_boot_log(b"kernel"))
     nonce = att.issue_nonce(store, agent, name)
-    out = att.submit_evidence(store, agent, name, nonce.nonce,
-                              a.evidence(nonce.nonce, list(nonce.pcrs)), allow_simulated=True)  # fmt: skip
+    out = att.submit_evidence(
+        store,
+        agent,
+        name,
+        nonce.nonce,
+        a.evidence(nonce.nonce, list(nonce.pcrs)),
+        allow_simulated=True,
+    )
     assert out.verdict["ok"] and out.state == "admitted"
 
 
@@ -64,8 +77,9 @@ def cluster(store: Store) -> Store:
         grant_certification(store, SYSTEM, name, "tier", "gold")
     set_node_state(store, SYSTEM, "n2", NodeState.CORDONED, "keep n1 first")
     create_tenant(store, SYSTEM, Tenant("acme"))
-    wl = submit_workload(store, SYSTEM, WorkloadSpec("w1", "acme", tags={"tier": "gold"},
-                                                     gpus=GpuRequest(count=1)))  # fmt: skip
+    wl = submit_workload(
+        store, SYSTEM, WorkloadSpec("w1", "acme", tags={"tier": "gold"}, gpus=GpuRequest(count=1))
+    )
     assert wl.placement is not None and wl.placement.node == "n1"
     set_node_state(store, SYSTEM, "n2", NodeState.ADMITTED, "room for n1's work")
     return store
@@ -80,11 +94,15 @@ def test_opening_quarantines_moves_work_and_captures_a_verifiable_bundle(
     cluster: Store, tmp_path: Path
 ) -> None:
     store = cluster
-    inc = svc.open_incident(store, OPERATOR, KEYS, "n1", reason="suspected tampering",
-                            severity="critical")  # fmt: skip
+    inc = svc.open_incident(
+        store, OPERATOR, KEYS, "n1", reason="suspected tampering", severity="critical"
+    )
     assert (inc.subject_type, inc.state, inc.severity, inc.owner) == (
-        "node", "open", "critical", "op",
-    )  # fmt: skip
+        "node",
+        "open",
+        "critical",
+        "op",
+    )
     node = get_node(store, SYSTEM, "n1")
     assert node.state == NodeState.QUARANTINED and f"incident {inc.id}" in (node.state_reason or "")
     moved = get_workload(store, SYSTEM, "w1")
@@ -131,8 +149,9 @@ def test_opening_quarantines_moves_work_and_captures_a_verifiable_bundle(
 
 
 def test_a_tenant_incident_quarantines_nothing(cluster: Store) -> None:
-    inc = svc.open_incident(cluster, OPERATOR, KEYS, "acme", reason="breakout suspected",
-                            owner="secops")  # fmt: skip
+    inc = svc.open_incident(
+        cluster, OPERATOR, KEYS, "acme", reason="breakout suspected", owner="secops"
+    )
     assert inc.subject_type == "tenant" and inc.owner == "secops" and inc.severity == "high"
     assert get_node(cluster, SYSTEM, "n1").state == NodeState.ADMITTED
     raw, _ = svc.get_bundle(cluster, SYSTEM, inc.id)
@@ -156,8 +175,9 @@ def test_states_move_only_forward_and_closing_needs_a_postmortem(cluster: Store)
     svc.update_incident(store, OPERATOR, inc.id, state="contained", note="node isolated")
     with pytest.raises(InvalidState):
         svc.update_incident(store, OPERATOR, inc.id, state="contained")
-    up = svc.update_incident(store, OPERATOR, inc.id, state="resolved", severity="low",
-                             owner="alice")  # fmt: skip
+    up = svc.update_incident(
+        store, OPERATOR, inc.id, state="resolved", severity="low", owner="alice"
+    )
     assert (up.state, up.severity, up.owner) == ("resolved", "low", "alice")
     with pytest.raises(InvalidState) as e:
         svc.update_incident(store, OPERATOR, inc.id, state="open")
@@ -174,11 +194,15 @@ def test_states_move_only_forward_and_closing_needs_a_postmortem(cluster: Store)
     # the timeline: every step, in order
     shown = svc.get_incident(store, AUDITOR, inc.id)
     assert [t.action for t in shown.timeline] == [
-        "incident.open", "incident.update", "incident.update", "incident.close",
-    ]  # fmt: skip
+        "incident.open",
+        "incident.update",
+        "incident.update",
+        "incident.close",
+    ]
     assert shown.timeline[1].details == {
-        "state": {"from": "open", "to": "contained"}, "note": "node isolated",
-    }  # fmt: skip
+        "state": {"from": "open", "to": "contained"},
+        "note": "node isolated",
+    }
     assert shown.timeline[3].details["postmortem"] == "root cause: a bad disk"
     assert [i.id for i in svc.list_incidents(store, AUDITOR, state="closed").items] == [inc.id]
     assert svc.list_incidents(store, AUDITOR, state="open").items == []
@@ -189,8 +213,11 @@ def test_refusals_write_nothing(cluster: Store) -> None:
 
     def counts() -> tuple[int, int, int]:
         with store.read() as s:
-            return (s.query(IncidentRow).count(), s.query(EventRow).count(),
-                    s.query(AuditCheckpointRow).count())  # fmt: skip
+            return (
+                s.query(IncidentRow).count(),
+                s.query(EventRow).count(),
+                s.query(AuditCheckpointRow).count(),
+            )
 
     before = counts()
     with pytest.raises(Forbidden):
@@ -201,8 +228,13 @@ def test_refusals_write_nothing(cluster: Store) -> None:
         svc.open_incident(store, OPERATOR, KEYS, "nope", reason="r")
     with pytest.raises(NotFound):
         svc.open_incident(store, OPERATOR, KEYS, "acme", subject_type="node", reason="r")
-    for kwargs in ({"severity": "urgent"}, {"reason": ""}, {"subject_type": "gpu"},
-                   {"reason": "a\x00b"}, {"owner": " "}):  # fmt: skip
+    for kwargs in (
+        {"severity": "urgent"},
+        {"reason": ""},
+        {"subject_type": "gpu"},
+        {"reason": "a\x00b"},
+        {"owner": " "},
+    ):
         args = {"reason": "r", **kwargs}
         with pytest.raises(ValidationFailed):
             svc.open_incident(store, OPERATOR, KEYS, "n1", **args)  # type: ignore[arg-type]
@@ -224,8 +256,9 @@ def test_refusals_write_nothing(cluster: Store) -> None:
 
 def test_an_already_quarantined_node_stays_quarantined(cluster: Store) -> None:
     set_node_state(cluster, SYSTEM, "n1", NodeState.QUARANTINED, "by hand")
-    inc = svc.open_incident(cluster, OPERATOR, KEYS, "n1", reason="follow-up",
-                            now=datetime.now(UTC))  # fmt: skip
+    inc = svc.open_incident(
+        cluster, OPERATOR, KEYS, "n1", reason="follow-up", now=datetime.now(UTC)
+    )
     assert inc.timeline[0].details["already_quarantined"] is True
     assert bundle_mod.verify(svc.get_bundle(cluster, SYSTEM, inc.id)[0]).ok
 
