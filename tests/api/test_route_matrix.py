@@ -516,6 +516,20 @@ MATRIX: dict[tuple[str, str], Entry] = {
     ("POST", f"{API}/k8s/admission"): Entry(
         P.NODES_READ, fixed(f"{API}/k8s/admission", json=ADMISSION_REVIEW), 200
     ),
+    # runbooks (issue 12): read by anyone who reads nodes; n1 is not decommissioned, so its
+    # sanitisation report is refused (node_not_decommissioned)
+    ("GET", f"{API}/runbooks"): Entry(P.NODES_READ, fixed(f"{API}/runbooks"), 200),
+    ("GET", f"{API}/runbooks/{{runbook_id}}"): Entry(
+        P.NODES_READ, fixed(f"{API}/runbooks/node-failure"), 200
+    ),
+    ("POST", f"{API}/nodes/{{name}}/sanitisation"): Entry(
+        P.NODES_WRITE,
+        fixed(
+            f"{API}/nodes/n1/sanitisation",
+            json={"mig_instances_destroyed": True, "gpu_memory_cleared": True, "method": "m"},
+        ),
+        409,
+    ),
 }
 
 # Cells that do not behave as the role table says, each with its reason:

@@ -56,6 +56,7 @@ from proofplane.store.tables import (
     EvidenceRow,
     NodeAttestationRow,
     NodeRow,
+    RetiredEkRow,
 )
 
 NONCE_TTL = timedelta(minutes=2)
@@ -242,6 +243,16 @@ def enroll(
         if NodeState(row.state) == NodeState.DECOMMISSIONED:
             raise InvalidState(f"node {name!r} is decommissioned", code="node_decommissioned")
         ek_hash = _sha256(ek_public)
+        retired = tx.session.get(RetiredEkRow, ek_hash)
+        if retired is not None:  # issue 12: a decommissioned board must not come back quietly
+            raise Conflict(
+                f"this TPM's endorsement key was retired when node {retired.node_name!r} was "
+                "decommissioned: a decommissioned node's TPM needs a new approved change "
+                "(node.readmit) to come back",
+                code="ek_retired",
+                details={"ek_sha256": ek_hash, "node": retired.node_name,
+                         "retired_at": retired.retired_at.isoformat()},
+            )  # fmt: skip
         other = tx.session.scalar(
             select(NodeAttestationRow).where(NodeAttestationRow.ek_sha256 == ek_hash)
         )

@@ -35,6 +35,7 @@ from sqlalchemy import delete, func, or_, select
 from proofplane.errors import ProofplaneError
 from proofplane.model import Outcome
 from proofplane.service.context import Tx
+from proofplane.service.runbooks import with_runbook
 from proofplane.store.tables import AuthFailureRow
 
 LOCK_AFTER = 10  # consecutive failures (PCI DSS 4.0 §8.3.4: at most 10)
@@ -144,7 +145,12 @@ def count_source_failure(tx: Tx, key: str) -> None:
             "source",
             key.removeprefix("addr:"),
             outcome=Outcome.FAILURE,
-            details={"failed_logins": row.failures, "severity": "medium"},
+            details=with_runbook(
+                {"failed_logins": row.failures, "severity": "medium"},
+                "alert.auth_source_throttled",
+                Outcome.FAILURE,
+                tx.session,
+            ),
         )
 
 

@@ -38,6 +38,7 @@ from proofplane.service.access.lockout import (
 )
 from proofplane.service.access.mfa import totp_seed
 from proofplane.service.context import Store, Tx
+from proofplane.service.runbooks import with_runbook
 from proofplane.store.tables import EventRow, TenantRow, TokenRow, UserRow
 
 ALERT_AFTER = 5  # consecutive failures on one account raise an alert
@@ -66,7 +67,12 @@ def _fail(tx: Tx, row: UserRow | None, username: str, reason: str, source: dict[
                 "user",
                 row.username,
                 outcome=Outcome.FAILURE,
-                details={"consecutive_failures": row.failed_logins, "severity": "medium"},
+                details=with_runbook(
+                    {"consecutive_failures": row.failed_logins, "severity": "medium"},
+                    "alert.auth_failure_burst",
+                    Outcome.FAILURE,
+                    tx.session,
+                ),
             )
         if row.failed_logins >= LOCK_AFTER:
             row.locked_until = tx.now + LOCK_FOR
@@ -103,7 +109,12 @@ def _fail(tx: Tx, row: UserRow | None, username: str, reason: str, source: dict[
             "cluster",
             "authentication",
             outcome=Outcome.FAILURE,
-            details={"failed_logins": recent + 1, "window_seconds": 60, "severity": "high"},
+            details=with_runbook(
+                {"failed_logins": recent + 1, "window_seconds": 60, "severity": "high"},
+                "alert.auth_failure_spray",
+                Outcome.FAILURE,
+                tx.session,
+            ),
         )
 
 
