@@ -434,6 +434,24 @@ MATRIX: dict[tuple[str, str], Entry] = {
         fixed(f"{API}/audit/proof/consistency", params={"old_size": 1, "new_size": 2}),
         200,
     ),
+    # incidents (issue 12): read with audit:read, act with nodes:write; incident 1 (on tenant
+    # "other") exists; opening one on n1 quarantines it and signs a checkpoint
+    ("POST", f"{API}/incidents"): Entry(
+        P.NODES_WRITE, fixed(f"{API}/incidents", json={"subject": "n1", "reason": "matrix"}), 201
+    ),
+    ("GET", f"{API}/incidents"): Entry(P.AUDIT_READ, fixed(f"{API}/incidents"), 200),
+    ("GET", f"{API}/incidents/{{incident_id}}"): Entry(
+        P.AUDIT_READ, fixed(f"{API}/incidents/1"), 200
+    ),
+    ("GET", f"{API}/incidents/{{incident_id}}/bundle"): Entry(
+        P.AUDIT_READ, fixed(f"{API}/incidents/1/bundle"), 200
+    ),
+    ("PATCH", f"{API}/incidents/{{incident_id}}"): Entry(
+        P.NODES_WRITE, fixed(f"{API}/incidents/1", json={"state": "contained"}), 200
+    ),
+    ("POST", f"{API}/incidents/{{incident_id}}/close"): Entry(
+        P.NODES_WRITE, fixed(f"{API}/incidents/1/close", json={"postmortem": "matrix"}), 200
+    ),
     # users: a user belongs to the tenants it is bound to
     ("POST", f"{API}/users"): Entry(
         P.USERS_WRITE,
@@ -632,6 +650,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
             body = {"name": f"w-{name}", "tenant": name, "gpus": {"count": 1}}
             assert _ok(admin.post(f"{API}/workloads", json=body), 201)["status"] == "placed"
         admin.post(f"{API}/audit/checkpoint").raise_for_status()  # a signed checkpoint exists
+        inc = {"subject": "other", "reason": "matrix"}
+        assert _ok(admin.post(f"{API}/incidents", json=inc), 201)["id"] == 1  # a tenant's
 
         grants: dict[str, tuple[frozenset[Role], frozenset[str]]] = {
             role_user(r): ({r}, frozenset({OWN}) if r in SCOPED_ROLES else frozenset())

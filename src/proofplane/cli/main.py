@@ -20,6 +20,7 @@ from proofplane.cli import (
     auth,
     backends,
     events,
+    incidents,
     keys,
     nodes,
     pki,
@@ -120,6 +121,7 @@ app.add_typer(events.app, name="events", rich_help_panel="Client")
 app.add_typer(backends.app, name="backends", rich_help_panel="Client")
 app.add_typer(audit.app, name="audit", rich_help_panel="Audit")
 app.add_typer(sinks.app, name="sinks", rich_help_panel="Audit")
+app.add_typer(incidents.app, name="incident", rich_help_panel="Audit")
 app.add_typer(runbooks.app, name="runbooks", rich_help_panel="Audit")
 app.add_typer(keys.app, name="keys", rich_help_panel="Access")
 app.add_typer(sim.app, name="sim", rich_help_panel="Simulation")
