@@ -534,6 +534,34 @@ MATRIX: dict[tuple[str, str], Entry] = {
     ("POST", f"{API}/k8s/admission"): Entry(
         P.NODES_READ, fixed(f"{API}/k8s/admission", json=ADMISSION_REVIEW), 200
     ),
+    # change requests (issue 12): asking for, editing, applying and cancelling one is open to
+    # any signed-in identity (the service checks the type's own permission); the world holds
+    # no change, so every allowed call answers the same refusal (an invalid payload, 404)
+    ("POST", f"{API}/changes"): Entry(
+        "signed-in",
+        fixed(f"{API}/changes", json={"type": "certification.grant", "payload": {"node": "n1"}}),
+        422,
+    ),
+    ("GET", f"{API}/changes"): Entry(P.CHANGES_READ, fixed(f"{API}/changes"), 200),
+    ("GET", f"{API}/changes/export"): Entry(
+        P.CHANGES_READ, fixed(f"{API}/changes/export", params={"format": "csv"}), 200
+    ),
+    ("GET", f"{API}/changes/{{change_id}}"): Entry(P.CHANGES_READ, fixed(f"{API}/changes/1"), 404),
+    ("PATCH", f"{API}/changes/{{change_id}}"): Entry(
+        "signed-in", fixed(f"{API}/changes/1", json={"payload": {}}), 404
+    ),
+    **{
+        ("POST", f"{API}/changes/{{change_id}}/{action}"): Entry(
+            P.CHANGES_APPROVE, fixed(f"{API}/changes/1/{action}", json={"comment": "m"}), 404
+        )
+        for action in ("approve", "deny", "review")
+    },
+    **{
+        ("POST", f"{API}/changes/{{change_id}}/{action}"): Entry(
+            "signed-in", fixed(f"{API}/changes/1/{action}"), 404
+        )
+        for action in ("apply", "cancel")
+    },
     # runbooks (issue 12): read by anyone who reads nodes; n1 is not decommissioned, so its
     # sanitisation report is refused (node_not_decommissioned)
     ("GET", f"{API}/runbooks"): Entry(P.NODES_READ, fixed(f"{API}/runbooks"), 200),

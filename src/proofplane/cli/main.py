@@ -19,6 +19,7 @@ from proofplane.cli import (
     audit,
     auth,
     backends,
+    changes,
     events,
     incidents,
     keys,
@@ -120,6 +121,7 @@ app.add_typer(workloads.app, name="workloads", rich_help_panel="Client")
 app.add_typer(events.app, name="events", rich_help_panel="Client")
 app.add_typer(backends.app, name="backends", rich_help_panel="Client")
 app.add_typer(audit.app, name="audit", rich_help_panel="Audit")
+app.add_typer(changes.app, name="changes", rich_help_panel="Audit")
 app.add_typer(sinks.app, name="sinks", rich_help_panel="Audit")
 app.add_typer(incidents.app, name="incident", rich_help_panel="Audit")
 app.add_typer(runbooks.app, name="runbooks", rich_help_panel="Audit")
