@@ -1,0 +1,231 @@
+"""Benchmark: change requests end to end through the HTTP API on SQLite (issue 12).
+
+Setup (not timed): a SQLite database with ``--nodes`` admitted nodes and three people, each
+with an API token issued by the service (``service.access.issue_token`` as the user): the
+requester ``alice`` (admin) and the approvers ``bob`` (admin) and ``sec`` (security-officer).
+A real ``proofplane serve`` process on loopback with ``PROOFPLANE_CHANGE_CONTROL=enforce``
+(the default of serve), access logs to /dev/null.
+
+Timed: for every node, one ``certification.grant`` (``hipaa=true``) change: ``POST
+/api/v1/changes`` as alice, ``POST …/approve`` as bob, ``POST …/approve`` as sec, ``POST
+…/apply`` as alice, each person on their own keep-alive httpx client, one change after the
+other (each step waits for the previous answer: the latency a person sees). ``changes_per_s``
+is changes fully applied per second of wall time; p50/p99 latency per step. Each run uses a
+fresh database; the figures are the medians over ``--runs`` runs.
+
+    .venv/bin/python bench/governance.py --json [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from proofplane.access import SYSTEM, Actor, Role
+from proofplane.machine import machine
+from proofplane.model import Gpu, Node, NodeState
+from proofplane.service.access import create_user, issue_token
+from proofplane.service.context import Store
+from proofplane.service.nodes import register_node, set_node_state
+from proofplane.store import migrate
+
+TARGET_CHANGES_PER_S = 100.0
+STEPS = ("create", "approve_1", "approve_2", "apply")
+PEOPLE = {"alice": Role.ADMIN, "bob": Role.ADMIN, "sec": Role.SECURITY_OFFICER}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def prepare(db: Path, nodes: int) -> dict[str, str]:
+    """The nodes (admitted) and the three people's tokens."""
+    store = Store(f"sqlite:///{db}")
+    try:
+        migrate.upgrade(store.engine)
+        for i in range(nodes):
+            name = f"gpu-{i:04d}"
+            gpus = (Gpu(0, f"GPU-{name}-0", "H100-80GB", 81920),)
+            register_node(store, SYSTEM, Node(name, "r1", "z1", gpus=gpus))
+            set_node_state(store, SYSTEM, name, NodeState.ADMITTED, "bench")
+        tokens = {}
+        for name, role in PEOPLE.items():
+            create_user(store, SYSTEM, name, None, [role.value], [])
+            actor = Actor(name, frozenset({role}), token_id="bench-setup")
+            tokens[name] = issue_token(
+                store, actor, roles=None, tenants=None, expires_in=3600, name="bench"
+            ).token
+        return tokens
+    finally:
+        store.dispose()
+
+
+def start(db: Path, port: int) -> subprocess.Popen[bytes]:
+    args = [sys.executable, "-m", "proofplane.cli.main", "serve", "--db", f"sqlite:///{db}",
+            "--port", str(port)]  # fmt: skip
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("PROOFPLANE_")},
+        "PROOFPLANE_CHANGE_CONTROL": "enforce",
+        "PROOFPLANE_SIEM_EXPORT_INTERVAL_SECONDS": "0",
+        "PROOFPLANE_EXECUTION_SYNC_SECONDS": "0",
+    }
+    for name in ("PROOFPLANE_MASTER_KEY_FILE", "PROOFPLANE_AUDIT_KEY_FILE"):
+        env[name] = str(db.with_name(name.lower()))
+    log = db.with_name("serve.log")
+    with log.open("wb") as err:
+        return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=err)
+
+
+def wait_ready(base: str, proc: subprocess.Popen[bytes], log: Path) -> dict[str, Any]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise SystemExit(f"the server exited with {proc.returncode}:\n{tail}")
+        try:
+            r = httpx.get(f"{base}/readyz", timeout=1)
+            if r.status_code == 200:
+                return dict(r.json())
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit("the server did not start")
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(len(s) * q))]
+
+
+def one_run(tmp: Path, nodes: int, warmup: int) -> dict[str, Any]:
+    db = tmp / "bench.db"
+    tokens = prepare(db, nodes + warmup)
+    port = free_port()
+    proc = start(db, port)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        ready = wait_ready(base, proc, db.with_name("serve.log"))
+        clients = {
+            who: httpx.Client(base_url=base, timeout=30,
+                              headers={"Authorization": f"Bearer {token}"})
+            for who, token in tokens.items()
+        }  # fmt: skip
+        lat: dict[str, list[float]] = {s: [] for s in STEPS}
+
+        def call(who: str, path: str, body: dict[str, Any], want: int) -> dict[str, Any]:
+            r = clients[who].post(path, json=body)
+            if r.status_code != want:
+                raise SystemExit(f"{who} POST {path}: {r.status_code} {r.text[:300]}")
+            return dict(r.json())
+
+        def change(i: int, record: bool) -> None:
+            node = f"gpu-{i:04d}"
+            body = {"type": "certification.grant", "reason": "bench",
+                    "payload": {"node": node, "key": "hipaa", "value": "true"}}  # fmt: skip
+            steps = (
+                ("create", "alice", "/api/v1/changes", body, 201),
+                ("approve_1", "bob", "/api/v1/changes/{id}/approve", {"comment": "ok"}, 200),
+                ("approve_2", "sec", "/api/v1/changes/{id}/approve", {"comment": "ok"}, 200),
+                ("apply", "alice", "/api/v1/changes/{id}/apply", {}, 200),
+            )
+            cid = None
+            for step, who, path, payload, want in steps:
+                t = time.perf_counter()
+                out = call(who, path.format(id=cid), payload, want)
+                if record:
+                    lat[step].append((time.perf_counter() - t) * 1000)
+                cid = out["id"] if cid is None else cid
+            if out["state"] != "applied":
+                raise SystemExit(f"change {cid} ended {out['state']}")
+
+        for i in range(nodes, nodes + warmup):  # connections open, caches warm
+            change(i, record=False)
+        t0 = time.perf_counter()
+        for i in range(nodes):
+            change(i, record=True)
+        elapsed = time.perf_counter() - t0
+        check = clients["alice"].get("/api/v1/nodes/gpu-0000").json()
+        if check.get("certifications", {}).get("hipaa") != "true":
+            raise SystemExit("the grant did not reach the node")
+        for c in clients.values():
+            c.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    out: dict[str, Any] = {"changes_per_s": nodes / elapsed, "seconds": elapsed,
+                           "change_control": ready.get("change_control")}  # fmt: skip
+    for step in STEPS:
+        out[f"{step}_p50_ms"] = pct(lat[step], 0.50)
+        out[f"{step}_p99_ms"] = pct(lat[step], 0.99)
+    total = [sum(v) for v in zip(*(lat[s] for s in STEPS), strict=True)]
+    out["change_p50_ms"], out["change_p99_ms"] = pct(total, 0.50), pct(total, 0.99)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--quick", action="store_true", help="100 nodes, 1 run (smoke test)")
+    ap.add_argument("--nodes", type=int, default=500, help="changes per run (one per node)")
+    ap.add_argument("--runs", type=int, default=3, help="runs (medians reported)")
+    ap.add_argument("--warmup", type=int, default=20, help="untimed changes first")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.nodes, args.runs, args.warmup = 100, 1, 5
+
+    runs = []
+    for _ in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="proofplane-bench-governance-") as tmp:
+            runs.append(one_run(Path(tmp), args.nodes, args.warmup))
+
+    def med(key: str) -> float:
+        return round(statistics.median(r[key] for r in runs), 2)
+
+    out: dict[str, Any] = {
+        "scenario": "certification.grant: create (alice, admin) + approve (bob, admin) + "
+        "approve (sec, security-officer) + apply (alice), through the HTTP API",
+        "store": "sqlite (WAL), one proofplane serve process on loopback",
+        "change_control": runs[0]["change_control"],
+        "nodes": args.nodes,
+        "runs": args.runs,
+        "changes_per_s": med("changes_per_s"),
+        "changes_per_s_runs": [round(r["changes_per_s"], 1) for r in runs],
+        "requests_per_s": round(med("changes_per_s") * len(STEPS), 1),
+        "latency_ms": {
+            step: {"p50": med(f"{step}_p50_ms"), "p99": med(f"{step}_p99_ms")}
+            for step in (*STEPS, "change")
+        },
+        "target_changes_per_s": TARGET_CHANGES_PER_S,
+        "meets_target": med("changes_per_s") >= TARGET_CHANGES_PER_S,
+        "note": "closed loop, one change at a time, each step after the previous answer; "
+        "keep-alive httpx client per person; client and server share this machine; every "
+        "step writes its audit events (Merkle log) in the same transaction",
+        "machine": machine(),
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"{out['changes_per_s']:.1f} changes/s (target >= {TARGET_CHANGES_PER_S:.0f})")
+        for step, f in out["latency_ms"].items():
+            print(f"  {step:>10}: p50 {f['p50']:.2f} ms  p99 {f['p99']:.2f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
