@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -64,8 +65,9 @@ def _setup(client: TestClient, store: Store) -> None:
         client.post(f"{API}/nodes/{name}/certifications", json=body).raise_for_status()
     client.post(f"{API}/nodes/n2/state", json={"state": "cordoned"}).raise_for_status()
     client.post(f"{API}/tenants", json={"name": "acme"}).raise_for_status()
-    body = {"name": "w1", "tenant": "acme", "tags": {"tier": "gold"}, "gpus": {"count": 1}}
-    placed = client.post(f"{API}/workloads", json=body)
+    wl: dict[str, Any] = {"name": "w1", "tenant": "acme", "tags": {"tier": "gold"},
+                          "gpus": {"count": 1}}  # fmt: skip
+    placed = client.post(f"{API}/workloads", json=wl)
     assert placed.status_code == 201 and placed.json()["placement"]["node"] == "n1"
     client.post(f"{API}/nodes/n2/state", json={"state": "admitted"}).raise_for_status()
 
@@ -165,7 +167,7 @@ def test_permissions_and_bad_input(client: TestClient, store: Store) -> None:
     assert r.status_code == 403
 
     before = client.get(f"{API}/events", params={"limit": 500}).json()
-    bad = [
+    bad: list[tuple[Any, int]] = [
         ({"subject": "nope", "reason": "x"}, 404),
         ({"subject": "acme", "subject_type": "node", "reason": "x"}, 404),
         ({"subject": "n1", "reason": "x", "severity": "urgent"}, 422),
