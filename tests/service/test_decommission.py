@@ -226,6 +226,7 @@ def test_sanitisation_report(cluster: dict[str, Any]) -> None:
     assert early.value.code == "node_not_decommissioned"
     decommission_node(store, SYSTEM, "n1", "end of life")
     before = _count(store)
+    bad: Any
     for bad in (
         None,
         [],
