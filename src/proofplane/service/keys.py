@@ -4,7 +4,8 @@
 Ed25519, and manages keys' lifecycle (create, rotate, disable, destroy a version), each change
 an event (``key.create``, ``key.rotate``…). Key versions' handles are read from
 ``kms_key_versions`` and cached per process (a handle never changes); which version is current
-is read in the caller's transaction, so a rotation in another replica is seen at once.
+(and whether the key is disabled) is cached for ``META_TTL_S`` (1 s), so a rotation or a
+disable in another replica is seen within a second, this process's own at once.
 
 Secrets at rest go through ``seal_secret``/``open_secret`` under the key ``secrets``, with the
 row's identity as AAD (``users/42/totp_secret``): a ciphertext copied to another row does not
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -40,6 +42,7 @@ from proofplane.kms import Backend, backend_from_env
 from proofplane.service.context import Store, Tx
 from proofplane.store.tables import KmsKeyRow, KmsKeyVersionRow
 
+META_TTL_S = 1.0  # how long a process trusts its cached view of a key's current version
 SECRETS_KEY = "secrets"  # seals every secret stored in the database
 AUDIT_KEY = "audit-checkpoint"  # signs the audit log's checkpoints
 
@@ -120,6 +123,7 @@ class Kms:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self._handles: dict[tuple[str, int], tuple[str, bytes]] = {}
+        self._meta: dict[str, tuple[int, str, bool, float]] = {}
         self._lock = threading.Lock()
         #: operations done per key (decrypt and sign are counted, not recorded one by one)
         self.counts: dict[tuple[str, str], int] = {}
@@ -167,6 +171,7 @@ class Kms:
 
     def rotate_key(self, tx: Tx, name: str) -> KeyView:
         """A new version becomes current; older versions still open and verify."""
+        self._forget(name)
         row = _key_row(tx.session, name)
         if row.disabled_at is not None:
             raise KeyDisabled(f"key {name!r} is disabled", details={"key": name})
@@ -182,6 +187,7 @@ class Kms:
 
     def disable_key(self, tx: Tx, name: str, disabled: bool = True) -> KeyView:
         """Disable (or enable again) a key: nothing is sealed, opened or signed with it."""
+        self._forget(name)
         row = _key_row(tx.session, name)
         row.disabled_at = tx.now if disabled else None
         row.updated_at = tx.now
@@ -190,6 +196,7 @@ class Kms:
 
     def destroy_version(self, tx: Tx, name: str, version: int) -> KeyView:
         """Erase one superseded version's material for good: what it sealed no longer opens."""
+        self._forget(name)
         row = _key_row(tx.session, name)
         ver = tx.session.get(KmsKeyVersionRow, (row.id, version))
         if ver is None:
@@ -226,17 +233,30 @@ class Kms:
                                details={"key": name})  # fmt: skip
         return cached[1]
 
-    def _usable(self, session: Session, name: str) -> KmsKeyRow:
-        row = _key_row(session, name)
-        if row.disabled_at is not None:
+    def _usable(self, session: Session, name: str) -> tuple[int, str]:
+        """(current version, purpose) of an enabled key. Read from the inventory at most every
+        ``META_TTL_S`` per process (another replica's rotation or disable is seen within it;
+        this process's own at once): a SELECT per secret would cost more than the crypto."""
+        now = time.monotonic()
+        cached = self._meta.get(name)
+        if cached is None or now - cached[3] > META_TTL_S:
+            row = _key_row(session, name)
+            cached = (row.current_version, row.purpose, row.disabled_at is not None, now)
+            with self._lock:
+                self._meta[name] = cached
+        if cached[2]:
             raise KeyDisabled(f"key {name!r} is disabled", details={"key": name})
-        return row
+        return cached[0], cached[1]
+
+    def _forget(self, name: str) -> None:
+        with self._lock:
+            self._meta.pop(name, None)
 
     def encrypt(self, session: Session, name: str, plaintext: bytes, aad: bytes) -> str:
         """Seal ``plaintext`` under the current version of ``name`` (an ``encrypt`` key)."""
-        row = self._usable(session, name)
-        handle = self._handle(session, name, row.current_version, ENCRYPT)
-        sealed = envelope.seal(plaintext, aad, key=name, version=row.current_version,
+        version, _ = self._usable(session, name)
+        handle = self._handle(session, name, version, ENCRYPT)
+        sealed = envelope.seal(plaintext, aad, key=name, version=version,
                                wrap=lambda dk, a: self.backend.wrap(handle, dk, a))  # fmt: skip
         self._count(name, "encrypt")
         return sealed.text()
@@ -254,17 +274,17 @@ class Kms:
 
     def sign(self, session: Session, name: str, message: bytes) -> tuple[int, bytes]:
         """(version, Ed25519 signature) under the current version of ``name``."""
-        row = self._usable(session, name)
-        handle = self._handle(session, name, row.current_version, SIGN)
+        version, _ = self._usable(session, name)
+        handle = self._handle(session, name, version, SIGN)
         signature = self.backend.sign(handle, message)
         self._count(name, "sign")
-        return row.current_version, signature
+        return version, signature
 
     def rewrap(self, session: Session, ciphertext: str, aad: bytes) -> str:
         """The same secret sealed under its key's current version (unchanged if it is)."""
         env = envelope.parse(ciphertext)
-        row = self._usable(session, env.key)
-        if env.version == row.current_version:
+        version, _ = self._usable(session, env.key)
+        if env.version == version:
             return ciphertext
         return self.encrypt(session, env.key, self.decrypt(session, ciphertext, aad), aad)
 

@@ -143,6 +143,12 @@ def set_node_state(
     """Move a node through its lifecycle. Leaving service evicts its work, which is re-placed
     only on nodes that still satisfy each workload's tags (or waits, with a reason)."""
     authorize(actor, Permission.NODES_WRITE)
+    if state == NodeState.DECOMMISSIONED:
+        # the lifecycle's last step does all of it: certifications, credentials, the EK
+        from proofplane.service.decommission import decommission_node
+
+        decommission_node(store, actor, name, reason or "decommissioned by an operator")
+        return get_node(store, actor, name)
     with store.write(actor) as tx:
         row = node_row(tx.session, name)
         refused = manual_admission_refused(tx, row, state)
