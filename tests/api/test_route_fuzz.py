@@ -173,6 +173,31 @@ EXAMPLES: dict[tuple[str, str], Any] = {
     ("POST", f"{API}/nodes/{{name}}/agent-credentials"): {"ttl_days": 1},
     ("POST", f"{API}/sinks"): {"name": "fuzz-s2", "type": "ocsf-file", "config": {"path": "x"}},
     ("POST", f"{API}/keys"): {"name": "fuzz-k1", "purpose": "encrypt"},
+    ("POST", f"{API}/nodes/{{name}}/agent-certificate"): {
+        "csr": "-----BEGIN CERTIFICATE REQUEST-----"
+    },
+    ("POST", f"{API}/nodes/{{name}}/sanitisation"): {
+        "mig_instances_destroyed": True,
+        "gpu_memory_cleared": True,
+        "method": "nvidia-smi -r",
+    },
+    ("POST", f"{API}/changes"): {
+        "type": "quota.set",
+        "payload": {"tenant": TENANT, "gpus": 4, "mig_slices": None},
+        "reason": "fuzz",
+        "emergency": False,
+    },
+    ("PATCH", f"{API}/changes/{{change_id}}"): {
+        "payload": {"tenant": TENANT, "gpus": 2, "mig_slices": None}
+    },
+    ("POST", f"{API}/changes/{{change_id}}/approve"): {"comment": "ok"},
+    ("POST", f"{API}/changes/{{change_id}}/deny"): {"comment": "no"},
+    ("POST", f"{API}/changes/{{change_id}}/review"): {"comment": "reviewed"},
+    ("POST", f"{API}/changes/{{change_id}}/apply"): {"comment": "go"},
+    ("POST", f"{API}/changes/{{change_id}}/cancel"): {"comment": "withdrawn"},
+    ("POST", f"{API}/incidents"): {"subject": TENANT, "reason": "fuzz", "severity": "low"},
+    ("PATCH", f"{API}/incidents/{{incident_id}}"): {"severity": "high", "note": "n"},
+    ("POST", f"{API}/incidents/{{incident_id}}/close"): {"postmortem": "done"},
     ("POST", f"{API}/k8s/admission"): ADMISSION,
     ("POST", f"{API}/nodes/{{name}}/attestation/enroll"): {"ek_public": "AAAA", "ak_public": "AA"},
     ("POST", f"{API}/nodes/{{name}}/attestation/activate"): {"secret": "AAAA"},

@@ -122,10 +122,18 @@ def _events_of(session: Any, ids: list[int]) -> dict[int, list[EventRow]]:
 # --- the register ------------------------------------------------------------------------------
 
 
-def _utc(value: datetime | None) -> datetime | None:
-    if value is not None and value.tzinfo is None:
+def _utc(value: datetime | None, name: str = "time") -> datetime | None:
+    """The time in UTC (no zone: UTC); one with no UTC equivalent in the calendar
+    (9999-12-31T23:59:59-14:00) is a 422, not an overflow."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
         return value.replace(tzinfo=UTC)
-    return value
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValidationFailed(f"{name}: {value.isoformat()} is outside the years 1 to 9999 in UTC",
+                               code="invalid_time", details={"field": name}) from None  # fmt: skip
 
 
 def export_register(
@@ -139,7 +147,7 @@ def export_register(
     """Every change with an event of its own in ``[start, end)`` (all of them without
     bounds), oldest first, each with its whole history. Times without a zone are UTC."""
     authorize(actor, Permission.CHANGES_READ)
-    start, end = _utc(start), _utc(end)
+    start, end = _utc(start, "from"), _utc(end, "to")
     if start is not None and end is not None and start >= end:
         window = {"from": start.isoformat(), "to": end.isoformat()}
         raise ValidationFailed("'from' must be before 'to'", code="invalid_window", details=window)

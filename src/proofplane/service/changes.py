@@ -80,8 +80,8 @@ class NodeReadmit(Payload):
 
 class QuotaSet(Payload):
     tenant: str = Field(min_length=1, max_length=63)
-    gpus: int | None = None
-    mig_slices: int | None = None
+    gpus: int | None = Field(None, ge=0, le=1_000_000)
+    mig_slices: int | None = Field(None, ge=0, le=1_000_000)
 
 
 class RunbookPublish(Payload):
@@ -291,6 +291,16 @@ def _parse(ct: ChangeType, payload: Any) -> Payload:
                                code="invalid_payload", details=problems) from None  # fmt: skip
 
 
+def _digest(body: dict[str, Any]) -> str:
+    """The payload's hash; a value JSON cannot hold exactly (an integer beyond 2**53, a lone
+    surrogate) is an invalid payload, not a 500."""
+    try:
+        return rules.payload_sha256(body)
+    except (ValueError, TypeError) as exc:
+        raise ValidationFailed(f"the payload cannot be hashed canonically: {exc}",
+                               code="invalid_payload") from None  # fmt: skip
+
+
 def rule_for(session: Any, change_type: str) -> rules.Rule:
     row = session.get(ChangeRuleRow, change_type)
     if row is not None:
@@ -347,10 +357,11 @@ def create_change(
         if not reason.strip():
             raise ValidationFailed("an emergency change needs a reason", code="invalid_reason")
     body = parsed.model_dump(mode="json")
+    digest = _digest(body)
     with store.write(actor, now) as tx:
         row = ChangeRequestRow(
             type=ct.name, state=rules.PENDING, payload=body,
-            payload_sha256=rules.payload_sha256(body), reason=reason, emergency=emergency,
+            payload_sha256=digest, reason=reason, emergency=emergency,
             tenant=scope, requested_by=actor.name, requested_at=tx.now,
             last_edited_by=actor.name, updated_at=tx.now,
             expires_at=tx.now + (ttl or ttl_from_env()),
@@ -411,7 +422,7 @@ def edit_change(
                                code="change_not_pending", details={"state": row.state})  # fmt: skip
         body = parsed.model_dump(mode="json")
         before = row.payload_sha256
-        row.payload, row.payload_sha256 = body, rules.payload_sha256(body)
+        row.payload, row.payload_sha256 = body, _digest(body)
         row.tenant, row.last_edited_by, row.updated_at = scope, actor.name, tx.now
         row.state = rules.PENDING  # approvals of the old payload no longer count
         details = {"type": row.type, "payload_sha256": row.payload_sha256, "previous": before}
