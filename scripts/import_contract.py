@@ -94,6 +94,7 @@ PURE: tuple[str, ...] = (
     "attest",
     "keys",
     "govern.changes",
+    "govern.runbooks",
     "network.desired",
 )
 

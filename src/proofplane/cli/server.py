@@ -60,10 +60,12 @@ from proofplane.cli.client import DEFAULT_SERVER, CliError, format_details
 from proofplane.cli.demo_agents import HttpAgents
 from proofplane.demo import swtpm as demo_swtpm
 from proofplane.demo.attester import DemoAttester, load_attested_demo
+from proofplane.demo.governance import GovernanceSeed, seed_governance
 from proofplane.errors import Conflict, ProofplaneError, ValidationFailed
 from proofplane.hardware.cluster_file import ClusterSpec, parse_cluster
 from proofplane.pki import tls as pki_tls
 from proofplane.service import execution as execution_svc
+from proofplane.service import keys as keys_svc
 from proofplane.service import sinks as sinks_svc
 from proofplane.service.access import MAX_TOKEN_TTL, bootstrap_admin
 from proofplane.service.cluster import load_cluster
@@ -426,6 +428,7 @@ def _welcome(
     saved_in: str | None,
     engine: str = "",
     ca_file: str | None = None,
+    governance: GovernanceSeed | None = None,
 ) -> Panel:
     env = [] if url == DEFAULT_SERVER else [f"export PROOFPLANE_SERVER={url}"]
     cacert = ""
@@ -444,6 +447,16 @@ def _welcome(
         'proofplane nodes state fra-h100-01 failed --reason "PSU fault"',
         "proofplane events list --newest --action 'workload.*'",
     ]
+    if governance is not None:  # change control (issue 12): two other people approve
+        cid = governance.change_id
+        commands += [
+            f"proofplane changes show {cid}",
+            f"proofplane changes approve {cid}   # refused: separation_of_duties (you asked)",
+            f"PROOFPLANE_TOKEN={governance.second_admin_token} proofplane changes approve {cid}",
+            f"PROOFPLANE_TOKEN={governance.security_officer_token} "
+            f"proofplane changes approve {cid}",
+            f"proofplane changes apply {cid}",
+        ]
     facts = Text()
     for key, value in (
         ("API", f"{url}/api/v1"),
@@ -477,6 +490,15 @@ def _welcome(
         else:
             access.append("Set it for the commands below (and curl):\n")
         access.append(f"  export PROOFPLANE_TOKEN={token}\n", style="green")
+        if governance is not None:
+            access.append("second admin token  ", style="bold cyan")
+            access.append(f"{governance.second_admin_token}\n")
+            access.append("security officer token  ", style="bold cyan")
+            access.append(f"{governance.security_officer_token}\n")
+            access.append(
+                f"Change control is on: change {governance.change_id} (certify fra-h100-04 "
+                "hipaa=true) waits for two approvals by people other than you.\n"
+            )
     tries = Text("Try:\n", style="bold")
     for cmd in commands:
         tries.append(f"  {cmd}\n", style="green")
@@ -538,8 +560,10 @@ def _serve(
         # With TLS, uvicorn's h11 protocol plus the client certificate in each request's
         # scope (api/tls_scope.py): a node agent's channel certificate is its identity.
         protocol = {"http": ClientCertProtocol} if tls is not None else {}
+        with store_errors("cannot start the server"):  # e.g. a KMS setting that is wrong
+            application = create_app(store, settings, execution)
         uvicorn.run(
-            create_app(store, settings, execution),
+            application,
             host=host,
             port=port,
             **uvicorn_tls(tls),
@@ -595,6 +619,8 @@ def serve(
     check_port(host, port)
     store = open_store(url)
     store.sink_policy = sink_policy
+    with store_errors("cannot start the server"):
+        keys_svc.kms_for(store)  # the KMS (PROOFPLANE_KMS) answers before anything is served
     installed = settings.admin_token is not None and bootstrap(store, settings.admin_token)
     shown = base_url(host, port, tls is not None)
     render.print_line(
@@ -724,6 +750,7 @@ def up(
     try:
         installed = bootstrap(store, token)
         saved_in = _save_demo_token(url_base, token) if installed else None
+        seeded = seed_governance(store) if installed else None
         render.console().print(
             _welcome(
                 url_base,
@@ -734,6 +761,7 @@ def up(
                 saved_in,
                 _engine_line(store),
                 None if ca_file is None else str(ca_file),
+                seeded,
             )
         )
     except BaseException:
