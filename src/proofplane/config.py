@@ -66,6 +66,12 @@ class Settings:
     # up's): governed actions only through approved change requests; "off" (this dataclass's
     # default, for tests and small labs): the direct calls work, and /readyz says so.
     change_control: str = "off"
+    # An emergency change's post-implementation review is due this many hours after it applied
+    # (PROOFPLANE_EMERGENCY_REVIEW_HOURS, 1..720, default 24); the server looks for overdue
+    # reviews every ``change_review_check_interval_s`` (PROOFPLANE_CHANGE_REVIEW_CHECK_SECONDS,
+    # default 60; None or 0: never) and alerts once an hour per overdue change.
+    emergency_review_hours: float = 24.0
+    change_review_check_interval_s: float | None = None
 
 
 DEMO_ATTESTERS = ("simulated",)
@@ -181,6 +187,11 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         admin_token=admin_token,
         oidc=oidc,
         change_control=_change_control(env),
+        emergency_review_hours=_seconds(env, "PROOFPLANE_EMERGENCY_REVIEW_HOURS", "24", 1, 720),
+        change_review_check_interval_s=_seconds(
+            env, "PROOFPLANE_CHANGE_REVIEW_CHECK_SECONDS", "60", 0, 3600
+        )
+        or None,
     )
 
 

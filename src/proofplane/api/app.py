@@ -34,6 +34,7 @@ from proofplane.api.routes import router
 from proofplane.config import ExecutionSettings, Settings
 from proofplane.errors import ProofplaneError
 from proofplane.service import audit as audit_svc
+from proofplane.service import changes as changes_svc
 from proofplane.service import execution as execution_svc
 from proofplane.service import keys as keys_svc
 from proofplane.service.context import Store
@@ -45,6 +46,7 @@ from proofplane.workers import (
     stale_worker,
     sync_worker,
 )
+from proofplane.workers.change_reviews import review_worker
 
 
 @contextmanager
@@ -94,8 +96,10 @@ def create_app(
                 settings.attest_stale_check_interval_s,
                 timedelta(seconds=settings.attest_grace_s),
             ) as stale,
+            review_worker(store, settings.change_review_check_interval_s) as reviews,
         ):
             app.state.attest_stale_checker = stale
+            app.state.change_reviews = reviews
             app.state.siem_exporter = worker
             app.state.audit_checkpointer = checkpointer
             app.state.execution_sync = syncer
@@ -114,6 +118,8 @@ def create_app(
     )
     app.state.store = store
     app.state.settings = settings
+    if store is not None:  # the mode the change register and incident bundles record
+        changes_svc.set_control_mode(store, settings.change_control)
     app.state.kms = kms
     app.state.audit_keys = audit_svc.AuditKeys(
         origin=audit_svc.origin_for(settings.cluster_id),

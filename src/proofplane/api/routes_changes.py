@@ -10,15 +10,15 @@ of duties (403 ``separation_of_duties``)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Response, status
+from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from pydantic import Field, StrictBool
 
 from proofplane.access import Actor
 from proofplane.access import Permission as P
-from proofplane.api.deps import get_store, requires, signed_in
+from proofplane.api.deps import get_settings, get_store, requires, signed_in
 from proofplane.api.schemas import BodyIn, ErrorResponse, Page
 from proofplane.govern import changes as rules
 from proofplane.service import change_register as register
@@ -31,9 +31,11 @@ _ERRORS = {
     404: {"model": ErrorResponse, "description": "no such change (or the node, tenant… its "
           "payload names, when applying)"},
     409: {"model": ErrorResponse, "description": "change_not_pending, change_not_approved, "
-          "change_expired, already_voted, no_review_pending"},
+          "change_expired, already_voted, no_review_pending, change_request_required (a rule "
+          "change under change control), or the direct call's own refusal when applying"},
     422: {"model": ErrorResponse, "description": "unknown_change_type, invalid_payload, "
-          "invalid_reason, invalid_comment, invalid_state, invalid_window"},
+          "invalid_reason, invalid_comment, invalid_state, invalid_window, invalid_rule, "
+          "invalid_runbook, invalid_mig_layout"},
 }  # fmt: skip
 
 router = APIRouter(prefix="/api/v1/changes", responses=_ERRORS, tags=["changes"])  # type: ignore[arg-type]
@@ -63,13 +65,24 @@ class CommentIn(BodyIn):
     comment: Comment = ""
 
 
+class RuleIn(BodyIn):
+    approvals: int = Field(description="distinct approvers needed (1..10)")
+    roles: list[str] = Field(
+        max_length=8, description=f"who may approve: among {', '.join(rules.APPROVER_ROLES)}"
+    )
+
+
 @router.post("", status_code=status.HTTP_201_CREATED)
-def create_change(body: ChangeIn, store: StoreDep, actor: SignedIn, response: Response) -> Resource:
+def create_change(
+    body: ChangeIn, store: StoreDep, actor: SignedIn, response: Response, request: Request
+) -> Resource:
     """Ask for a change: 201 with the change resource (state ``pending``; ``applied`` for an
     emergency change)."""
+    review = timedelta(hours=get_settings(request).emergency_review_hours)
     change = svc.create_change(
-        store, actor, body.type, body.payload, reason=body.reason, emergency=body.emergency
-    )
+        store, actor, body.type, body.payload, reason=body.reason, emergency=body.emergency,
+        review_within=review,
+    )  # fmt: skip
     response.headers["Location"] = f"/api/v1/changes/{change['id']}"
     return change
 
@@ -105,6 +118,7 @@ def export_register(
     and when, and the audit-log index of each of its events (prove one with ``proofplane
     audit prove --index INDEX``). ``format=csv``: one row per change."""
     data = register.export_register(store, actor, start=start, end=end)
+    data["change_control"] = svc.control_mode(store)
     if format == "csv":
         return Response(
             register.register_csv(data),
@@ -112,6 +126,30 @@ def export_register(
             headers={"Content-Disposition": 'attachment; filename="change-register.csv"'},
         )
     return data
+
+
+@router.get("/rules")
+def list_rules(store: StoreDep, actor: Reader) -> dict[str, list[Resource]]:
+    """Every change type's approval rule: set by an admin (through a ``change.rules``
+    change) or the default."""
+    return {"items": svc.list_rules(store, actor)}
+
+
+@router.put("/rules/{change_type}")
+def set_rule(
+    change_type: Annotated[str, Path(max_length=64)],
+    body: RuleIn,
+    store: StoreDep,
+    actor: SignedIn,
+    request: Request,
+) -> Resource:
+    """Set a change type's approval rule (admins). A rule change may loosen control, so it is
+    itself governed: with change control on it answers 409 ``change_request_required`` with
+    the ``change.rules`` request that would do it (two approvals by default)."""
+    payload = {"type": change_type, "approvals": body.approvals, "roles": body.roles}
+    svc.check_rule_change(actor, payload)
+    svc.gate(get_settings(request).change_control, "change.rules", payload)
+    return svc.set_rule(store, actor, change_type, body.approvals, body.roles)
 
 
 @router.get("/{change_id}")

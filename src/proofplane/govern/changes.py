@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from proofplane.audit.canonical import canonical_json
-from proofplane.errors import Conflict, InvalidState, ProofplaneError
+from proofplane.errors import Conflict, InvalidState, ProofplaneError, ValidationFailed
 
 PENDING, APPROVED, APPLIED = "pending", "approved", "applied"
 DENIED, EXPIRED, CANCELLED = "denied", "expired", "cancelled"
@@ -66,7 +66,43 @@ DEFAULT_RULES: dict[str, Rule] = {
     "mig.layout": ONE,
     "quota.set": ONE,
     "runbook.publish": ONE,
+    # a rule change may loosen control: two people agree to it
+    "change.rules": TWO,
+    # dual control over destroying key material (issue 13)
+    "key.destroy": TWO,
+    # a retired endorsement key (a decommissioned board or TPM) coming back
+    "node.reenroll": TWO,
 }
+MAX_APPROVALS = 10
+
+
+class InvalidRule(ValidationFailed):
+    """422: an approval rule that cannot be enforced (no approvals, an unknown or
+    non-approving role)."""
+
+    code = "invalid_rule"
+
+
+def check_rule(approvals: object, roles: Sequence[object]) -> Rule:
+    """The rule ``approvals`` people holding one of ``roles`` describe, or ``InvalidRule``:
+    at least one approval (at most ``MAX_APPROVALS``), at least one role, each role one that
+    may approve (``APPROVER_ROLES``: never an auditor, never an operator)."""
+    if isinstance(approvals, bool) or not isinstance(approvals, int):
+        raise InvalidRule("approvals is a whole number", details={"approvals": approvals})
+    if not 1 <= approvals <= MAX_APPROVALS:
+        raise InvalidRule(f"approvals must be 1..{MAX_APPROVALS}: a change nobody approves is "
+                          "not controlled", details={"approvals": approvals})  # fmt: skip
+    if not roles:
+        raise InvalidRule("name at least one role whose holders may approve",
+                          details={"roles": list(APPROVER_ROLES)})  # fmt: skip
+    bad = [r for r in roles if r not in APPROVER_ROLES]
+    if bad:
+        raise InvalidRule(
+            f"only {', '.join(APPROVER_ROLES)} may approve changes; not {', '.join(map(str, bad))}",
+            details={"refused": [str(r) for r in bad], "roles": list(APPROVER_ROLES)},
+        )
+    ordered = tuple(r for r in APPROVER_ROLES if r in roles)
+    return Rule(approvals, ordered)
 
 
 @dataclass(frozen=True, slots=True)

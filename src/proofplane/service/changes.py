@@ -10,15 +10,24 @@ The rules (who may approve, separation of duties, the payload hash) are the pure
 ``proofplane.govern.changes``. Applying re-checks the payload against the cluster as it is
 now; a failed apply leaves the request ``approved`` with the error recorded. Requests expire
 (``PROOFPLANE_CHANGE_TTL_SECONDS``, default 7 days). An admin's emergency change applies at
-once and then needs the same approvals as a review within ``emergency_review`` (24 h).
+once and then needs the same approvals as a review within ``PROOFPLANE_EMERGENCY_REVIEW_HOURS``
+(default 24 h); an overdue one raises ``alert.change_review_overdue`` every hour
+(``workers.change_reviews``).
+
+Any apply function receives ``change_id`` (the request it applies; None for a direct call) so
+the events it writes link to the change. A type's ``check`` runs when the request is created
+or edited: a payload that could never apply (a runbook that does not parse) is refused then,
+never left pending to fail later. The approval rules are data (``change_rules``), changed
+only through a ``change.rules`` change (it may loosen control).
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -26,7 +35,7 @@ from sqlalchemy import select
 
 from proofplane.access import Actor, Permission, Role, authorize
 from proofplane.access.authz import Forbidden
-from proofplane.errors import Conflict, InvalidState, NotFound, ValidationFailed
+from proofplane.errors import Conflict, InvalidState, NotFound, ProofplaneError, ValidationFailed
 from proofplane.govern import changes as rules
 from proofplane.model import NodeState, Quota
 from proofplane.model.tenant import profile_from_json
@@ -34,7 +43,7 @@ from proofplane.service.context import Store, Tx
 from proofplane.store.tables import ChangeRequestRow, ChangeRuleRow, ChangeVoteRow
 
 DEFAULT_TTL = timedelta(days=7)
-EMERGENCY_REVIEW = timedelta(hours=24)
+EMERGENCY_REVIEW = timedelta(hours=24)  # PROOFPLANE_EMERGENCY_REVIEW_HOURS's default
 MAX_REASON = 2000
 
 
@@ -88,7 +97,36 @@ class RunbookPublish(Payload):
     text: str = Field(min_length=1, max_length=200_000)
 
 
-Apply = Callable[[Store, Actor, Any], Any]
+class ChangeRules(Payload):
+    """An approval rule for ``type``: ``approvals`` distinct people holding one of ``roles``."""
+
+    type: str = Field(min_length=1, max_length=64)
+    approvals: int = Field(ge=1, le=rules.MAX_APPROVALS)
+    roles: list[str] = Field(min_length=1, max_length=len(rules.APPROVER_ROLES))
+
+
+class MigLayout(Payload):
+    node: str = Field(min_length=1, max_length=63)
+    gpu: int = Field(ge=0, le=255)
+    layout: list[str] = Field(
+        max_length=7, description="profile@start, e.g. 3g.40gb@4; []: MIG off"
+    )
+
+
+class KeyDestroy(Payload):
+    key: str = Field(min_length=1, max_length=63)
+    version: int = Field(ge=1, le=1_000_000)
+
+
+class NodeReenroll(Payload):
+    node: str | None = Field(None, min_length=1, max_length=63)
+    ek_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    reason: str = Field(min_length=1, max_length=MAX_REASON)
+
+
+# apply(store, actor, payload, *, change_id): the direct call's function; change_id links its
+# events to the request (None for a direct call)
+Apply = Callable[..., Any]
 
 
 @dataclass(frozen=True)
@@ -99,6 +137,9 @@ class ChangeType:
     apply: Apply
     scope: Callable[[Any], str | None] = lambda _p: None  # the tenant it concerns
     summary: Callable[[Any], str] = lambda p: ""
+    # at create and edit: raise (422) for a payload that could never apply
+    check: Callable[[Store, Any], None] = lambda _s, _p: None
+    admin_only: bool = False  # beyond the permission: only an admin asks for (and applies) it
 
 
 TYPES: dict[str, ChangeType] = {}
@@ -108,19 +149,23 @@ def register(change_type: ChangeType) -> None:
     TYPES[change_type.name] = change_type
 
 
-def _grant(store: Store, actor: Actor, p: CertificationGrant) -> Any:
+def _grant(
+    store: Store, actor: Actor, p: CertificationGrant, *, change_id: int | None = None
+) -> Any:
     from proofplane.service.nodes import grant_certification
 
     return grant_certification(store, actor, p.node, p.key, p.value)
 
 
-def _revoke(store: Store, actor: Actor, p: CertificationRevoke) -> Any:
+def _revoke(
+    store: Store, actor: Actor, p: CertificationRevoke, *, change_id: int | None = None
+) -> Any:
     from proofplane.service.nodes import revoke_certification
 
     return revoke_certification(store, actor, p.node, p.key)
 
 
-def _profile(store: Store, actor: Actor, p: TenantProfile) -> Any:
+def _profile(store: Store, actor: Actor, p: TenantProfile, *, change_id: int | None = None) -> Any:
     from proofplane.service.tenants import update_tenant
 
     try:
@@ -130,39 +175,96 @@ def _profile(store: Store, actor: Actor, p: TenantProfile) -> Any:
     return update_tenant(store, actor, p.tenant, description=p.description, profile=profile)
 
 
-def _policy(store: Store, actor: Actor, p: AttestationPolicy) -> Any:
+def _policy(
+    store: Store, actor: Actor, p: AttestationPolicy, *, change_id: int | None = None
+) -> Any:
     from proofplane.service.attestation import set_policy
 
     return set_policy(store, actor, {**p.policy, "node_class": p.node_class}, enforce=p.enforce)
 
 
-def _decommission(store: Store, actor: Actor, p: NodeDecommission) -> Any:
-    try:
-        from proofplane.service.decommission import decommission_node
-    except ImportError:  # pragma: no cover - until decommissioning lands
-        from proofplane.service.nodes import set_node_state
+def _decommission(
+    store: Store, actor: Actor, p: NodeDecommission, *, change_id: int | None = None
+) -> Any:
+    from proofplane.service.decommission import decommission_node
 
-        return set_node_state(store, actor, p.node, NodeState.DECOMMISSIONED, p.reason)
-    return decommission_node(store, actor, p.node, p.reason)
+    return decommission_node(store, actor, p.node, p.reason, change_id=change_id)
 
 
-def _readmit(store: Store, actor: Actor, p: NodeReadmit) -> Any:
+def _readmit(store: Store, actor: Actor, p: NodeReadmit, *, change_id: int | None = None) -> Any:
     from proofplane.service.nodes import set_node_state
 
     return set_node_state(store, actor, p.node, NodeState.ADMITTED, p.reason)
 
 
-def _quota(store: Store, actor: Actor, p: QuotaSet) -> Any:
+def _quota(store: Store, actor: Actor, p: QuotaSet, *, change_id: int | None = None) -> Any:
     from proofplane.service.tenants import set_quota
 
     return set_quota(store, actor, p.tenant, Quota(p.gpus, p.mig_slices))
 
 
-def _runbook(store: Store, actor: Actor, p: RunbookPublish) -> Any:
+def _runbook(store: Store, actor: Actor, p: RunbookPublish, *, change_id: int | None = None) -> Any:
     from proofplane.service import runbooks
 
     with store.write(actor) as tx:
-        return runbooks.publish_runbook(tx, p.text)
+        return runbooks.publish_runbook(tx, p.text, change_id=change_id)
+
+
+def _check_runbook(store: Store, p: RunbookPublish) -> None:
+    """The text parses (422 ``invalid_runbook``) and its version is newer than the stored ones
+    (409 ``runbook_version_not_newer``), checked again when it is applied."""
+    from proofplane.service import runbooks
+
+    summary = runbooks.check_runbook(p.text)
+    with store.read() as session:
+        newest = max(runbooks.versions(session).get(summary["id"], {}), default=0)
+    if summary["version"] <= newest:
+        raise Conflict(
+            f"runbook {summary['id']!r} is already at version {newest}: publish version "
+            f"{newest + 1}",
+            code="runbook_version_not_newer",
+            details={"id": summary["id"], "version": summary["version"], "current": newest},
+        )
+
+
+def _rules(store: Store, actor: Actor, p: ChangeRules, *, change_id: int | None = None) -> Any:
+    return set_rule(store, actor, p.type, p.approvals, p.roles, change_id=change_id)
+
+
+def _check_rules(store: Store | None, p: ChangeRules) -> None:
+    _change_type(p.type)
+    rules.check_rule(p.approvals, p.roles)
+
+
+def _mig_layout(store: Store, actor: Actor, p: MigLayout, *, change_id: int | None = None) -> Any:
+    from proofplane.service.mig_layout import set_mig_layout
+
+    return set_mig_layout(store, actor, p.node, p.gpu, p.layout, change_id=change_id)
+
+
+def _check_mig_layout(store: Store, p: MigLayout) -> None:
+    from proofplane.service.mig_layout import parse_layout
+
+    parse_layout(p.layout)
+
+
+def _key_destroy(store: Store, actor: Actor, p: KeyDestroy, *, change_id: int | None = None) -> Any:
+    from proofplane.service.key_inventory import destroy_version
+
+    return destroy_version(store, actor, p.key, p.version, change_id=change_id).to_json()
+
+
+def _reenroll(store: Store, actor: Actor, p: NodeReenroll, *, change_id: int | None = None) -> Any:
+    from proofplane.service.decommission import reenroll
+
+    return reenroll(store, actor, node=p.node, ek_sha256=p.ek_sha256, reason=p.reason,
+                    change_id=change_id)  # fmt: skip
+
+
+def _check_reenroll(store: Store, p: NodeReenroll) -> None:
+    if (p.node is None) == (p.ek_sha256 is None):
+        raise ValidationFailed("name the retired endorsement key: node or ek_sha256 (one)",
+                               code="invalid_payload")  # fmt: skip
 
 
 for _t in (
@@ -181,7 +283,18 @@ for _t in (
     ChangeType("quota.set", QuotaSet, Permission.QUOTAS_WRITE, _quota,
                scope=lambda p: p.tenant, summary=lambda p: f"set tenant {p.tenant}'s quota"),
     ChangeType("runbook.publish", RunbookPublish, Permission.NODES_WRITE, _runbook,
-               summary=lambda p: "publish a runbook version"),
+               summary=lambda p: "publish a runbook version", check=_check_runbook),
+    ChangeType("change.rules", ChangeRules, Permission.USERS_WRITE, _rules, check=_check_rules,
+               admin_only=True,
+               summary=lambda p: f"{p.type} needs {p.approvals} of {', '.join(p.roles)}"),
+    ChangeType("mig.layout", MigLayout, Permission.NODES_WRITE, _mig_layout,
+               check=_check_mig_layout,
+               summary=lambda p: f"set GPU {p.gpu} of node {p.node} to [{', '.join(p.layout)}]"),
+    ChangeType("key.destroy", KeyDestroy, Permission.KEYS_WRITE, _key_destroy,
+               summary=lambda p: f"destroy version {p.version} of key {p.key}"),
+    ChangeType("node.reenroll", NodeReenroll, Permission.NODES_WRITE, _reenroll,
+               check=_check_reenroll,
+               summary=lambda p: f"let the retired EK of {p.node or p.ek_sha256} enroll again"),
 ):  # fmt: skip
     register(_t)
 
@@ -262,6 +375,9 @@ def view(row: ChangeRequestRow, votes: list[ChangeVoteRow]) -> dict[str, Any]:
 
 
 def _authorize(actor: Actor, ct: ChangeType, scope: str | None) -> None:
+    if ct.admin_only and Role.ADMIN not in actor.roles:
+        raise Forbidden(f"only an admin asks for (or applies) a {ct.name} change",
+                        code="forbidden", details={"type": ct.name})  # fmt: skip
     if scope is not None:
         authorize(actor, ct.permission, tenant=scope)
     else:
@@ -308,6 +424,93 @@ def rule_for(session: Any, change_type: str) -> rules.Rule:
     return rules.DEFAULT_RULES.get(change_type, rules.ONE)
 
 
+def list_rules(store: Store, actor: Actor) -> list[dict[str, Any]]:
+    """Every change type's approval rule: the stored one (``source: "set"``, who set it and
+    when) or the code's default."""
+    _can_read(actor)
+    with store.read() as session:
+        stored = {r.type: r for r in session.scalars(select(ChangeRuleRow))}
+    out = []
+    for name in sorted(TYPES):
+        row = stored.get(name)
+        default = rules.DEFAULT_RULES.get(name, rules.ONE)
+        entry: dict[str, Any] = {
+            "type": name,
+            "approvals": row.approvals if row else default.approvals,
+            "roles": list(row.roles) if row else list(default.roles),
+            "source": "set" if row else "default",
+            "default": {"approvals": default.approvals, "roles": list(default.roles)},
+        }
+        if row is not None:
+            entry["updated_by"], entry["updated_at"] = row.updated_by, row.updated_at.isoformat()
+        out.append(entry)
+    return out
+
+
+def set_rule(
+    store: Store,
+    actor: Actor,
+    change_type: str,
+    approvals: Any,
+    roles: Any,
+    *,
+    change_id: int | None = None,
+) -> dict[str, Any]:
+    """Set ``change_type``'s approval rule (an admin; the ``change.rules`` change's apply): at
+    least one approval, roles among ``admin``, ``security-officer``, ``tenant-admin``. The
+    ``change.rule.set`` event carries the rule before and after."""
+    if Role.ADMIN not in actor.roles:
+        raise Forbidden("only an admin sets approval rules", code="forbidden")
+    _change_type(change_type)
+    if not isinstance(roles, list | tuple):
+        raise rules.InvalidRule("roles is a list", details={"roles": list(rules.APPROVER_ROLES)})
+    rule = rules.check_rule(approvals, list(roles))
+    with store.write(actor) as tx:
+        before = rule_for(tx.session, change_type)
+        row = tx.session.get(ChangeRuleRow, change_type)
+        if row is None:
+            row = ChangeRuleRow(type=change_type)
+            tx.session.add(row)
+        row.approvals, row.roles = rule.approvals, list(rule.roles)
+        row.updated_by, row.updated_at = actor.name, tx.now
+        tx.record("change.rule.set", "change_rule", change_type, details={
+            "type": change_type, "approvals": rule.approvals, "roles": list(rule.roles),
+            "before": {"approvals": before.approvals, "roles": list(before.roles)},
+            "change_id": change_id,
+            "loosened": rule.approvals < before.approvals
+            or bool(set(rule.roles) - set(before.roles))})  # fmt: skip
+        return {"type": change_type, "approvals": rule.approvals, "roles": list(rule.roles),
+                "source": "set", "updated_by": actor.name,
+                "updated_at": tx.now.isoformat()}  # fmt: skip
+
+
+def check_rule_change(actor: Actor, payload: dict[str, Any]) -> None:
+    """Everything a rule change is refused for, before it is gated or done: an admin, a known
+    type, a rule that can be enforced (the ``change.rules`` payload)."""
+    ct = _change_type("change.rules")
+    parsed = _parse(ct, payload)
+    _authorize(actor, ct, None)
+    assert isinstance(parsed, ChangeRules)
+    _check_rules(None, parsed)
+
+
+# --- the change-control mode a server runs under (for the evidence it exports) ---------------
+
+_MODES: weakref.WeakKeyDictionary[Store, str] = weakref.WeakKeyDictionary()
+
+
+def set_control_mode(store: Store, mode: str) -> None:
+    """What the server serving ``store`` enforces (``create_app`` tells it); recorded in the
+    change register export and incident bundles."""
+    _MODES[store] = mode
+
+
+def control_mode(store: Store) -> str:
+    """``enforce`` or ``off``: the serving app's mode; ``off`` for a store no app serves (a
+    service call is not gated)."""
+    return _MODES.get(store, "off")
+
+
 def _row(session: Any, change_id: int) -> ChangeRequestRow:
     row = session.get(ChangeRequestRow, change_id)
     if row is None:
@@ -340,14 +543,17 @@ def create_change(
     reason: str = "",
     emergency: bool = False,
     ttl: timedelta | None = None,
+    review_within: timedelta | None = None,
     now: datetime | None = None,
 ) -> dict[str, Any]:
     """Ask for a change (who may make the direct call may ask). ``emergency`` (admins only,
-    with a reason): applied at once, reviewed afterwards."""
+    with a reason): applied at once, reviewed afterwards, within ``review_within``
+    (``Settings.emergency_review_hours``; default 24 h)."""
     ct = _change_type(change_type)
     parsed = _parse(ct, payload)
     scope = ct.scope(parsed)
     _authorize(actor, ct, scope)
+    ct.check(store, parsed)
     if not isinstance(reason, str) or len(reason) > MAX_REASON:
         raise ValidationFailed(f"reason is text of at most {MAX_REASON} characters",
                                code="invalid_reason")  # fmt: skip
@@ -373,9 +579,10 @@ def create_change(
             "reason": reason, "summary": ct.summary(parsed)})  # fmt: skip
         if emergency:
             with store.joined(tx):
-                ct.apply(store, actor, parsed)
+                ct.apply(store, actor, parsed, change_id=row.id)
             row.state, row.applied_at, row.applied_by = rules.APPLIED, tx.now, actor.name
-            row.review_state, row.review_due_at = rules.PENDING, tx.now + EMERGENCY_REVIEW
+            row.review_state = rules.PENDING
+            row.review_due_at = tx.now + (review_within or EMERGENCY_REVIEW)
             tx.record("change.apply", "change", str(row.id), details={
                 "type": ct.name, "payload_sha256": row.payload_sha256, "emergency": True,
                 "approvals": []})  # fmt: skip
@@ -420,6 +627,7 @@ def edit_change(
         if _expire(tx, row) or row.state not in rules.OPEN:
             raise InvalidState(f"the change is {row.state}: it cannot be edited",
                                code="change_not_pending", details={"state": row.state})  # fmt: skip
+        ct.check(store, parsed)
         body = parsed.model_dump(mode="json")
         before = row.payload_sha256
         row.payload, row.payload_sha256 = body, _digest(body)
@@ -504,32 +712,38 @@ def apply_change(
                     raise InvalidState("the change lacks its approvals",
                                        code="change_not_approved")  # fmt: skip
                 with store.joined(tx):
-                    ct.apply(store, actor, ct.payload.model_validate(row.payload))
+                    ct.apply(store, actor, ct.payload.model_validate(row.payload),
+                             change_id=row.id)  # fmt: skip
                 row.state, row.applied_at, row.applied_by = rules.APPLIED, tx.now, actor.name
                 row.error, row.updated_at = None, tx.now
                 tx.record("change.apply", "change", str(row.id), details={
                     "type": row.type, "payload_sha256": row.payload_sha256,
                     "approvals": rules.approvals(pure)})  # fmt: skip
                 return view(row, votes)
-    except InvalidState as exc:
-        if exc.code in ("change_not_approved",):
-            raise
-        _record_failure(store, actor, change_id, exc)
-        raise
-    except (NotFound, ValidationFailed) as exc:
-        _record_failure(store, actor, change_id, exc)
+    except ProofplaneError as exc:
+        # the request's own refusals (not approved, not found) are not the apply failing;
+        # anything the direct call refused (a conflict, a KMS error, a vanished node…) is
+        # recorded on the request, which stays approved
+        if exc.code not in _NOT_APPLY_FAILURES:
+            _record_failure(store, actor, change_id, exc)
         raise
     assert expired
     raise InvalidState("the change expired before it was applied", code="change_expired")
 
 
-def _record_failure(store: Store, actor: Actor, change_id: int, exc: Exception) -> None:
-    message = getattr(exc, "message", str(exc))
+_NOT_APPLY_FAILURES = frozenset({"change_not_approved", "unavailable"})
+
+
+def _record_failure(store: Store, actor: Actor, change_id: int, exc: ProofplaneError) -> None:
+    message = exc.message
     with store.write(actor) as tx:
-        row = _row(tx.session, change_id)
-        row.error, row.updated_at = message[:2000], tx.now
+        row = tx.session.get(ChangeRequestRow, change_id)
+        if row is None or row.state != rules.APPROVED:
+            return  # nothing to record it on (a request that is not approved did not apply)
+        row.error, row.updated_at = f"{exc.code}: {message}"[:2000], tx.now
         tx.record("change.apply", "change", str(row.id), outcome=_failure(),
-                  details={"type": row.type, "error": message[:500]})  # fmt: skip
+                  details={"type": row.type, "code": exc.code,
+                           "error": message[:500]})  # fmt: skip
 
 
 def _failure() -> Any:
@@ -559,26 +773,49 @@ def overdue_reviews(store: Store, now: datetime) -> list[int]:
     """Emergency changes whose review is overdue: an ``alert.change_review_overdue`` event for
     each, at most once an hour while it stays overdue. Returns their ids."""
     from proofplane.access import SYSTEM
+    from proofplane.service.runbooks import with_runbook
 
+    def due(session: Any, at: datetime) -> list[ChangeRequestRow]:
+        rows = session.scalars(
+            select(ChangeRequestRow)
+            .where(
+                ChangeRequestRow.review_state == rules.PENDING,
+                ChangeRequestRow.review_due_at <= at,
+            )
+            .order_by(ChangeRequestRow.id)
+        )
+        return [
+            r for r in rows
+            if r.review_alerted_at is None or at - r.review_alerted_at >= REALERT
+        ]  # fmt: skip
+
+    at = now or datetime.now(UTC)
+    with store.read() as session:  # most passes find nothing: no write transaction then
+        if not due(session, at):
+            return []
     out: list[int] = []
     with store.write(SYSTEM, now) as tx:
-        rows = tx.session.scalars(
-            select(ChangeRequestRow).where(
-                ChangeRequestRow.review_state == rules.PENDING,
-                ChangeRequestRow.review_due_at <= tx.now,
-            )
-        )
-        for row in rows:
-            if row.review_alerted_at is not None and tx.now - row.review_alerted_at < timedelta(
-                hours=1
-            ):
-                continue
+        for row in due(tx.session, tx.now):
             row.review_alerted_at = tx.now
-            tx.record("alert.change_review_overdue", "change", str(row.id), details={
-                "type": row.type, "due": row.review_due_at.isoformat() if row.review_due_at
-                else None, "severity": "high"})  # fmt: skip
+            details = {
+                "type": row.type,
+                "change_id": row.id,
+                "applied_by": row.applied_by,
+                "due": row.review_due_at.isoformat() if row.review_due_at else None,
+                "overdue_s": int((tx.now - row.review_due_at).total_seconds())
+                if row.review_due_at else None,
+                "severity": "high",
+                "next_step": f"proofplane changes review {row.id} (by someone other than "
+                "its requester)",
+            }  # fmt: skip
+            tx.record("alert.change_review_overdue", "change", str(row.id),
+                      details=with_runbook(details, "alert.change_review_overdue", "success",
+                                           tx.session))  # fmt: skip
             out.append(row.id)
     return out
+
+
+REALERT = timedelta(hours=1)
 
 
 class ChangeRequestRequired(Conflict):

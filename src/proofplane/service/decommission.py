@@ -6,7 +6,7 @@ through ``change_node_state`` (its work is evicted and re-placed only where its 
 agent channel certificates are revoked), its certifications and its agent credentials are
 revoked (each with its event), and the endorsement key it enrolled with is **retired**: the
 same TPM cannot enroll again, under any node name, until an approved change lifts it
-(:func:`unretire_ek`, for ``node.readmit``). One ``node.decommission`` event sums it up.
+(:func:`reenroll`, the ``node.reenroll`` change). One ``node.decommission`` event sums it up.
 
 Afterwards the node's agent reports the sanitisation it performed (MIG instances destroyed, GPU
 memory cleared): :func:`report_sanitisation`. Its credentials are revoked by then, so the
@@ -200,10 +200,10 @@ def _where_now(tx: Tx, ids: list[int]) -> list[dict[str, Any]]:
 def unretire_ek(
     tx: Tx, ek_sha256: str, *, change_id: int | None = None, reason: str | None = None
 ) -> dict[str, Any]:
-    """Let a retired endorsement key enroll again (the ``node.readmit`` change's apply, inside
-    its transaction): the retirement is lifted and the decommissioned node's identity releases
-    the EK (its enroll and bind events and its evidence stay), so the TPM can enroll as a new
-    node. ``ek_not_retired`` (404) when the key is not retired."""
+    """Let a retired endorsement key enroll again (inside the ``node.reenroll`` change's
+    transaction, :func:`reenroll`): the retirement is lifted and the decommissioned node's
+    identity releases the EK (its enroll and bind events and its evidence stay), so the TPM
+    can enroll as a new node. ``ek_not_retired`` (404) when the key is not retired."""
     row = tx.session.get(RetiredEkRow, ek_sha256)
     if row is None:
         raise NotFound("this endorsement key is not retired", code="ek_not_retired",
@@ -225,6 +225,39 @@ def unretire_ek(
                "identity_released": released is not None}  # fmt: skip
     tx.record("node.attest.ek_unretire", "node", row.node_name, details=details)
     return details
+
+
+def reenroll(
+    store: Store,
+    actor: Actor,
+    *,
+    node: str | None = None,
+    ek_sha256: str | None = None,
+    reason: str,
+    change_id: int | None = None,
+) -> dict[str, Any]:
+    """Let a retired endorsement key enroll again, in one transaction: the ``node.reenroll``
+    change's apply (a retired TPM comes back only through an approved change). Name the
+    key by its SHA-256, or by the decommissioned node that last held it. ``ek_not_retired``
+    (404) when nothing is retired under that name."""
+    authorize(actor, Permission.NODES_WRITE)
+    why = _reason(reason)
+    if (node is None) == (ek_sha256 is None):
+        raise ValidationFailed("name the retired endorsement key: node or ek_sha256 (one)",
+                               code="invalid_payload")  # fmt: skip
+    with store.write(actor) as tx:
+        ek = ek_sha256
+        if ek is None:
+            ek = tx.session.scalar(
+                select(RetiredEkRow.ek_sha256)
+                .where(RetiredEkRow.node_name == node)
+                .order_by(RetiredEkRow.retired_at.desc())
+                .limit(1)
+            )
+            if ek is None:
+                raise NotFound(f"node {node!r} left no retired endorsement key",
+                               code="ek_not_retired", details={"node": node})  # fmt: skip
+        return unretire_ek(tx, ek, change_id=change_id, reason=why)
 
 
 # --- sanitisation ----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from proofplane.access import Actor, Permission, authorize
 from proofplane.audit.export.config import SECRET_FIELDS
-from proofplane.errors import ProofplaneError
+from proofplane.errors import Conflict, ProofplaneError, ValidationFailed
 from proofplane.keys import ENCRYPT, SIGN, check_key_name, envelope
 from proofplane.service import keys as keys_svc
 from proofplane.service.context import Store
@@ -290,3 +290,52 @@ def rewrap_batch(store: Store, actor: Actor, name: str, limit: int = 100) -> Rew
             tx.record("key.rewrap", "key", name, details={"version": current,
                       "rewrapped": done, "remaining": remaining})  # fmt: skip
     return RewrapProgress(name, current, done, remaining, failed)
+
+
+def destroy_version(
+    store: Store, actor: Actor, name: str, version: int, *, change_id: int | None = None
+) -> KeyInfo:
+    """Destroy a superseded version of ``name`` for good (the ``key.destroy`` change's apply,
+    under dual control; direct only with change control off). Refused while anything stored
+    is still sealed under that version: 409 ``key_version_in_use`` with where, so nothing
+    becomes unreadable (``proofplane keys rewrap NAME`` moves them to the current version
+    first). The backend's material is erased only after the transaction commits
+    (``Kms.destroy_version``)."""
+    authorize(actor, Permission.KEYS_WRITE)
+    check_key_name(name)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValidationFailed("version is a whole number from 1", code="invalid_version")
+    kms = keys_svc.kms_for(store)
+    with store.write(actor) as tx:
+        view = keys_svc.get_key(tx.session, name)
+        if view.purpose == ENCRYPT:
+            inside = in_version(tx.session, name, version)
+            if any(inside.values()):
+                raise Conflict(
+                    f"{sum(inside.values())} stored secrets are still sealed under version "
+                    f"{version} of key {name!r}: rewrap them first (proofplane keys rewrap "
+                    f"{name}), then destroy the version",
+                    code="key_version_in_use",
+                    details={"key": name, "version": version,
+                             "protects": {k: n for k, n in inside.items() if n}},
+                )  # fmt: skip
+        view = kms.destroy_version(tx, name, version, change_id=change_id)
+    with store.read() as s:
+        return _info(store, s, view)
+
+
+def in_version(session: Session, name: str, version: int) -> dict[str, int]:
+    """Ciphertexts sealed under exactly ``version`` of ``name``, per place."""
+    counts: dict[str, int] = {}
+    prefix = _prefix(name, version) + "%"
+    for place in _present(session):
+        col = f"{place.table}.{place.column}"
+        n = session.execute(
+            text(f"SELECT count(*) FROM {place.table} WHERE {col} LIKE :p"), {"p": prefix}
+        ).scalar_one()
+        counts[place.label] = counts.get(place.label, 0) + int(n)
+    sinks = 0
+    for row in session.scalars(select(SinkRow)):
+        sinks += sum(1 for _f, v in _sink_secrets(row) if v.startswith(_prefix(name, version)))
+    counts[SINKS_LABEL] = sinks
+    return counts

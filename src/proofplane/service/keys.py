@@ -15,6 +15,7 @@ under ``PROOFPLANE_MASTER_KEY_FILE``).
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -22,9 +23,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
+from proofplane.errors import Conflict
 from proofplane.keys import (
     ALGORITHMS,
     ENCRYPT,
@@ -41,6 +43,8 @@ from proofplane.keys import (
 from proofplane.kms import Backend, backend_from_env
 from proofplane.service.context import Store, Tx
 from proofplane.store.tables import KmsKeyRow, KmsKeyVersionRow
+
+log = logging.getLogger(__name__)
 
 META_TTL_S = 1.0  # how long a process trusts its cached view of a key's current version
 SECRETS_KEY = "secrets"  # seals every secret stored in the database
@@ -194,8 +198,17 @@ class Kms:
         tx.record("key.disable" if disabled else "key.enable", "key", name)
         return key_view(tx.session, row)
 
-    def destroy_version(self, tx: Tx, name: str, version: int) -> KeyView:
-        """Erase one superseded version's material for good: what it sealed no longer opens."""
+    def destroy_version(
+        self, tx: Tx, name: str, version: int, *, change_id: int | None = None
+    ) -> KeyView:
+        """Erase one superseded version's material for good: what it sealed no longer opens.
+
+        The order is safe: the inventory marks the version destroyed (its handle dropped) in
+        ``tx``, and the backend's material (an HSM object, an OpenBao version) is erased only
+        once ``tx`` commits. A transaction that rolls back (a refused change, a failed
+        write) leaves the material where it was; an erase that fails after the commit is
+        logged: the version is unusable through proofplane either way (no handle), and the
+        backend's copy is removed by hand (``key.destroy`` names it)."""
         self._forget(name)
         row = _key_row(tx.session, name)
         ver = tx.session.get(KmsKeyVersionRow, (row.id, version))
@@ -205,12 +218,27 @@ class Kms:
         if version == row.current_version:
             raise KeyDisabled("the current version cannot be destroyed: rotate first",
                               details={"key": name, "version": version})  # fmt: skip
-        if ver.handle is not None:
-            self.backend.destroy(ver.handle)
+        if ver.destroyed_at is not None:
+            raise Conflict(f"version {version} of key {name!r} is already destroyed",
+                           code="key_version_destroyed",
+                           details={"key": name, "version": version})  # fmt: skip
+        handle = ver.handle
         ver.handle, ver.destroyed_at = None, tx.now
         with self._lock:
             self._handles.pop((name, version), None)
-        tx.record("key.destroy", "key", name, details={"version": version})
+        tx.record("key.destroy", "key", name, details={
+            "version": version, "change_id": change_id})  # fmt: skip
+        if handle is not None:
+            backend = self.backend
+
+            def erase(_session: Session) -> None:
+                try:
+                    backend.destroy(handle)
+                except Exception:  # the commit stands; the material is removed by hand
+                    log.exception("KMS: erasing version %s of key %s failed after the "
+                                  "commit", version, name)  # fmt: skip
+
+            event.listen(tx.session, "after_commit", erase, once=True)
         return key_view(tx.session, row)
 
     # --- use -----------------------------------------------------------------------------------
