@@ -1,8 +1,9 @@
 """The Splunk HEC envelope, the pure part (issue 21, part 9): every key of an event object, the
-``time`` written to the millisecond with exactly three decimals whatever the timestamp, ``index``
-only when set, indexed ``fields`` as strings (what /services/collector/event accepts), the batch
-framing (concatenated objects, no array) read back by ``split_batch``, and the helpers of the
-indexer acknowledgement protocol (channels, ack paths, answers, the HEC code table)."""
+``time`` written to the millisecond (truncated, as CEF and OCSF) with exactly three decimals
+whatever the timestamp, ``index`` only when set, indexed ``fields`` as strings (what
+/services/collector/event accepts), the batch framing (concatenated objects, no array) read
+back by ``split_batch``, and the helpers of the indexer acknowledgement protocol (channels, ack
+paths, answers, the HEC code table)."""
 
 from __future__ import annotations
 
@@ -122,16 +123,16 @@ AWKWARD = [
     (datetime(2024, 11, 25, 14, 0, 0, 100000, tzinfo=UTC), "1732543200.100"),
     (datetime(2024, 11, 25, 14, 0, 0, 300000, tzinfo=UTC), "1732543200.300"),  # 0.1+0.2
     (datetime(2024, 11, 25, 14, 0, 0, 1499, tzinfo=UTC), "1732543200.001"),
-    (datetime(2024, 11, 25, 14, 0, 0, 1500, tzinfo=UTC), "1732543200.002"),  # half up
-    (datetime(2024, 11, 25, 14, 0, 0, 999500, tzinfo=UTC), "1732543201.000"),  # carries
-    (datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC), "1767323045.679"),
+    (datetime(2024, 11, 25, 14, 0, 0, 1500, tzinfo=UTC), "1732543200.001"),  # truncated
+    (datetime(2024, 11, 25, 14, 0, 0, 999500, tzinfo=UTC), "1732543200.999"),  # no carry
+    (datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC), "1767323045.678"),  # as CEF, OCSF
+    (datetime(1970, 1, 1, 0, 0, 1, 1000, tzinfo=UTC), "1.001"),  # float *1000 reads 1000.99…
     (datetime(1970, 1, 1, 0, 0, 0, 10, tzinfo=UTC), "0.000"),  # not 1e-05
     (datetime(1970, 1, 1, 0, 0, 0, 7000, tzinfo=UTC), "0.007"),  # not 0.007 → 7e-03
     (datetime(1969, 12, 31, 23, 59, 59, 999000, tzinfo=UTC), "-0.001"),
-    (datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC), "253402300800.000"),
+    (datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC), "253402300799.999"),
     (datetime(2024, 11, 25, 15, 0, 0, 250000, tzinfo=timezone(timedelta(hours=1))),
      "1732543200.250"),  # an offset: the same instant
-    (datetime(2024, 11, 25, 14, 0, 0, 42000), "1732543200.042"),  # naive: UTC
 ]  # fmt: skip
 
 
@@ -151,13 +152,18 @@ def test_time_is_written_with_exactly_three_decimals(ts: datetime, text: str):
         timezones=st.just(UTC),
     )
 )
-def test_time_is_the_nearest_millisecond_for_any_timestamp(ts: datetime):
+def test_time_is_the_millisecond_truncated_for_any_timestamp(ts: datetime):
     record = hec.encode(hec.event_payload(event(ts=ts), LEAF))
     text = time_of(record)
     seconds, millis = text.split(".")
     exact_us = (ts - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
-    assert int(seconds) * 1000 + int(millis) == (exact_us + 500) // 1000
-    assert abs(int(seconds) * 1_000_000 + int(millis) * 1000 - exact_us) <= 500
+    assert int(seconds) * 1000 + int(millis) == exact_us // 1000
+    assert 0 <= exact_us - (int(seconds) * 1_000_000 + int(millis) * 1000) < 1000
+
+
+def test_naive_time_is_refused():
+    with pytest.raises(ValueError, match="naive"):
+        hec.event_payload(event(ts=datetime(2024, 11, 25, 14, 0, 0, 42000)), LEAF)
 
 
 def test_encode_writes_a_given_time_exactly_and_other_keys_as_json():

@@ -12,7 +12,8 @@ dictionary only; custom values travel in the labelled custom fields (``cs1``/``c
 
 Every record carries the event's sequence number (``externalId``) and its Merkle leaf hash
 (``cs6``, labelled ``leafHash``), so a SIEM can de-duplicate and cross-check against the log.
-``rt`` is the event time in milliseconds since the Unix epoch. A ``source_ip`` in the event's
+``rt`` is the event time in milliseconds since the Unix epoch (truncated, as in every format:
+``times.epoch_millis``). A ``source_ip`` in the event's
 details (the client address of a login) becomes ``src`` when it is an IPv4 address; the
 dictionary's ``src`` is IPv4 only, so an IPv6 address goes in ``c6a2``, the custom IPv6 field
 ArcSight reserves for the source (label "Source IPv6 Address").
@@ -24,8 +25,8 @@ import ipaddress
 import json
 import re
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
 
+from proofplane.audit.export.times import epoch_millis
 from proofplane.model import Event, Outcome
 
 CEF_VERSION = 0
@@ -33,8 +34,6 @@ VENDOR = "proofplane"
 PRODUCT = "proofplane"
 
 _KEY = re.compile(r"^[A-Za-z0-9]+$")
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MILLISECOND = timedelta(milliseconds=1)
 SOURCE_IPV6_LABEL = "Source IPv6 Address"
 
 
@@ -59,13 +58,6 @@ def severity(event: Event) -> int:
     if event.outcome is Outcome.FAILURE:
         return 5
     return 3
-
-
-def epoch_millis(ts: datetime) -> int:
-    """Milliseconds since the Unix epoch, exactly (integer arithmetic, no float rounding)."""
-    if ts.tzinfo is None:
-        raise ValueError("naive datetime")
-    return (ts - _EPOCH) // _MILLISECOND
 
 
 def source_address(details: dict[str, object]) -> list[tuple[str, str]]:

@@ -23,9 +23,9 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from proofplane.audit.export.times import epoch_millis
 from proofplane.model import Event
 
 EVENT_PATH = "/services/collector/event"
@@ -60,21 +60,9 @@ CHANNEL_MISSING = 10
 INVALID_CHANNEL = 11
 ACK_DISABLED = 14
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_ONE_MICROSECOND = timedelta(microseconds=1)
 #: the namespace of derived channels: uuid5(namespace, url + token)
 _CHANNEL_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:proofplane:splunk-hec:channel")
 _MAX_ANSWER = 64 * 1024  # a HEC answer is a few dozen bytes; a bigger body is not parsed
-
-
-def epoch_millis(ts: datetime) -> int:
-    """Milliseconds since the epoch, rounded to the nearest (half up), in integers only: no
-    float ever sees the microseconds, so 0.1 + 0.2 style errors cannot shift a millisecond.
-    A naive ``ts`` is taken as UTC (the log's timestamps are UTC)."""
-    if ts.tzinfo is None:
-        ts = ts.replace(tzinfo=UTC)
-    micros = (ts - _EPOCH) // _ONE_MICROSECOND
-    return (micros + 500) // 1000
 
 
 def time_text(millis: int) -> str:
@@ -93,8 +81,9 @@ def event_payload(
     sourcetype: str = "proofplane:audit",
     index: str | None = None,
 ) -> dict[str, Any]:
-    """One HEC event object. ``time`` is epoch seconds to the millisecond (a float here; the
-    nearest float to the three-decimal value, which ``encode`` writes exactly)."""
+    """One HEC event object. ``time`` is epoch seconds to the millisecond, truncated like every
+    format's (``times.epoch_millis``; a float here: the nearest float to the three-decimal
+    value, which ``encode`` writes exactly)."""
     leaf = leaf_hash.hex()
     out: dict[str, Any] = {
         "time": epoch_millis(event.ts) / 1000,

@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from proofplane.audit.export.times import epoch_millis
 from proofplane.model import Event, Outcome
 
 OCSF_VERSION = "1.1.0"
@@ -245,7 +246,7 @@ def to_ocsf(
         raise ValueError(f"OCSF {ocsf_version} is not supported; one of {', '.join(VERSIONS)}")
     cls = classify(event.action)
     sev = severity_id(event, cls)
-    millis = int(event.ts.timestamp() * 1000)
+    millis = epoch_millis(event.ts)
     product = {"name": PRODUCT, "vendor_name": VENDOR, "version": product_version}
     metadata: dict[str, Any] = {
         "version": ocsf_version,
@@ -322,7 +323,7 @@ def _class_fields(
                 "uid": f"proofplane-{event.seq}",
                 "title": f"{event.action} on {event.target_type} {event.target_id}",
                 "types": [event.action],
-                "created_time": int(event.ts.timestamp() * 1000),
+                "created_time": epoch_millis(event.ts),
             },
             "resources": [resource],
         }
@@ -375,7 +376,7 @@ def _compliance_finding(
     event: Event, cls: ClassActivity, details: dict[str, Any]
 ) -> dict[str, Any]:
     passed = event.outcome is Outcome.SUCCESS
-    created = int(event.ts.timestamp() * 1000)
+    created = epoch_millis(event.ts)
     info: dict[str, Any] = {"uid": f"proofplane-{event.seq}", "types": [event.action],
                             "created_time": created}  # fmt: skip
     resource: dict[str, Any] = {"type": event.target_type, "uid": event.target_id,
