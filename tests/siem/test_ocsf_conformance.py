@@ -8,12 +8,16 @@ tenants, workloads), then logins that succeed, fail, lock an account and raise a
 enrollment, TOTP and recovery-code logins, tokens issued, rotated and revoked, users created,
 updated, unlocked, a certification revoked, a sink created and tested — exported through a real
 ``ocsf-file`` sink and every line validated; (2) every action the code can record (found in
-the source by its ``record``/``NewEvent`` calls), in each outcome. Zero errors in both.
+the source by its ``record``/``NewEvent`` calls: literals, named constants, both arms of a
+conditional, f-strings over what their placeholders can be), in each outcome. Zero errors in
+both; and the README's mapping table lists every one of them.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
+import itertools
 import json
 from datetime import UTC, datetime, timedelta
 from importlib import resources
@@ -345,23 +349,219 @@ def test_recommended_attributes_we_know_are_filled(exported: list[dict[str, Any]
 # --- sweep 2: every action the code can record -------------------------------------------------
 
 
-def _recorded_actions() -> set[str]:
-    """The literal actions passed to ``record(...)``/``NewEvent(...)`` anywhere in src/."""
-    found: set[str] = set()
-    for path in (REPO / "src" / "proofplane").rglob("*.py"):
-        tree = ast.parse(path.read_text("utf-8"))
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.Call) or not node.args:
+# The calls that write an event, and the recording machinery itself (it passes an action on).
+_RECORDERS = frozenset({"record", "_record", "NewEvent"})
+_MACHINERY = frozenset({"record", "record_many", "_prepare", "_record"})
+# An f-string placeholder the analysis below cannot resolve from the code, and the values it
+# takes: (module, the f-string's source) -> actions. Empty while every one resolves.
+_KNOWN_EXPANSIONS: dict[tuple[str, str], tuple[str, ...]] = {}
+_DEPTH = 4  # callers of callers of … a helper that passes an action on
+
+_Function = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+class _Unresolved(Exception):
+    pass
+
+
+class _Forwarded(Exception):
+    """The recording machinery passing its caller's action on (resolved at the caller)."""
+
+
+def _callee(call: ast.Call) -> str | None:
+    return getattr(call.func, "attr", None) or getattr(call.func, "id", None)
+
+
+class _ActionFinder:
+    """Every action ``record(...)``/``NewEvent(...)`` can be given anywhere in src/, derived
+    from the source: a literal; a module-level constant passed by name (``SANITISE_ACTION``,
+    ``rules.APPROVE``, resolved in the imported module); both arms of a conditional; an
+    f-string over the values of its placeholders; a helper's parameter over the values a guard
+    admits (``if p not in (A, B): raise``) or else its callers pass; a local assignment."""
+
+    def __init__(self, root: Path) -> None:
+        self.parents: dict[ast.AST, ast.AST] = {}
+        self.module_of: dict[ast.AST, str] = {}
+        self.calls: list[ast.Call] = []
+        for path in sorted(root.rglob("*.py")):
+            parts = path.relative_to(root.parent).with_suffix("").parts
+            tree = ast.parse(path.read_text("utf-8"))
+            self.module_of[tree] = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            for parent in ast.walk(tree):
+                for child in ast.iter_child_nodes(parent):
+                    self.parents[child] = parent
+                if isinstance(parent, ast.Call):
+                    self.calls.append(parent)
+
+    def module(self, node: ast.AST) -> str:
+        while node not in self.module_of:
+            node = self.parents[node]
+        return self.module_of[node]
+
+    def function(self, node: ast.AST) -> _Function | None:
+        while node in self.parents:
+            node = self.parents[node]
+            if isinstance(node, _Function):
+                return node
+        return None
+
+    def actions(self) -> tuple[set[str], list[str]]:
+        """(the actions found, the recording calls whose action could not be resolved)."""
+        found: set[str] = set()
+        unresolved: list[str] = []
+        for call in self.calls:
+            if _callee(call) not in _RECORDERS:
                 continue
-            name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
-            value = getattr(node.args[0], "value", None)
-            if (
-                name in ("record", "NewEvent", "_record")
-                and isinstance(value, str)
-                and "." in value
+            keyword = next((k.value for k in call.keywords if k.arg == "action"), None)
+            arg = call.args[0] if call.args else keyword
+            if arg is None or (
+                isinstance(arg, ast.Constant)
+                and not (isinstance(arg.value, str) and "." in arg.value)
             ):
-                found.add(value)
-    return found
+                continue  # some other record(): not an action
+            where = f"{self.module(call)}:{call.lineno}: {ast.unparse(arg)}"
+            try:
+                values = self.values(arg, 0)
+            except _Forwarded:
+                continue
+            except _Unresolved as exc:
+                unresolved.append(f"{where} ({exc})")
+                continue
+            for value in values:
+                if isinstance(value, str) and "." in value:
+                    found.add(str(value))
+                else:
+                    unresolved.append(f"{where} ({value!r} is no action)")
+        return found, unresolved
+
+    def values(self, expr: ast.expr, depth: int) -> list[Any]:
+        if depth > _DEPTH:
+            raise _Unresolved("passed on too often")
+        if isinstance(expr, ast.Constant):
+            return [expr.value]
+        if isinstance(expr, ast.IfExp):
+            return self.values(expr.body, depth) + self.values(expr.orelse, depth)
+        if isinstance(expr, ast.JoinedStr):
+            return self._fstring(expr, depth)
+        if isinstance(expr, ast.Attribute):
+            try:
+                return [getattr(v, expr.attr) for v in self.values(expr.value, depth)]
+            except AttributeError as exc:
+                raise _Unresolved(str(exc)) from None
+        if isinstance(expr, ast.Name):
+            return self._name(expr, depth)
+        func = self.function(expr)
+        if isinstance(expr, ast.Starred) and func is not None and func.name in _MACHINERY:
+            raise _Forwarded
+        raise _Unresolved(f"a {type(expr).__name__}")
+
+    def _fstring(self, expr: ast.JoinedStr, depth: int) -> list[Any]:
+        known = _KNOWN_EXPANSIONS.get((self.module(expr), ast.unparse(expr)))
+        if known is not None:
+            return list(known)
+        choices: list[list[str]] = []
+        for part in expr.values:
+            if isinstance(part, ast.FormattedValue):
+                if part.format_spec is not None or part.conversion != -1:
+                    raise _Unresolved("a format spec or conversion")
+                choices.append([format(v) for v in self.values(part.value, depth)])
+            else:
+                assert isinstance(part, ast.Constant)
+                choices.append([str(part.value)])
+        return ["".join(p) for p in itertools.product(*choices)]
+
+    def _name(self, expr: ast.Name, depth: int) -> list[Any]:
+        func = self.function(expr)
+        if func is not None:
+            a = func.args
+            if expr.id in {p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)}:
+                if func.name in _MACHINERY:
+                    raise _Forwarded
+                return self._parameter(func, expr.id, depth)
+            assigned = [
+                n.value
+                for n in ast.walk(func)
+                if isinstance(n, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == expr.id for t in n.targets)
+            ]
+            if assigned:
+                return [v for value in assigned for v in self.values(value, depth)]
+        namespace = vars(importlib.import_module(self.module(expr)))
+        if expr.id in namespace:
+            return [namespace[expr.id]]
+        raise _Unresolved(f"{expr.id} is no module-level name")
+
+    def _parameter(self, func: _Function, name: str, depth: int) -> list[Any]:
+        # a guard naming the values it admits: `if name not in (A, B, C): raise …`
+        for node in ast.walk(func):
+            if (
+                isinstance(node, ast.Compare)
+                and isinstance(node.left, ast.Name)
+                and node.left.id == name
+                and [type(op) for op in node.ops] == [ast.NotIn]
+                and isinstance(node.comparators[0], ast.Tuple | ast.List | ast.Set)
+            ):
+                return [v for e in node.comparators[0].elts for v in self.values(e, depth + 1)]
+        # else what its callers pass (by position or name), or its default
+        a = func.args
+        positional = [p.arg for p in (*a.posonlyargs, *a.args)]
+        if isinstance(self.parents.get(func), ast.ClassDef) and positional[:1] in (
+            ["self"],
+            ["cls"],
+        ):
+            positional = positional[1:]
+        defaults: dict[str, ast.expr] = dict(
+            zip(positional[len(positional) - len(a.defaults) :], a.defaults, strict=True)
+        )
+        defaults |= {k.arg: d for k, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d}
+        index = positional.index(name) if name in positional else None
+        out: list[Any] = []
+        callers = 0
+        for call in self.calls:
+            if _callee(call) != func.name:
+                continue
+            arg = next((k.value for k in call.keywords if k.arg == name), None)
+            if arg is None and index is not None and index < len(call.args):
+                arg = call.args[index]
+            arg = arg if arg is not None else defaults.get(name)
+            if arg is None:
+                continue  # another function of the same name
+            callers += 1
+            out.extend(self.values(arg, depth + 1))
+        if not callers:
+            raise _Unresolved(f"no caller passes {func.name}({name}=…)")
+        return out
+
+
+def _discover() -> tuple[set[str], list[str]]:
+    return _ActionFinder(REPO / "src" / "proofplane").actions()
+
+
+def _recorded_actions() -> set[str]:
+    """Every action the code can record (see ``_ActionFinder``)."""
+    return _discover()[0]
+
+
+def test_every_recording_call_resolves_to_its_actions() -> None:
+    found, unresolved = _discover()
+    # a new kind of dynamic action: teach _ActionFinder, or name its values in _KNOWN_EXPANSIONS
+    assert unresolved == []
+    # the dynamic forms the finder must see through, each with one action it yields
+    assert {
+        "workload.succeeded",  # f"workload.{status.value}" over finish()'s callers
+        "node.engine_drain",  # f"node.engine_{what}" over _node_call()'s callers
+        "change.approve",  # f"change.{decision}" over the guard's rules.APPROVE, …
+        "key.disable",  # "key.disable" if disabled else "key.enable"
+        "key.enable",
+    } <= found
+    # constants passed by name resolve to their module-level values
+    for module, constant in (
+        ("proofplane.service.runbooks", "PUBLISH_ACTION"),
+        ("proofplane.service.decommission", "SANITISE_ACTION"),
+    ):
+        value = getattr(importlib.import_module(module), constant, None)
+        if value is not None:
+            assert value in found, constant
 
 
 def test_every_action_the_code_records_maps_to_a_valid_event() -> None:
@@ -382,6 +582,30 @@ def test_every_action_the_code_records_maps_to_a_valid_event() -> None:
                 if errs:
                     problems[(action, outcome.value, target_type)] = errs
     assert problems == {}
+
+
+def test_an_incident_is_one_detection_finding_from_open_to_close() -> None:
+    ts = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+    steps = [
+        ("incident.open", {"severity": "high", "subject": "gpu-node-3"}),
+        ("incident.update", {"severity": {"from": "high", "to": "critical"}}),
+        ("incident.update", {"owner": {"from": None, "to": "ops1"}}),
+        ("incident.close", {"from": "mitigated", "to": "closed", "postmortem": "…"}),
+    ]
+    out = [
+        ocsf.to_ocsf(Event(i, ts, "ops1", action, "incident", "42", Outcome.SUCCESS, details),
+                     b"\x03" * 32, product_version="1", hostname="cp-1")
+        for i, (action, details) in enumerate(steps, 1)
+    ]  # fmt: skip
+    assert [e["class_uid"] for e in out] == [2004] * 4
+    assert [e["type_uid"] for e in out] == [200401, 200402, 200402, 200403]
+    assert {e["finding_info"]["uid"] for e in out} == {"proofplane-incident-42"}
+    assert [e["severity_id"] for e in out] == [4, 5, 0, 0]  # Unknown when not carried
+    assert [e["severity"] for e in out] == ["High", "Critical", "Unknown", "Unknown"]
+    assert all(_errors(e) == [] for e in out)
+    alert = ocsf.to_ocsf(Event(9, ts, "system", "alert.change_review_overdue", "change", "7",
+                               Outcome.SUCCESS, {}), b"\x03" * 32, product_version="1")  # fmt: skip
+    assert alert["severity_id"] == 4 and alert["finding_info"]["uid"] == "proofplane-9"
 
 
 def test_an_unsupported_ocsf_version_is_refused() -> None:

@@ -63,7 +63,8 @@ CATEGORY_NAMES = {
 OTHER = 99
 FINDINGS = (COMPLIANCE_FINDING, DETECTION_FINDING)
 
-SEVERITIES = {1: "Informational", 2: "Low", 3: "Medium", 4: "High", 5: "Critical"}
+SEVERITIES = {0: "Unknown", 1: "Informational", 2: "Low", 3: "Medium", 4: "High", 5: "Critical"}
+_INCIDENT = "incident."
 _ALERT_SEVERITY = {"informational": 1, "low": 2, "medium": 3, "high": 4, "critical": 5}
 
 # NIST SP 800-53 Rev. 5 SI-7 (software, firmware and information integrity): what a measured
@@ -113,10 +114,15 @@ _EXACT: dict[str, tuple[int, int, str]] = {
     "node.attest": (COMPLIANCE_FINDING, 1, "Create"),
     "node.certification.grant": (COMPLIANCE_FINDING, 1, "Create"),
     "node.certification.revoke": (COMPLIANCE_FINDING, 3, "Close"),
+    # Detection Finding: 1 Create, 2 Update, 3 Close (an incident's life is one finding's)
+    "incident.open": (DETECTION_FINDING, 1, "Create"),
+    "incident.update": (DETECTION_FINDING, 2, "Update"),
+    "incident.close": (DETECTION_FINDING, 3, "Close"),
 }
 # First matching prefix wins.
 _PREFIX: list[tuple[str, tuple[int, int, str]]] = [
     ("alert.", (DETECTION_FINDING, 1, "Create")),
+    ("incident.", (DETECTION_FINDING, 2, "Update")),
     ("compliance.", (COMPLIANCE_FINDING, 1, "Create")),
     ("auth.", (AUTHENTICATION, OTHER, "")),
     ("mfa.", (ACCOUNT_CHANGE, OTHER, "")),
@@ -134,8 +140,12 @@ _VERBS = {
     "register": (1, "Create"),
     "load": (1, "Create"),
     "issue": (1, "Create"),
+    "publish": (1, "Create"),
     "read": (2, "Read"),
     "update": (3, "Update"),
+    "edit": (3, "Update"),
+    "apply": (3, "Update"),
+    "expire": (3, "Update"),
     "set": (3, "Update"),
     "quota": (3, "Update"),
     "place": (3, "Update"),
@@ -143,6 +153,9 @@ _VERBS = {
     "running": (3, "Update"),
     "dispatch": (3, "Update"),
     "cancel": (3, "Update"),
+    "succeeded": (3, "Update"),
+    "failed": (3, "Update"),
+    "cancelled": (3, "Update"),
     "evict": (3, "Update"),
     "state": (3, "Update"),
     "repartition": (3, "Update"),
@@ -178,7 +191,15 @@ def severity_id(event: Event, cls: ClassActivity) -> int:
     """1 Informational, 2 Low, 3 Medium, 4 High, 5 Critical."""
     details = _details(event)
     if cls.class_uid == DETECTION_FINDING:
-        return _ALERT_SEVERITY.get(str(details.get("severity", "")).lower(), 4)
+        raw = details.get("severity")
+        if isinstance(raw, dict):  # an incident's severity changed: {"from": …, "to": …}
+            raw = raw.get("to")
+        known = _ALERT_SEVERITY.get(str(raw or "").lower())
+        if known is not None:
+            return known
+        # an alert without one is High; an incident event that does not carry the incident's
+        # severity (an update of its owner, its close) leaves it Unknown
+        return 0 if event.action.startswith(_INCIDENT) else 4
     if event.action == "node.attest" and event.outcome is not Outcome.SUCCESS:
         return 4 if details.get("enforce", True) else 3
     if event.outcome is Outcome.DENIED:
@@ -318,9 +339,13 @@ def _class_fields(
         return _compliance_finding(event, cls, details)
     if cls.class_uid == DETECTION_FINDING:
         resource = {"type": event.target_type, "uid": event.target_id, "name": event.target_id}
+        # an incident's events (open, update, close) are one finding's life: one uid
+        incident = event.action.startswith(_INCIDENT)
         return {
             "finding_info": {
-                "uid": f"proofplane-{event.seq}",
+                "uid": f"proofplane-incident-{event.target_id}"
+                if incident
+                else f"proofplane-{event.seq}",
                 "title": f"{event.action} on {event.target_type} {event.target_id}",
                 "types": [event.action],
                 "created_time": epoch_millis(event.ts),
