@@ -195,6 +195,7 @@ EXAMPLES: dict[tuple[str, str], Any] = {
     ("POST", f"{API}/changes/{{change_id}}/review"): {"comment": "reviewed"},
     ("POST", f"{API}/changes/{{change_id}}/apply"): {"comment": "go"},
     ("POST", f"{API}/changes/{{change_id}}/cancel"): {"comment": "withdrawn"},
+    ("PUT", f"{API}/changes/rules/{{change_type}}"): {"approvals": 2, "roles": ["admin"]},
     ("POST", f"{API}/incidents"): {"subject": TENANT, "reason": "fuzz", "severity": "low"},
     ("PATCH", f"{API}/incidents/{{incident_id}}"): {"severity": "high", "note": "n"},
     ("POST", f"{API}/incidents/{{incident_id}}/close"): {"postmortem": "done"},

@@ -421,6 +421,10 @@ MATRIX: dict[tuple[str, str], Entry] = {
         )
         for action in ("rotate", "rewrap", "disable", "enable")
     },
+    # destroying a version: "secrets" has no version 99 (a stable answer whatever ran first)
+    ("POST", f"{API}/keys/{{name}}/versions/{{version}}/destroy"): Entry(
+        P.KEYS_WRITE, fixed(f"{API}/keys/secrets/versions/99/destroy"), 404
+    ),
     ("GET", f"{API}/audit/entries"): Entry(
         P.AUDIT_READ, fixed(f"{API}/audit/entries", params={"start": 0, "end": 2}), 200
     ),
@@ -547,6 +551,14 @@ MATRIX: dict[tuple[str, str], Entry] = {
         P.CHANGES_READ, fixed(f"{API}/changes/export", params={"format": "csv"}), 200
     ),
     ("GET", f"{API}/changes/{{change_id}}"): Entry(P.CHANGES_READ, fixed(f"{API}/changes/1"), 404),
+    # approval rules: read with changes:read; setting one is an admin's (the service says so),
+    # so the matrix sends a malformed body every signed-in identity gets 422 for
+    ("GET", f"{API}/changes/rules"): Entry(P.CHANGES_READ, fixed(f"{API}/changes/rules"), 200),
+    ("PUT", f"{API}/changes/rules/{{change_type}}"): Entry(
+        "signed-in",
+        fixed(f"{API}/changes/rules/quota.set", json={"approvals": "two", "roles": []}),
+        422,
+    ),
     ("PATCH", f"{API}/changes/{{change_id}}"): Entry(
         "signed-in", fixed(f"{API}/changes/1", json={"payload": {}}), 404
     ),

@@ -7,19 +7,25 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query, Response, status
+from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from pydantic import BaseModel, Field
 
 from proofplane.access import Actor
 from proofplane.access import Permission as P
-from proofplane.api.deps import get_store, requires
+from proofplane.api.deps import get_settings, get_store, requires
 from proofplane.api.schemas import BodyIn, ErrorResponse
+from proofplane.service import changes as changes_svc
 from proofplane.service import key_inventory as inventory
 from proofplane.service.context import Store
 
 _ERRORS = {
     404: {"model": ErrorResponse, "description": "no such key (key_not_found)"},
-    409: {"model": ErrorResponse, "description": "the key exists, or is disabled"},
+    409: {
+        "model": ErrorResponse,
+        "description": "the key exists, or is disabled; destroying a "
+        "version: key_version_in_use (rewrap first), key_version_destroyed, "
+        "change_request_required (change control on: a key.destroy change, two approvals)",
+    },
     422: {"model": ErrorResponse, "description": "a bad key name, or the wrong purpose"},
     503: {"model": ErrorResponse, "description": "the KMS cannot be used now"},
 }
@@ -142,3 +148,22 @@ def enable_key(
     name: str, store: StoreDep, actor: Annotated[Actor, Depends(requires(P.KEYS_WRITE))]
 ) -> KeyOut:
     return KeyOut.of(inventory.disable_key(store, actor, name, False))
+
+
+@router.post("/{name}/versions/{version}/destroy")
+def destroy_version(
+    name: str,
+    version: Annotated[int, Path(ge=1, le=1_000_000)],
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.KEYS_WRITE))],
+    request: Request,
+) -> KeyOut:
+    """Destroy a superseded version for good: what it sealed never opens again. Refused
+    while stored secrets are sealed under it (409 ``key_version_in_use``: rewrap first). With
+    change control on this is a ``key.destroy`` change under dual control (two approvals): 409
+    ``change_request_required`` names the request that would do it, nothing is written."""
+    inventory.check_destroy(store, actor, name, version)
+    changes_svc.gate(
+        get_settings(request).change_control, "key.destroy", {"key": name, "version": version}
+    )
+    return KeyOut.of(inventory.destroy_version(store, actor, name, version))

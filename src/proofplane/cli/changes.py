@@ -429,3 +429,60 @@ def export(
     rows = text.count("\n") - 1 if fmt == "csv" else len(json.loads(text)["items"])
     render.print_line(f"wrote {rows} change{'s' if rows != 1 else ''} to {output}; prove an "
                       "event with proofplane audit prove --index INDEX")  # fmt: skip
+
+
+# --- approval rules ----------------------------------------------------------------------------
+
+rules_app = typer.Typer(
+    help="Approval rules: how many people, holding which roles, approve each change type.",
+    no_args_is_help=True,
+)
+app.add_typer(rules_app, name="rules")
+
+
+def rules_table(items: list[dict[str, Any]]) -> Table:
+    table = Table(header_style="bold", caption_justify="left")
+    for col in ("TYPE", "APPROVALS", "ROLES", "SOURCE"):
+        table.add_column(col)
+    for r in items:
+        source = r["source"]
+        if source == "set":
+            source = f"set by {r.get('updated_by')} at {render.timestamp(r.get('updated_at'))}"
+        table.add_row(render.text(r["type"]), render.text(r["approvals"]),
+                      render.text(", ".join(r["roles"])), render.text(source))  # fmt: skip
+    return table
+
+
+@rules_app.command("list")
+def rules_list(ctx: typer.Context, as_json: bool = JsonOpt) -> None:
+    """Every change type's rule (set by an admin, or the default)."""
+    data = fetch(ctx, f"{API}/rules")
+    if as_json:
+        render.print_json(data)
+    else:
+        render.print_list(rules_table(data["items"]), len(data["items"]), "rule", None)
+
+
+@rules_app.command("set")
+def rules_set(
+    ctx: typer.Context,
+    change_type: str = typer.Argument(..., metavar="TYPE", help="e.g. certification.grant"),
+    approvals: int = typer.Option(..., "--approvals", "-n", min=1, help="Distinct approvers."),
+    roles: list[str] = typer.Option(
+        ..., "--role", "-r", help="Who may approve (repeat): admin, security-officer, tenant-admin."
+    ),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Set a change type's approval rule (admins). With change control on, a change.rules
+    change is requested instead (it may loosen control: two other people approve it)."""
+    from proofplane.cli.nodes import governed
+
+    body = {"approvals": approvals, "roles": roles}
+    rule = governed(ctx, "PUT", f"{API}/rules/{segment(change_type)}", body, as_json)
+    if rule is None:
+        return
+    if as_json:
+        render.print_json(rule)
+    else:
+        render.print_line(f"{rule['type']} now needs {rule['approvals']} approval(s) from "
+                          f"{', '.join(rule['roles'])}")  # fmt: skip

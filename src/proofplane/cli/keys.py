@@ -175,3 +175,20 @@ def rewrap(
         render.print_line(
             f"key {name}: {total} secret(s) rewrapped; all under version {last['version']}"
         )
+
+
+@app.command("destroy")
+def destroy(
+    ctx: typer.Context,
+    name: str = NameArg,
+    version: int = typer.Argument(..., min=1, help="The superseded version to destroy."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Destroy a superseded version for good (rewrap first: refused while secrets are sealed
+    under it). With change control on, a key.destroy change is requested instead (two other
+    people approve it) and its id printed."""
+    from proofplane.cli.nodes import governed
+
+    key = governed(ctx, "POST", f"{API}/{segment(name)}/versions/{version}/destroy", {}, as_json)
+    if key is not None:
+        _out(key, as_json, f"key {key['name']}: version {version} destroyed")

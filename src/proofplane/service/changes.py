@@ -254,6 +254,13 @@ def _key_destroy(store: Store, actor: Actor, p: KeyDestroy, *, change_id: int | 
     return destroy_version(store, actor, p.key, p.version, change_id=change_id).to_json()
 
 
+def _check_key_destroy(store: Store, p: KeyDestroy) -> None:
+    from proofplane.access import SYSTEM
+    from proofplane.service.key_inventory import check_destroy
+
+    check_destroy(store, SYSTEM, p.key, p.version)
+
+
 def _reenroll(store: Store, actor: Actor, p: NodeReenroll, *, change_id: int | None = None) -> Any:
     from proofplane.service.decommission import reenroll
 
@@ -291,6 +298,7 @@ for _t in (
                check=_check_mig_layout,
                summary=lambda p: f"set GPU {p.gpu} of node {p.node} to [{', '.join(p.layout)}]"),
     ChangeType("key.destroy", KeyDestroy, Permission.KEYS_WRITE, _key_destroy,
+               check=_check_key_destroy,
                summary=lambda p: f"destroy version {p.version} of key {p.key}"),
     ChangeType("node.reenroll", NodeReenroll, Permission.NODES_WRITE, _reenroll,
                check=_check_reenroll,

@@ -42,6 +42,7 @@ from proofplane.keys import SIGN, KeyDisabled, KmsError
 from proofplane.model import NodeState
 from proofplane.service import keys as keys_svc
 from proofplane.service.audit import AuditKeys
+from proofplane.service.changes import control_mode
 from proofplane.service.context import Store, Tx
 from proofplane.service.events import event_from_row
 from proofplane.service.lifecycle import change_node_state, workloads_on
@@ -283,7 +284,7 @@ def open_incident(
             assert tenant is not None
             held = [_held(w) for w in _tenant_workloads(s, tenant)]
             quarantine = {"quarantined": False}
-        raw, checkpoint_size = _capture(tx, kms, keys, row, held)
+        raw, checkpoint_size = _capture(tx, kms, keys, row, held, control_mode(store))
         digest = hashlib.sha256(raw).hexdigest()
         row.bundle, row.bundle_sha256 = raw, digest
         tx.record(
@@ -556,9 +557,16 @@ def _sign_checkpoint(
 
 
 def _capture(
-    tx: Tx, kms: keys_svc.Kms, keys: AuditKeys, incident: IncidentRow, held: list[dict[str, Any]]
+    tx: Tx,
+    kms: keys_svc.Kms,
+    keys: AuditKeys,
+    incident: IncidentRow,
+    held: list[dict[str, Any]],
+    change_control: str = "off",
 ) -> tuple[bytes, int]:
-    """The evidence bundle's bytes and the size of the checkpoint it is proved against."""
+    """The evidence bundle's bytes and the size of the checkpoint it is proved against;
+    ``change_control``: the mode the server ran under (``enforce`` | ``off``), evidence of
+    whether trust-bearing changes needed approvals then."""
     s = tx.session
     signed, verifier, size = _sign_checkpoint(tx, kms, keys)
     events = _about(s, incident.subject_type, incident.subject, size)
@@ -594,6 +602,7 @@ def _capture(
         "opened_at": incident.opened_at.isoformat(),
         "held_at_open": held,
         "placement_history": history,
+        "change_control": change_control,
     }
     if incident.subject_type == "node":
         nrow = node_row(s, incident.subject)

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from proofplane.access import Actor, Permission, authorize
 from proofplane.audit.export.config import SECRET_FIELDS
 from proofplane.errors import Conflict, ProofplaneError, ValidationFailed
-from proofplane.keys import ENCRYPT, SIGN, check_key_name, envelope
+from proofplane.keys import ENCRYPT, SIGN, KeyDisabled, KeyNotFound, check_key_name, envelope
 from proofplane.service import keys as keys_svc
 from proofplane.service.context import Store
 from proofplane.store.tables import AuditCheckpointRow, SinkRow
@@ -307,21 +307,49 @@ def destroy_version(
         raise ValidationFailed("version is a whole number from 1", code="invalid_version")
     kms = keys_svc.kms_for(store)
     with store.write(actor) as tx:
-        view = keys_svc.get_key(tx.session, name)
-        if view.purpose == ENCRYPT:
-            inside = in_version(tx.session, name, version)
-            if any(inside.values()):
-                raise Conflict(
-                    f"{sum(inside.values())} stored secrets are still sealed under version "
-                    f"{version} of key {name!r}: rewrap them first (proofplane keys rewrap "
-                    f"{name}), then destroy the version",
-                    code="key_version_in_use",
-                    details={"key": name, "version": version,
-                             "protects": {k: n for k, n in inside.items() if n}},
-                )  # fmt: skip
+        refuse_destroy(tx.session, name, version)
         view = kms.destroy_version(tx, name, version, change_id=change_id)
     with store.read() as s:
         return _info(store, s, view)
+
+
+def check_destroy(store: Store, actor: Actor, name: str, version: int) -> None:
+    """Whether ``destroy_version`` would be refused now (a ``key.destroy`` change is checked
+    when it is asked for, and again when it applies)."""
+    authorize(actor, Permission.KEYS_WRITE)
+    check_key_name(name)
+    with store.read() as session:
+        refuse_destroy(session, name, version)
+
+
+def refuse_destroy(session: Session, name: str, version: int) -> None:
+    """Raise why version ``version`` of ``name`` may not be destroyed: no such key or version
+    (404), the current version or an already destroyed one, or (409 ``key_version_in_use``)
+    stored secrets still sealed under it."""
+    view = keys_svc.get_key(session, name)
+    found = next((v for v in view.versions if v.version == version), None)
+    if found is None:
+        raise KeyNotFound(f"key {name!r} has no version {version}",
+                          details={"key": name, "version": version})  # fmt: skip
+    if version == view.current_version:
+        raise KeyDisabled("the current version cannot be destroyed: rotate first",
+                          details={"key": name, "version": version})  # fmt: skip
+    if found.destroyed_at is not None:
+        raise Conflict(f"version {version} of key {name!r} is already destroyed",
+                       code="key_version_destroyed",
+                       details={"key": name, "version": version})  # fmt: skip
+    if view.purpose != ENCRYPT:
+        return
+    inside = in_version(session, name, version)
+    if any(inside.values()):
+        raise Conflict(
+            f"{sum(inside.values())} stored secrets are still sealed under version "
+            f"{version} of key {name!r}: rewrap them first (proofplane keys rewrap "
+            f"{name}), then destroy the version",
+            code="key_version_in_use",
+            details={"key": name, "version": version,
+                     "protects": {k: n for k, n in inside.items() if n}},
+        )  # fmt: skip
 
 
 def in_version(session: Session, name: str, version: int) -> dict[str, int]:
