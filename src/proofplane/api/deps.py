@@ -19,6 +19,7 @@ from fastapi import Depends, Request, Response
 
 from proofplane.access import Actor, Forbidden, Permission, Unauthenticated, authorize
 from proofplane.access.credentials import csrf_token
+from proofplane.api.tls_scope import CLIENT_CA
 from proofplane.config import Settings
 from proofplane.service import pki
 from proofplane.service.access import IssuedToken, authenticate
@@ -88,7 +89,12 @@ def current_actor(request: Request) -> Actor:
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthenticated("use Authorization: Bearer <token>", code="invalid_token")
-        return authenticate(store, token.strip(), now)
+        actor = authenticate(store, token.strip(), now)
+        if mutual_tls(request) and route_path(request) not in BEARER_AGENT_ROUTES:
+            # A node that holds an accepted certificate uses it: its bearer agent credential
+            # only enrolls and asks for a certificate (issue 13).
+            pki.refuse_bearer_when_certified(store, actor, now)
+        return actor
     cookie = request.cookies.get(SESSION_COOKIE)
     if cookie:
         actor = authenticate(store, cookie, now)
@@ -104,6 +110,30 @@ def current_actor(request: Request) -> Actor:
         # that its node is still in service.
         return pki.actor_for_certificate(store, cert, now)
     raise Unauthenticated("authentication required: send Authorization: Bearer <token>")
+
+
+# The routes where a node agent's bearer credential stays good on a mutual-TLS server even
+# while its node holds a certificate: first enrollment (and a new AK), and asking for a
+# certificate (an agent whose certificate is gone gets a new one this way).
+BEARER_AGENT_ROUTES = frozenset(
+    {
+        "/api/v1/nodes/{name}/attestation/enroll",
+        "/api/v1/nodes/{name}/attestation/activate",
+        "/api/v1/nodes/{name}/agent-certificate",
+    }
+)
+
+
+def route_path(request: Request) -> str | None:
+    """The matched route's path template (``/api/v1/nodes/{name}/…``), or None."""
+    return getattr(request.scope.get("route"), "path", None)
+
+
+def mutual_tls(request: Request) -> bool:
+    """Whether this connection's server verifies client certificates (``--tls-client-ca``):
+    set by ``api.tls_scope.ClientCertProtocol`` on every request of such a connection."""
+    tls = (request.scope.get("extensions") or {}).get("tls") or {}
+    return bool(tls.get(CLIENT_CA))
 
 
 def client_certificate(request: Request) -> bytes | None:

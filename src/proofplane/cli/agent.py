@@ -17,9 +17,11 @@ server then rejects the round if its policy needs one (``inventory_missing``).
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,9 @@ from proofplane.hardware import nvml
 DEFAULT_EVENTLOG = Path("/sys/kernel/security/tpm0/binary_bios_measurements")
 EK_HANDLE = "0x81010001"
 AK_HANDLE = "0x81010002"
+# The server's answer to a bearer agent credential once the node holds a certificate (mutual
+# TLS; service/pki.py's CERTIFICATE_REQUIRED: the agent talks to the server over the API only).
+CERTIFICATE_REQUIRED = "agent_certificate_required"
 
 
 class TpmError(CliError):
@@ -189,10 +194,10 @@ def agent(
             inv = recorded if inventory is not None else gpu_inventory(None)
             try:
                 log = _read_eventlog(eventlog)
-                with _client(server, token, cert_dir) as api:
-                    result = attest_once(api, node, tpm, ak=ak, ek=ek, eventlog=log, inventory=inv)
-                    if cert_dir is not None and result["verdict"]["ok"]:
-                        renew_certificate(api, node, cert_dir)
+                attest = functools.partial(
+                    attest_once, node=node, tpm=tpm, ak=ak, ek=ek, eventlog=log, inventory=inv
+                )
+                result = attest_round(server, token, node, cert_dir, attest)
             except (TpmToolError, ServerUnreachable, ApiError) as exc:
                 error = TpmError(exc.message) if isinstance(exc, TpmToolError) else exc
                 if once or not _transient(exc):
@@ -211,6 +216,47 @@ def agent(
                     raise typer.Exit(1)
                 return
             time.sleep(interval)
+
+
+def attest_round(
+    server: str,
+    token: str,
+    node: str,
+    cert_dir: Path | None,
+    attest: Callable[[ApiClient], dict[str, Any]],
+) -> dict[str, Any]:
+    """One round (``attest`` on a connection) over the channel the agent should use now, and a
+    certificate renewal after a passing one (with ``cert_dir``). It falls back once, at once:
+    a certificate the server refuses (revoked, or the node's latest attestation failed) is set
+    aside and the round runs on the bearer credential; a bearer credential the server refuses
+    because the node holds a certificate (``agent_certificate_required``: a mutual-TLS server,
+    and this agent lost its certificate) asks for a new certificate with the credential, the
+    one thing it may still do, and the round runs on that."""
+    for last in (False, True):
+        with_cert = channel.current(cert_dir) is not None
+        try:
+            with _client(server, token, cert_dir) as api:
+                result = attest(api)
+                if cert_dir is not None and result["verdict"]["ok"]:
+                    renew_certificate(api, node, cert_dir)
+                return result
+        except ApiError as exc:
+            if last:
+                raise
+            if with_cert and exc.status == 401:
+                continue  # set aside by _CertClient: the credential now
+            if with_cert or exc.code != CERTIFICATE_REQUIRED:
+                raise
+            if cert_dir is None:
+                raise CliError(
+                    f"proofplane agent: node {node} holds an agent certificate and this server "
+                    "takes the agent credential only to enroll and to issue certificates: run "
+                    "the agent with --cert-dir",
+                    exit_code=1,
+                ) from None
+            with ApiClient(server, token=token) as api:
+                renew_certificate(api, node, cert_dir)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _client(server: str, token: str, cert_dir: Path | None) -> ApiClient:

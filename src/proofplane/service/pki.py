@@ -8,7 +8,14 @@ attestation passed. When the node is quarantined, fails or is decommissioned
 (``revoke_node``, called from the node lifecycle) every certificate of it is revoked at once
 and listed on the CRL; an operator can revoke one by serial. A certificate presented on a
 TLS connection (``actor_for_certificate``) acts as ``node:<name>`` while it is valid, not
-revoked and the node still admitted.
+revoked, the node still in service and its latest attestation passed (a round that failed under
+a policy that does not quarantine leaves the node admitted, but its certificate is not accepted,
+nor renewed, until a round passes again).
+
+On a server with a client CA (mutual TLS), a node that holds such a certificate must use it:
+``refuse_bearer_when_certified`` refuses its bearer agent credential (401
+``agent_certificate_required``) everywhere but enrolling and asking for a certificate, the
+credential's "first enrollment" uses (and the way back for an agent that lost its certificate).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from proofplane.access import Actor, Permission, authorize
 from proofplane.access.authz import Unauthenticated
@@ -256,9 +264,33 @@ def crl_der(store: Store, cluster_id: str, now: datetime | None = None) -> bytes
                         now=when)  # fmt: skip
 
 
+CERTIFICATE_REQUIRED = "agent_certificate_required"
+
+
+def _not_accepted(session: Session, node: NodeRow | None, name: str) -> tuple[str, str] | None:
+    """Why the node's certificates are not accepted now, (message, code), or None: the node
+    left service, or its latest attestation did not pass."""
+    if node is None or NodeState(node.state) in REVOKING_STATES:
+        return f"node {name!r} is not in service", "agent_certificate_revoked"
+    latest_ok = session.scalar(
+        select(EvidenceRow.ok)
+        .where(EvidenceRow.node_id == node.id)
+        .order_by(EvidenceRow.id.desc())
+        .limit(1)
+    )
+    if not latest_ok:
+        return (
+            f"node {name!r}'s latest attestation did not pass (attest again with the agent "
+            "credential; a passing round gets a new certificate)",
+            "node_not_attested",
+        )
+    return None
+
+
 def actor_for_certificate(store: Store, cert_der: bytes, now: datetime) -> Actor:
     """The node agent a client certificate stands for: issued by our CA, valid, not revoked,
-    and its node still admitted. ``Unauthenticated`` otherwise."""
+    its node still in service and its latest attestation passed. ``Unauthenticated``
+    otherwise."""
     material = _read_ca(store)
     if material is None:
         raise Unauthenticated("no agent certificates are issued here",
@@ -277,10 +309,47 @@ def actor_for_certificate(store: Store, cert_der: bytes, now: datetime) -> Actor
         if row.revoked_at is not None:
             raise Unauthenticated("client certificate refused: revoked",
                                   code="agent_certificate_revoked")  # fmt: skip
-        if node is None or NodeState(node.state) in REVOKING_STATES:
-            raise Unauthenticated(f"client certificate refused: node {name!r} is not in service",
-                                  code="agent_certificate_revoked")  # fmt: skip
+        refused = _not_accepted(session, node, name)
+        if refused is not None:
+            raise Unauthenticated(f"client certificate refused: {refused[0]}", code=refused[1])
     return Actor(f"node:{name}", token_id=f"x509:{row.serial}")
+
+
+def holds_certificate(store: Store, name: str, now: datetime) -> bool:
+    """Whether node ``name`` holds a certificate the server would accept now: issued, in its
+    validity period, not revoked, and the node's certificates accepted (``_not_accepted``)."""
+    with store.read() as session:
+        live = session.scalar(
+            select(AgentCertRow.serial)
+            .where(
+                AgentCertRow.node_name == name,
+                AgentCertRow.revoked_at.is_(None),
+                AgentCertRow.not_before <= now,
+                AgentCertRow.not_after > now,
+            )
+            .limit(1)
+        )
+        if live is None:
+            return False
+        node = session.scalar(select(NodeRow).where(NodeRow.name == name))
+        return _not_accepted(session, node, name) is None
+
+
+def refuse_bearer_when_certified(store: Store, actor: Actor, now: datetime) -> None:
+    """On a mutual-TLS server: a node agent's bearer credential is refused (401
+    ``agent_certificate_required``) while its node holds a certificate the server accepts; the
+    caller (``api.deps``) exempts the routes that enroll and issue certificates. Anyone else,
+    and an agent that connected with its certificate, passes."""
+    name = agent_node(actor)
+    if name is None or actor.token_id is None or actor.token_id.startswith("x509:"):
+        return
+    if holds_certificate(store, name, now):
+        raise Unauthenticated(
+            f"node {name!r} holds an agent certificate: connect with it (mutual TLS); the "
+            "bearer agent credential is for enrolling and asking for a certificate only",
+            code=CERTIFICATE_REQUIRED,
+            details={"node": name},
+        )
 
 
 def forget_cached_ca() -> None:
