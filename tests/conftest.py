@@ -12,7 +12,6 @@ import os
 import uuid
 import warnings
 from collections.abc import Iterator
-from importlib import resources
 from pathlib import Path
 
 import psycopg
@@ -23,6 +22,7 @@ warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testcli
 from fastapi.testclient import TestClient
 
 from ci import unavailable
+from dbtest import ADMIN_TOKEN, PG_ADMIN, demo_text, pg_admin, pg_url
 from proofplane.access import SYSTEM
 from proofplane.api.app import create_app
 from proofplane.hardware.cluster_file import parse_cluster
@@ -31,7 +31,6 @@ from proofplane.service.cluster import load_cluster
 from proofplane.service.context import Store
 from proofplane.store import migrate
 
-PG_ADMIN = os.environ.get("PROOFPLANE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 # The CLI renders Rich tables to the width of the terminal; test output is no terminal, and
 # pytest-xdist workers get none of the parent's size either: pin a wide one so the assertions
 # on table cells do not depend on how the suite is run.
@@ -40,13 +39,8 @@ os.environ["COLUMNS"] = "200"
 RUN_ID = uuid.uuid4().hex[:8]
 
 
-def _pg_url(dbname: str) -> str:
-    base = PG_ADMIN.rsplit("/", 1)[0]
-    return f"{base}/{dbname}".replace("postgresql://", "postgresql+psycopg://", 1)
-
-
-def _admin() -> psycopg.Connection:
-    return psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=5)
+_pg_url = pg_url
+_admin = pg_admin
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -140,9 +134,6 @@ def store(db_url: str) -> Iterator[Store]:
     s.dispose()
 
 
-ADMIN_TOKEN = "ppt_test-admin-token-0123456789abcdef"
-
-
 @pytest.fixture
 def admin_token() -> str:
     return ADMIN_TOKEN
@@ -158,10 +149,6 @@ def client(store: Store) -> Iterator[TestClient]:
         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
     ) as c:
         yield c
-
-
-def demo_text() -> str:
-    return (resources.files("proofplane") / "data" / "demo-cluster.yaml").read_text()
 
 
 @pytest.fixture

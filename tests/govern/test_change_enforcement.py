@@ -29,7 +29,7 @@ API = "/api/v1"
 
 @pytest.fixture
 def store(tmp_path: Path) -> Store:
-    from conftest import demo_text
+    from dbtest import demo_text
 
     s = Store(f"sqlite:///{tmp_path / 'gov.db'}")
     migrate.upgrade(s.engine)

@@ -329,7 +329,7 @@ def test_api_list_and_show(client: TestClient, store: Store) -> None:
 
 def test_cli_list_and_show(store: Store, client: TestClient, tmp_path: Path,
                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    from conftest import ADMIN_TOKEN
+    from dbtest import ADMIN_TOKEN
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
     runner = CliRunner()

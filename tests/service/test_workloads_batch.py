@@ -16,7 +16,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from conftest import _admin, _pg_url, demo_text
+from dbtest import demo_text
+from dbtest import pg_admin as _admin
+from dbtest import pg_url as _pg_url
 from proofplane.access import SYSTEM
 from proofplane.errors import Conflict, NotFound, ValidationFailed
 from proofplane.hardware.cluster_file import parse_cluster

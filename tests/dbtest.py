@@ -1,0 +1,32 @@
+"""Database helpers shared by conftest.py and the tests that need them outside a fixture.
+
+A test module imports these from here, never ``from conftest import …``: with more than one
+conftest.py on the path (tests/keys, tests/siem) the name ``conftest`` is whichever was
+imported first, so such an import works alone and fails in a full run.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+
+import psycopg
+
+PG_ADMIN = os.environ.get("PROOFPLANE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+ADMIN_TOKEN = "ppt_test-admin-token-0123456789abcdef"
+
+
+def pg_url(dbname: str) -> str:
+    """The SQLAlchemy URL of database ``dbname`` on the test PostgreSQL server."""
+    base = PG_ADMIN.rsplit("/", 1)[0]
+    return f"{base}/{dbname}".replace("postgresql://", "postgresql+psycopg://", 1)
+
+
+def pg_admin() -> psycopg.Connection:
+    """An autocommit connection to the test server's maintenance database."""
+    return psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=5)
+
+
+def demo_text() -> str:
+    """The shipped demo cluster file."""
+    return (resources.files("proofplane") / "data" / "demo-cluster.yaml").read_text()
