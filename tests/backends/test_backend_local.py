@@ -207,3 +207,16 @@ def test_a_job_user_setting_that_is_no_user_name_is_refused() -> None:
         with pytest.raises(ValidationFailed) as raised:
             execution_from_env({"PROOFPLANE_LOCAL_JOB_USER": bad})
         assert raised.value.code == "invalid_setting"
+
+
+def test_the_ready_handshake_is_split_however_the_pipe_delivers_it() -> None:
+    """'ready' and the exec failure written right after it can arrive in one read (seen in a
+    loaded CI run: a missing binary read as a sandbox failure, exit 126 for 127)."""
+    from proofplane.backends._supervise import split_handshake
+
+    failed = b"exec-failed 127 [Errno 2] No such file"
+    assert split_handshake(b"ready\n" + failed) == (True, failed)
+    assert split_handshake(b"ready\n") == (True, b"")
+    assert split_handshake(b"ready") == (False, b"")  # cut short: no newline
+    assert split_handshake(b"error cannot drop to the job user") == (False, b"")
+    assert split_handshake(b"") == (False, b"")

@@ -141,6 +141,15 @@ def _run(spec: dict[str, Any], env: dict[str, str], out: Any, err: Any, cwd: str
     return _exit_result(_wait(proc))
 
 
+def split_handshake(received: bytes) -> tuple[bool, bytes]:
+    """Whether the stub said ``ready``, and what it wrote after it (an exec failure).
+    ``ready\n`` and an exec failure written right after it may arrive in one read."""
+    first, newline, rest = received.partition(b"\n")
+    if first == b"ready" and newline:
+        return True, rest
+    return False, b""
+
+
 def _read_message(fd: int) -> bytes:
     chunks = []
     while chunk := os.read(fd, 4096):
@@ -170,12 +179,13 @@ def _run_sandboxed(
     finally:
         os.close(ready_w)  # only the sandbox holds the write end now: EOF when it is gone
     with os.fdopen(ready_r, "rb", buffering=0) as ready:
-        first = _read_message(ready.fileno())
+        received = _read_message(ready.fileno())
         rc = _wait(proc)
-        rest = ready.read() or b""
-    if first != b"ready\n":
-        if first.startswith(b"error "):
-            return _sandbox_failed(first[6:].decode(errors="replace"))
+        received += ready.read() or b""
+    ready_seen, rest = split_handshake(received)
+    if not ready_seen:
+        if received.startswith(b"error "):
+            return _sandbox_failed(received[6:].decode(errors="replace"))
         with open(err_path, "rb") as f:  # what bwrap said
             f.seek(err_start)
             said = f.read(4096).decode(errors="replace").strip()
