@@ -19,6 +19,7 @@ import ast
 import importlib
 import itertools
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
@@ -93,13 +94,40 @@ def test_the_validator_accepts_a_conforming_event() -> None:
         (lambda e: e["metadata"].update(version="1.9.0"), "version_incompatible"),
         (lambda e: e["metadata"].update(version="one"), "version_invalid_format"),
         (lambda e: e["metadata"].update(uid=7), "attribute_wrong_type"),
+        # an object none of whose attributes is allowed (they all need an undeclared profile)
+        # is not open: what the event puts in it is unknown
+        (lambda e: _profile_only("service", "host"), "attribute_unknown"),
     ],
-)
+)  # fmt: skip
 def test_the_validator_catches(mutate: Any, code: str) -> None:
     event = _valid_api_activity()
-    mutate(event)
-    found = [f.code for f in ocsf_schema.errors(schema().validate(event))]
+    changed = mutate(event)  # a mutated event, or (here and there) a schema to validate against
+    against = changed if isinstance(changed, ocsf_schema.Schema) else schema()
+    found = [f.code for f in ocsf_schema.errors(against.validate(event))]
     assert code in found, found
+
+
+def _profile_only(name: str, profile: str) -> ocsf_schema.Schema:
+    """The 1.1.0 schema, but every attribute of object ``name`` belongs to ``profile``."""
+    s = schema()
+    item = s.objects[name]
+    attributes = {k: replace(a, profile=profile) for k, a in item.attributes.items()}
+    objects = {**s.objects, name: replace(item, attributes=attributes)}
+    return replace(s, objects=objects)
+
+
+def test_an_open_object_is_one_that_defines_nothing() -> None:
+    event = _valid_api_activity()
+    event["api"]["service"] = {"name": "proofplane"}
+    with_profile = _profile_only("service", "host")
+    found = ocsf_schema.errors(with_profile.validate(event))
+    assert [(f.code, f.path) for f in found] == [("attribute_unknown", "api.service.name")]
+    assert "'host' profile" in found[0].message
+    event["metadata"]["profiles"] = ["host"]
+    assert ocsf_schema.errors(with_profile.validate(event)) == []
+    # `unmapped` (type object, no attributes) stays open
+    event["unmapped"] = {"x": {"y": [1]}}
+    assert ocsf_schema.errors(with_profile.validate(event)) == []
 
 
 def test_unmapped_is_open_and_profiles_unlock_their_attributes() -> None:

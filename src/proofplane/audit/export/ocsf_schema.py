@@ -358,8 +358,9 @@ class _Validator:
                 self.value(value, path, attr)
             if attr.enum is not None:
                 self.enum(obj, parent, attr)
-        if not allowed:
-            return  # an open object (type "object"): anything goes
+        if not item.attributes:
+            return  # an open object (type "object", it defines nothing): anything goes
+        # (an object whose attributes all need an undeclared profile is closed, not open)
         for key in obj:
             if key not in allowed:
                 why = (
