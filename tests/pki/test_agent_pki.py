@@ -41,7 +41,7 @@ def store(tmp_path: Path) -> Store:
     return s
 
 
-def _attest(store: Store, name: str, *, passing: bool = True) -> None:
+def _attest(store: Store, name: str, *, passing: bool = True) -> SimulatedAttester:
     node = Node(name, "r1", "z1", gpus=(Gpu(0, f"GPU-{name}", "H100-80GB", 81920),))
     register_node(store, SYSTEM, node)
     att.set_policy(store, SYSTEM, POLICY, enforce=True)
@@ -55,6 +55,7 @@ def _attest(store: Store, name: str, *, passing: bool = True) -> None:
     evidence = a.evidence(nonce.nonce, list(nonce.pcrs))
     out = att.submit_evidence(store, actor, name, nonce.nonce, evidence, allow_simulated=True)
     assert out.verdict["ok"] and out.state == "admitted"
+    return a
 
 
 def _csr(*names: str, key: object | None = None) -> str:
@@ -179,4 +180,55 @@ def test_an_operator_revokes_by_serial_and_the_ca_key_is_sealed(store: Store) ->
     with store.read() as session:
         from proofplane.store.tables import PkiCaRow
 
-        assert session.get(PkiCaRow, 1).key_sealed.startswith("ppk1.secrets.")
+        ca_row = session.get(PkiCaRow, 1)
+        assert ca_row is not None and ca_row.key_sealed.startswith("ppk1.secrets.")
+
+
+def test_a_failed_round_that_does_not_quarantine_suspends_the_certificate(store: Store) -> None:
+    """Under a policy that does not enforce, a failed round leaves the node admitted; its
+    certificate is then not accepted, nor renewed, until a round passes again."""
+    a = _attest(store, "gpu-01")
+    agent = Actor("node:gpu-01")
+    out = pki.issue_agent_certificate(store, agent, "gpu-01", _csr("gpu-01"), cluster_id=CLUSTER)
+    now = dt.datetime.now(dt.UTC)
+    assert pki.actor_for_certificate(store, _der(out["certificate"]), now).name == "node:gpu-01"
+    assert pki.holds_certificate(store, "gpu-01", now)
+    strict = {**POLICY, "require_inventory": True, "min_driver": "550.0"}
+    att.set_policy(store, SYSTEM, strict, enforce=False)
+    nonce = att.issue_nonce(store, agent, "gpu-01")  # a round without a GPU inventory
+    evidence = a.evidence(nonce.nonce, list(nonce.pcrs))
+    failed = att.submit_evidence(store, agent, "gpu-01", nonce.nonce, evidence,
+                                 allow_simulated=True)  # fmt: skip
+    assert not failed.verdict["ok"] and failed.state == "admitted"
+    with pytest.raises(Unauthenticated) as refused:
+        pki.actor_for_certificate(store, _der(out["certificate"]), dt.datetime.now(dt.UTC))
+    assert refused.value.code == "node_not_attested"
+    assert not pki.holds_certificate(store, "gpu-01", dt.datetime.now(dt.UTC))
+    with pytest.raises(InvalidState) as no_renewal:
+        pki.issue_agent_certificate(store, agent, "gpu-01", _csr("gpu-01"), cluster_id=CLUSTER)
+    assert no_renewal.value.code == "node_not_attested"
+    att.set_policy(store, SYSTEM, POLICY, enforce=False)
+    nonce = att.issue_nonce(store, agent, "gpu-01")
+    assert att.submit_evidence(store, agent, "gpu-01", nonce.nonce,
+                               a.evidence(nonce.nonce, list(nonce.pcrs)),
+                               allow_simulated=True).verdict["ok"]  # fmt: skip
+    later = dt.datetime.now(dt.UTC)
+    assert pki.actor_for_certificate(store, _der(out["certificate"]), later).name == "node:gpu-01"
+
+
+def test_bearer_refusal_spares_people_and_certificate_connections(store: Store) -> None:
+    _attest(store, "gpu-01")
+    agent = Actor("node:gpu-01", token_id="tok-1")
+    now = dt.datetime.now(dt.UTC)
+    pki.refuse_bearer_when_certified(store, agent, now)  # no certificate yet: the credential
+    out = pki.issue_agent_certificate(store, agent, "gpu-01", _csr("gpu-01"), cluster_id=CLUSTER)
+    with pytest.raises(Unauthenticated) as refused:
+        pki.refuse_bearer_when_certified(store, agent, dt.datetime.now(dt.UTC))
+    assert refused.value.code == "agent_certificate_required"
+    assert refused.value.details == {"node": "gpu-01"}
+    by_cert = Actor("node:gpu-01", token_id=f"x509:{out['serial']}")
+    pki.refuse_bearer_when_certified(store, by_cert, dt.datetime.now(dt.UTC))
+    pki.refuse_bearer_when_certified(store, SYSTEM, dt.datetime.now(dt.UTC))
+    pki.refuse_bearer_when_certified(store, Actor("node:gpu-02", token_id="t"), now)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=2)  # expired: the credential again
+    pki.refuse_bearer_when_certified(store, agent, later)
