@@ -243,9 +243,9 @@ def _mig_layout(store: Store, actor: Actor, p: MigLayout, *, change_id: int | No
 
 
 def _check_mig_layout(store: Store, p: MigLayout) -> None:
-    from proofplane.service.mig_layout import parse_layout
+    from proofplane.service.mig_layout import check_mig_layout
 
-    parse_layout(p.layout)
+    check_mig_layout(store, p.node, p.gpu, p.layout)
 
 
 def _key_destroy(store: Store, actor: Actor, p: KeyDestroy, *, change_id: int | None = None) -> Any:

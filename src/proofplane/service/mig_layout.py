@@ -45,6 +45,34 @@ def _label(i: MigInstance) -> str:
     return f"{i.profile}@{i.start}"
 
 
+def _target(session: Any, node: str, gpu: int, wanted: tuple[MigInstance, ...]) -> Any:
+    """(node row, GPU row, SKU) when ``wanted`` fits that GPU; 404 or 422 otherwise."""
+    row = node_row(session, node)
+    gpu_row = next((g for g in row.gpus if g.index == gpu), None)
+    if gpu_row is None:
+        raise NotFound(f"node {node!r} has no GPU {gpu}", code="gpu_not_found",
+                       details={"node": node, "gpu": gpu,
+                                "gpus": sorted(g.index for g in row.gpus)})  # fmt: skip
+    sku = get_sku(gpu_row.model)
+    if wanted:
+        problems = layout_errors(sku, wanted)
+        if problems:
+            raise ValidationFailed(
+                f"{sku.name} cannot hold this layout: {'; '.join(problems)}",
+                code="invalid_mig_layout",
+                details={"model": sku.name, "problems": problems},
+            )
+    return row, gpu_row, sku
+
+
+def check_mig_layout(store: Store, node: str, gpu: int, layout: Any) -> None:
+    """Whether ``layout`` is one GPU ``gpu`` of ``node`` can hold (a ``mig.layout`` change is
+    checked when asked for; whether work holds its instances is checked when it applies)."""
+    wanted = parse_layout(layout)
+    with store.read() as session:
+        _target(session, node, gpu, wanted)
+
+
 def set_mig_layout(
     store: Store,
     actor: Actor,
@@ -58,21 +86,7 @@ def set_mig_layout(
     authorize(actor, Permission.NODES_WRITE)
     wanted = parse_layout(layout)
     with store.write(actor) as tx:
-        row = node_row(tx.session, node)
-        gpu_row = next((g for g in row.gpus if g.index == gpu), None)
-        if gpu_row is None:
-            raise NotFound(f"node {node!r} has no GPU {gpu}", code="gpu_not_found",
-                           details={"node": node, "gpu": gpu,
-                                    "gpus": sorted(g.index for g in row.gpus)})  # fmt: skip
-        sku = get_sku(gpu_row.model)
-        if wanted:
-            problems = layout_errors(sku, wanted)
-            if problems:
-                raise ValidationFailed(
-                    f"{sku.name} cannot hold this layout: {'; '.join(problems)}",
-                    code="invalid_mig_layout",
-                    details={"model": sku.name, "problems": problems},
-                )
+        row, gpu_row, sku = _target(tx.session, node, gpu, wanted)
         before = tuple(MigInstance(i["profile"], int(i["start"])) for i in gpu_row.mig_instances)
         kept = set(wanted)
         holders = []
