@@ -13,7 +13,7 @@ import typer
 
 from proofplane.audit import bundle as bundle_mod
 from proofplane.audit import merkle, note
-from proofplane.cli.client import EXIT_USAGE, CliError
+from proofplane.cli.client import EXIT_USAGE, ApiError, CliError
 from proofplane.cli.common import client, iso_callback
 from proofplane.cli.server import store_errors
 
@@ -153,10 +153,18 @@ def verify(
         help="With --db on SQLite: processes for the recomputation (default: one per CPU "
         "for large logs).",
     ),
+    require_checkpoint: bool = typer.Option(
+        False,
+        "--require-checkpoint",
+        help="Exit 3 when no signed checkpoint exists yet (otherwise that is reported and the "
+        "log is checked against its stored tree only).",
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Recompute the whole log from the events and check it against the newest signed
-    checkpoint. Exits 1 naming the first index that does not match."""
+    checkpoint. Exits 1 naming the first index that does not match. With no signed checkpoint
+    yet, says so (``"checkpoint": null``, ``"verified_against_checkpoint": false``) and exits 0,
+    or 3 with --require-checkpoint."""
     if db is not None:
         report = _verify_db(db, _trusted_key(trusted), origin, workers)
     else:
@@ -167,6 +175,20 @@ def verify(
         where = report.get("first_bad_index")
         head = f"first bad index: {where}" if where is not None else "the log does not verify"
         raise CliError(f"proofplane: audit verify FAILED: {head}", lines=report["problems"])
+    if report["checkpoint"] is None:
+        if not as_json:
+            typer.echo(
+                f"ok: {report['events']} entries recomputed against the stored tree; "
+                "NO signed checkpoint yet: nothing verified against a signature"
+            )
+        if require_checkpoint:
+            raise CliError(
+                "proofplane: audit verify: no signed checkpoint to verify against "
+                "(--require-checkpoint)",
+                lines=["sign one: 'proofplane audit checkpoint --sign' (or let the signer run)"],
+                exit_code=3,
+            )
+        return
     if not as_json:
         typer.echo(
             f"ok: {report['events']} entries recomputed; checkpoint size "
@@ -199,7 +221,23 @@ def _verify_server(ctx: typer.Context, trusted: str | None, origin: str | None) 
     with client(ctx) as c:
         vks = [note.parse_verifier_key(trusted)] if trusted else _server_verifiers(c)
         try:
-            cp = note.verify_checkpoint(c.text("GET", f"{API}/checkpoint"), vks, origin)
+            signed = c.text("GET", f"{API}/checkpoint")
+        except ApiError as exc:
+            if exc.code != "no_checkpoint":
+                raise
+            # nothing signed yet: the server's entries have no size to be checked against
+            return {
+                "ok": True,
+                "events": 0,
+                "tree_size": None,
+                "checkpoint_size": None,
+                "first_bad_index": None,
+                "problems": ["no signed checkpoint: nothing to verify against"],
+                "checkpoint": None,
+                "verified_against_checkpoint": False,
+            }
+        try:
+            cp = note.verify_checkpoint(signed, vks, origin)
         except note.NoteError as exc:
             raise CliError(f"proofplane: the checkpoint does not verify: {exc}") from exc
         leaves = []
@@ -218,6 +256,8 @@ def _verify_server(ctx: typer.Context, trusted: str | None, origin: str | None) 
         "checkpoint_size": cp.size,
         "first_bad_index": first_bad,
         "problems": problems,
+        "checkpoint": {"size": cp.size, "root_hash": cp.root_hash.hex()},
+        "verified_against_checkpoint": not problems,
     }
 
 

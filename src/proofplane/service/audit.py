@@ -385,8 +385,20 @@ class VerifyReport:
     checkpoint_size: int | None
     first_bad_index: int | None = None
     problems: list[str] = field(default_factory=list)
+    checkpoint_root: bytes | None = None  # the signed checkpoint checked against, if any
+
+    @property
+    def verified_against_checkpoint(self) -> bool:
+        """True only when a signed checkpoint verified and the events reproduce it. ``ok``
+        with this False means no checkpoint was signed yet: only the stored tree was checked,
+        which an attacker with database access could have rewritten along with the events."""
+        return self.ok and self.checkpoint_size is not None
 
     def to_dict(self) -> dict[str, Any]:
+        checkpoint = None
+        if self.checkpoint_size is not None:
+            root = self.checkpoint_root.hex() if self.checkpoint_root is not None else None
+            checkpoint = {"size": self.checkpoint_size, "root_hash": root}
         return {
             "ok": self.ok,
             "events": self.events,
@@ -394,6 +406,8 @@ class VerifyReport:
             "checkpoint_size": self.checkpoint_size,
             "first_bad_index": self.first_bad_index,
             "problems": self.problems,
+            "checkpoint": checkpoint,
+            "verified_against_checkpoint": self.verified_against_checkpoint,
         }
 
 
@@ -439,6 +453,11 @@ def _sqlite_leaf_hashes(store: Store, batch: int) -> Iterator[tuple[int, bytes]]
         cur.execute("COMMIT")
     finally:
         raw.close()
+
+
+# The problem line of a log with no signed checkpoint yet (``VerifyReport.ok`` may still be
+# True: the events reproduce the stored tree; ``verified_against_checkpoint`` is False).
+NO_CHECKPOINT = "no signed checkpoint: only the stored tree can be checked"
 
 
 def verify_log(
@@ -496,7 +515,7 @@ def _verify_log(
     report = VerifyReport(False, 0, stored_size, None)
     cp: note.Checkpoint | None = None
     if cp_row is None:
-        report.problems.append("no signed checkpoint: only the stored tree can be checked")
+        report.problems.append(NO_CHECKPOINT)
     else:
         try:
             cp = note.verify_checkpoint(cp_row.note, verifier, origin)
@@ -504,6 +523,7 @@ def _verify_log(
             report.problems.append(f"the newest checkpoint does not verify: {exc}")
             return report
         report.checkpoint_size = cp.size
+        report.checkpoint_root = cp.root_hash
     if cp is not None and cp.size <= stored_size:
         fast = _fast_verify(store, stored_size, cp, workers)
         if fast is not None:
@@ -570,7 +590,7 @@ def _fast_verify(
         return None
     if full != stored_root or at.get(cp.size) != cp.root_hash:
         return None
-    return VerifyReport(True, size, size, cp.size)
+    return VerifyReport(True, size, size, cp.size, checkpoint_root=cp.root_hash)
 
 
 def _locate(store: Store, upto: int, checkpoints: list[tuple[int, bytes, str]]) -> int | None:
