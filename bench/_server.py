@@ -1,0 +1,155 @@
+"""Shared by the HTTP benchmarks (bench/api.py, bench/fleet.py): a real ``proofplane serve``
+subprocess on a fresh database, a throwaway PostgreSQL database, percentiles, and the CPU time
+of a server's processes from /proc. Not a benchmark itself."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+SERVE = [sys.executable, "-m", "proofplane.cli.main", "serve"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pct(xs: list[float], q: float) -> float:
+    """The q-quantile (nearest rank) of ``xs``; 0.0 when empty."""
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(len(s) * q))]
+
+
+def serve_supports_workers() -> bool:
+    """Whether this ``proofplane serve`` takes ``--workers`` (issue 20 adds it)."""
+    out = subprocess.run([*SERVE, "--help"], capture_output=True, text=True, timeout=60)
+    return "--workers" in out.stdout
+
+
+@contextmanager
+def throwaway_postgres(admin_url: str) -> Iterator[str]:
+    """A fresh database on the server of ``admin_url`` (e.g. postgresql://…/test), dropped
+    afterwards; yields its URL."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    url = make_url(admin_url)
+    if url.drivername == "postgresql":
+        url = url.set(drivername="postgresql+psycopg")
+    name = f"pp_bench_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as c:
+            c.execute(text(f'CREATE DATABASE "{name}"'))
+        try:
+            yield url.set(database=name).render_as_string(hide_password=False)
+        finally:
+            with admin.connect() as c:
+                c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
+
+
+class Server:
+    """One ``proofplane serve`` process: access logs to /dev/null, stderr kept in ``log`` to
+    explain a failure; background workers that would add load of their own (SIEM export,
+    engine sync) off unless ``env`` turns them on."""
+
+    def __init__(
+        self,
+        db: str,
+        workdir: Path,
+        *,
+        workers: int | None = None,
+        env: dict[str, str] | None = None,
+        args: list[str] | None = None,
+    ) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = workdir / f"serve-{self.port}.log"
+        cmd = [*SERVE, "--db", db, "--port", str(self.port), *(args or [])]
+        if workers is not None:
+            cmd += ["--workers", str(workers)]
+        full_env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("PROOFPLANE_")},
+            "PROOFPLANE_SIEM_EXPORT_INTERVAL_SECONDS": "0",
+            "PROOFPLANE_EXECUTION_SYNC_SECONDS": "0",
+            "PROOFPLANE_MASTER_KEY_FILE": str(workdir / "master.key"),
+            "PROOFPLANE_AUDIT_KEY_FILE": str(workdir / "audit.key"),
+            **(env or {}),
+        }
+        with self.log.open("wb") as err:
+            self.proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.DEVNULL, stderr=err)
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = self.log.read_text(errors="replace")[-3000:]
+                raise SystemExit(f"the server exited with {self.proc.returncode}:\n{tail}")
+            try:
+                if httpx.get(f"{self.base}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise SystemExit("the server did not start")
+
+    def pids(self) -> list[int]:
+        """The server process and its descendants (``--workers`` children)."""
+        out, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            try:
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    kids = (task / "children").read_text().split()
+                    todo.extend(int(k) for k in kids)
+            except OSError:
+                continue
+        return out
+
+    def cpu_seconds(self) -> dict[int, float]:
+        """user+system CPU seconds of each process (``pids``), from /proc/<pid>/stat."""
+        tick = os.sysconf("SC_CLK_TCK")
+        out = {}
+        for pid in self.pids():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            out[pid] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        return out
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def errors_tail(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-2000:]
+        except OSError:
+            return ""
+
+
+def cpu_delta(before: dict[int, float], after: dict[int, float]) -> dict[str, Any]:
+    per = {str(pid): round(after[pid] - before.get(pid, 0.0), 2) for pid in after}
+    return {"per_process": per, "total": round(sum(per.values()), 2)}

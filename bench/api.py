@@ -1,0 +1,328 @@
+"""Benchmark: the API as a console and automation see it (issue 20), against a real
+``proofplane serve`` process over HTTP on loopback.
+
+Setup (not timed): a fresh database (SQLite file by default; ``--db postgresql://…/postgres``:
+a throwaway database created on that server and dropped afterwards) with the demo cluster (24
+nodes, five tenants, its workloads) and an admin token. One ``proofplane serve`` on it, access
+logs to /dev/null, the SIEM exporter and engine sync off. ``--workers N`` is passed to serve
+when serve takes it (``serve --help`` says so); otherwise the report says ``workers: 1``.
+
+Timed:
+
+1. **sequential** — one keep-alive client, one request at a time (``--requests`` per endpoint
+   after a warm-up): ``GET /healthz``, ``/api/v1/auth/me``, ``/api/v1/nodes/{name}``,
+   ``/api/v1/nodes?limit=100``, ``/api/v1/workloads``, ``/api/v1/events?limit=50``, with the
+   bearer token. p50/p99 per endpoint per run; the figures are medians over ``--runs`` runs.
+2. **mixed** — open loop: request i is due at ``t0 + i/rate`` whatever the answers before it
+   (asyncio + httpx.AsyncClient with a connection pool, in ``--clients`` processes each taking
+   every K-th request). 70 % reads (node, node list, workloads, events), 30 % writes (workload
+   submits, and cancels of workloads this client submitted). Latency from the moment a
+   request is sent; ``late`` is how far behind its due time the generator sent it (a saturated
+   client shows there, not as server latency). Per class p50/p95/p99, status counts
+   (429/503 included), timeouts, achieved rate.
+3. **overload** — the same mix at 5× the rate for ``--overload-seconds``: how many 429s and how
+   fast they come back (p50/p99 of a 429's latency; none: the server queues instead of shedding).
+
+    .venv/bin/python bench/api.py --json [--quick] [--db postgresql://127.0.0.1:5432/test]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import random
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _server import Server, pct, serve_supports_workers, throwaway_postgres
+from proofplane.access import SYSTEM
+from proofplane.hardware.cluster_file import parse_cluster
+from proofplane.machine import machine
+from proofplane.service.access import bootstrap_admin
+from proofplane.service.cluster import load_cluster
+from proofplane.service.context import Store
+from proofplane.store import migrate
+
+TOKEN = "ppt_bench-api-token-0123456789abcdef0123"
+NODE = "fra-h100-01"  # a demo node
+TARGETS = {"nodes_get_p50_ms": 2.0, "nodes_list_p50_ms": 10.0}
+SEQUENTIAL = {
+    "healthz": "/healthz",
+    "auth_me": "/api/v1/auth/me",
+    "nodes_get": f"/api/v1/nodes/{NODE}",
+    "nodes_list": "/api/v1/nodes?limit=100",
+    "workloads_list": "/api/v1/workloads",
+    "events_list": "/api/v1/events?limit=50",
+}
+READS = (  # class, path, weight within the 70 % of reads
+    ("read_node", f"/api/v1/nodes/{NODE}", 0.25),
+    ("read_nodes", "/api/v1/nodes?limit=100", 0.25),
+    ("read_workloads", "/api/v1/workloads", 0.25),
+    ("read_events", "/api/v1/events?limit=50", 0.25),
+)
+WRITE_SHARE = 0.30
+CANCEL_SHARE = 0.40  # of the writes, when this client has a workload to cancel
+
+
+def prepare(url: str) -> None:
+    store = Store(url)
+    try:
+        migrate.upgrade(store.engine)
+        text = (resources.files("proofplane") / "data" / "demo-cluster.yaml").read_text("utf-8")
+        load_cluster(store, SYSTEM, parse_cluster(text))
+        bootstrap_admin(store, TOKEN)
+    finally:
+        store.dispose()
+
+
+# --- sequential ----------------------------------------------------------------------------
+
+
+def sequential(base: str, requests: int) -> dict[str, dict[str, float]]:
+    out = {}
+    with httpx.Client(base_url=base, timeout=10, headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+        for name, path in SEQUENTIAL.items():
+            for _ in range(max(10, requests // 10)):  # warm-up
+                c.get(path)
+            lat = []
+            for _ in range(requests):
+                t = time.perf_counter()
+                r = c.get(path)
+                lat.append((time.perf_counter() - t) * 1000)
+                if r.status_code != 200:
+                    raise SystemExit(f"GET {path}: {r.status_code} {r.text[:300]}")
+            out[name] = {"p50_ms": pct(lat, 0.5), "p99_ms": pct(lat, 0.99)}
+    return out
+
+
+# --- open loop -----------------------------------------------------------------------------
+
+
+def _plan(n: int, seed: int) -> list[str]:
+    """The class of each request: a read (by weight) or a write (submit / cancel decided
+    when it is sent, from what this client has submitted)."""
+    rnd = random.Random(seed)
+    names = [r[0] for r in READS]
+    weights = [r[2] for r in READS]
+    return [
+        "write" if rnd.random() < WRITE_SHARE else rnd.choices(names, weights)[0] for _ in range(n)
+    ]
+
+
+async def _client(
+    base: str, rate: float, seconds: float, k: int, clients: int, tag: str, pool: int
+) -> list[tuple[str, int, float, float]]:
+    """Requests k, k+K, k+2K… of the schedule: (class, status or -1 timeout / -2 error,
+    latency ms, late ms)."""
+    n = int(rate * seconds)
+    plan = _plan(n, seed=hash(tag) & 0xFFFF)
+    paths = {r[0]: r[1] for r in READS}
+    rnd = random.Random(k)
+    mine: list[str] = []  # workloads this client submitted and may cancel
+    out: list[tuple[str, int, float, float]] = []
+    limits = httpx.Limits(max_connections=pool, max_keepalive_connections=pool)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(base_url=base, timeout=10, limits=limits, headers=headers) as c:
+        for _ in range(min(pool, 8)):
+            await c.get("/healthz")
+        loop = asyncio.get_running_loop()
+        t0 = loop.time() + 0.2
+        tasks = []
+
+        async def one(i: int, cls: str, due: float) -> None:
+            sent = loop.time()
+            if cls == "write":
+                if mine and rnd.random() < CANCEL_SHARE:
+                    cls = "cancel"
+                    req = c.post(f"/api/v1/workloads/{mine.pop(0)}/cancel", json={})
+                else:
+                    cls = "submit"
+                    name = f"b{tag}-{k}-{i}"
+                    body = {"name": name, "tenant": "research-lab", "gpus": {"count": 1},
+                            "priority": -10}  # fmt: skip
+                    req = c.post("/api/v1/workloads", json=body)
+            else:
+                req = c.get(paths[cls])
+            try:
+                r = await req
+                code = r.status_code
+                if cls == "submit" and code == 201:
+                    mine.append(name)
+            except httpx.TimeoutException:
+                code = -1
+            except httpx.HTTPError:
+                code = -2
+            done = loop.time()
+            out.append((cls, code, (done - sent) * 1000, max(0.0, sent - due) * 1000))
+
+        for i in range(k, n, clients):
+            due = t0 + i / rate
+            wait = due - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            tasks.append(asyncio.create_task(one(i, plan[i], due)))
+        await asyncio.gather(*tasks)
+    return out
+
+
+def _client_proc(args: tuple[str, float, float, int, int, str, int]) -> list[Any]:
+    return asyncio.run(_client(*args))
+
+
+def open_loop(
+    base: str, rate: float, seconds: float, clients: int, tag: str, pool: int
+) -> dict[str, Any]:
+    jobs = [(base, rate, seconds, k, clients, tag, pool) for k in range(clients)]
+    t = time.perf_counter()
+    if clients == 1:
+        records = _client_proc(jobs[0])
+    else:
+        with multiprocessing.get_context("spawn").Pool(clients) as p:
+            records = [r for part in p.map(_client_proc, jobs) for r in part]
+    wall = time.perf_counter() - t - 0.2
+    classes: dict[str, dict[str, Any]] = {}
+    for cls in sorted({r[0] for r in records}):
+        rs = [r for r in records if r[0] == cls]
+        ok = [r[2] for r in rs if 200 <= r[1] < 300]
+        statuses: dict[str, int] = {}
+        for r in rs:
+            key = {-1: "timeout", -2: "error"}.get(r[1], str(r[1]))
+            statuses[key] = statuses.get(key, 0) + 1
+        classes[cls] = {
+            "requests": len(rs),
+            "p50_ms": round(pct(ok, 0.5), 2),
+            "p95_ms": round(pct(ok, 0.95), 2),
+            "p99_ms": round(pct(ok, 0.99), 2),
+            "status": statuses,
+        }
+    lat429 = [r[2] for r in records if r[1] == 429]
+    late = [r[3] for r in records]
+    count = len(records)
+    return {
+        "rate_rps": rate,
+        "seconds": seconds,
+        "requests": count,
+        "achieved_rps": round(count / wall, 1) if wall > 0 else 0.0,
+        "answered_2xx": sum(1 for r in records if 200 <= r[1] < 300),
+        "status_429": len(lat429),
+        "status_503": sum(1 for r in records if r[1] == 503),
+        "status_5xx": sum(1 for r in records if 500 <= r[1] < 600),
+        "timeouts": sum(1 for r in records if r[1] == -1),
+        "errors": sum(1 for r in records if r[1] == -2),
+        "latency_429_ms": (
+            {"p50": round(pct(lat429, 0.5), 2), "p99": round(pct(lat429, 0.99), 2)}
+            if lat429
+            else None
+        ),
+        "generator_late_ms": {
+            "p50": round(pct(late, 0.5), 2),
+            "p99": round(pct(late, 0.99), 2),
+            "max": round(max(late, default=0.0), 2),
+        },
+        "classes": classes,
+    }
+
+
+# --- main ----------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    ap.add_argument("--db", default=None, help="postgresql://… server to make a database on")
+    ap.add_argument("--runs", type=int, default=3, help="sequential runs (medians reported)")
+    ap.add_argument("--requests", type=int, default=1000, help="sequential, per endpoint")
+    ap.add_argument("--rate", type=float, default=500.0, help="mixed load, requests/s")
+    ap.add_argument("--duration", type=float, default=20.0, help="mixed load, seconds")
+    ap.add_argument("--overload-seconds", type=float, default=5.0)
+    ap.add_argument("--workers", type=int, default=None, help="serve --workers (if supported)")
+    ap.add_argument("--clients", type=int, default=1, help="load-generator processes")
+    ap.add_argument("--pool", type=int, default=64, help="connections per generator")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.runs, args.requests, args.rate = 1, 50, 50.0
+        args.duration, args.overload_seconds = 2.0, 1.0
+
+    supports = serve_supports_workers()
+    workers = args.workers if supports else None
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="proofplane-bench-api-")))
+        if args.db:
+            url = stack.enter_context(throwaway_postgres(args.db))
+        else:
+            url = f"sqlite:///{tmp / 'bench.db'}"
+        prepare(url)
+        server = Server(url, tmp, workers=workers)
+        try:
+            server.wait_ready()
+            runs = [sequential(server.base, args.requests) for _ in range(args.runs)]
+            mixed = open_loop(server.base, args.rate, args.duration, args.clients, "m", args.pool)
+            over = open_loop(
+                server.base, args.rate * 5, args.overload_seconds, args.clients, "o", args.pool
+            )
+            if server.proc.poll() is not None:
+                raise SystemExit(f"the server died:\n{server.errors_tail()}")
+        finally:
+            server.stop()
+
+    seq = {
+        name: {
+            "p50_ms": round(statistics.median(r[name]["p50_ms"] for r in runs), 3),
+            "p99_ms": round(statistics.median(r[name]["p99_ms"] for r in runs), 3),
+            "p50_ms_runs": [round(r[name]["p50_ms"], 3) for r in runs],
+        }
+        for name in SEQUENTIAL
+    }
+    meets = {
+        "nodes_get_p50_ms": seq["nodes_get"]["p50_ms"] <= TARGETS["nodes_get_p50_ms"],
+        "nodes_list_p50_ms": seq["nodes_list"]["p50_ms"] <= TARGETS["nodes_list_p50_ms"],
+    }
+    out: dict[str, Any] = {
+        "database": "postgresql" if args.db else "sqlite",
+        "workers": workers or 1,
+        "serve_supports_workers": supports,
+        "runs": args.runs,
+        "requests_per_endpoint": args.requests,
+        "sequential": seq,
+        "mixed": mixed,
+        "overload": over,
+        "targets": TARGETS,
+        "meets": meets,
+        "note": (
+            "real proofplane serve over loopback HTTP/1.1 keep-alive, demo cluster (24 nodes); "
+            "sequential figures are medians of per-run p50/p99; mixed/overload are open loop "
+            "from the due time's send, one run each; client and server share this machine"
+        ),
+        "machine": machine(),
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for name, f in seq.items():
+            print(f"{name:>15}: p50 {f['p50_ms']:.2f} ms  p99 {f['p99_ms']:.2f} ms")
+        for label, m in (("mixed", mixed), ("overload", over)):
+            print(
+                f"{label}: {m['achieved_rps']} req/s of {m['rate_rps']}, 2xx {m['answered_2xx']},"
+                f" 429 {m['status_429']}, 5xx {m['status_5xx']}, timeouts {m['timeouts']}, "
+                f"late p99 {m['generator_late_ms']['p99']} ms"
+            )
+            for cls, f in m["classes"].items():
+                print(f"   {cls:>15}: p50 {f['p50_ms']} p95 {f['p95_ms']} p99 {f['p99_ms']} ms")
+        print(f"meets: {meets}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
