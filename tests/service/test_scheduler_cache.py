@@ -43,6 +43,25 @@ def _held_cached(store: Store) -> dict[int, object]:
     return {k: h.placement for k, h in cache.scheduler.held.items()}
 
 
+def _state(scheduler) -> tuple[object, ...]:
+    """Everything placement decides from: nodes, what is held where, quotas, usage."""
+    nodes = sorted((n.name, n) for n in scheduler.nodes())
+    held = {
+        k: (h.name, h.tenant, h.placement, h.priority, h.isolation)
+        for k, h in scheduler.held.items()
+    }
+    used = {t: scheduler.used(t) for t in {h.tenant for h in scheduler.held.values()}}
+    allocations = sorted(map(repr, scheduler.snapshot.allocations.items()))
+    return nodes, held, dict(scheduler.quotas), used, allocations
+
+
+def _assert_cache_is_a_fresh_load(store: Store) -> None:
+    cache = _cache(store)
+    assert cache.scheduler is not None
+    with store.read() as session:
+        assert _state(cache.scheduler) == _state(ClusterView(session).scheduler)
+
+
 def test_consecutive_submissions_reuse_the_scheduler(demo: Store) -> None:
     cache = _cache(demo)
     _submit(demo, "c-0")
@@ -89,11 +108,12 @@ def test_another_writer_invalidates_the_cache(demo: Store, db_url: str) -> None:
         nodes_svc.set_node_state(other, SYSTEM, placed.placement.node, NodeState.FAILED, "psu")
     finally:
         other.dispose()
-    loads = cache.loads
+    loads, catch_ups = cache.loads, cache.catch_ups
     nxt = _submit(demo, "w-1")
-    assert cache.loads == loads + 1  # the newest event moved: the cache was not trusted
+    # the newest event moved: the cache caught up from the events instead of reloading
+    assert cache.loads == loads and cache.catch_ups == catch_ups + 1
     assert nxt.placement is None or nxt.placement.node != placed.placement.node
-    assert _held_cached(demo) == _held_fresh(demo)
+    _assert_cache_is_a_fresh_load(demo)
 
 
 def test_random_mix_of_operations_matches_a_fresh_load(demo: Store) -> None:
@@ -125,3 +145,82 @@ def test_random_mix_of_operations_matches_a_fresh_load(demo: Store) -> None:
             checked += 1
             assert _held_cached(demo) == _held_fresh(demo)
     assert checked >= 10
+
+
+def test_the_cache_catches_up_with_another_process_from_the_events(
+    demo: Store, db_url: str
+) -> None:
+    """Another process (a second ``Store``) submits, cancels, fails and certifies nodes and
+    changes quotas; each submission here then catches up from the events since the cache's
+    version, never reloads the cluster, and the caught-up scheduler equals a fresh load."""
+    from proofplane.model import Quota
+    from proofplane.service import tenants as tenants_svc
+
+    rnd = random.Random(11)
+    cache = _cache(demo)
+    _submit(demo, "own-0")
+    with demo.read() as session:
+        node_names = [n.name for n in ClusterView(session).scheduler.nodes()]
+    other = Store(db_url)
+    try:
+        for i in range(25):
+            op = rnd.random()
+            with contextlib.suppress(ProofplaneError):  # a refused operation is fine too
+                if op < 0.35:
+                    _submit(other, f"o-{i}", count=rnd.choice([1, 2, 4]))
+                elif op < 0.5:
+                    with other.read() as session:
+                        names = session.scalars(select(WorkloadRow.name)).all()
+                    workloads_svc.cancel_workload(other, SYSTEM, rnd.choice(names))
+                elif op < 0.7:
+                    state = rnd.choice([NodeState.FAILED, NodeState.CORDONED, NodeState.ADMITTED])
+                    nodes_svc.set_node_state(other, SYSTEM, rnd.choice(node_names), state, "t")
+                elif op < 0.8:
+                    nodes_svc.grant_certification(
+                        other, SYSTEM, rnd.choice(node_names), "pci-dss", "isolated"
+                    )
+                elif op < 0.9:
+                    nodes_svc.revoke_certification(other, SYSTEM, rnd.choice(node_names), "hipaa")
+                else:
+                    quota = Quota(gpus=rnd.choice([None, 2, 8]), mig_slices=None)
+                    tenants_svc.set_quota(other, SYSTEM, "research-lab", quota)
+            loads, catch_ups = cache.loads, cache.catch_ups
+            _submit(demo, f"own-{i + 1}", count=rnd.choice([1, 2]))
+            assert cache.loads == loads
+            assert cache.catch_ups <= catch_ups + 1
+            _assert_cache_is_a_fresh_load(demo)
+    finally:
+        other.dispose()
+    assert cache.catch_ups >= 20
+
+
+def test_an_event_the_cache_cannot_interpret_means_a_full_load(demo: Store) -> None:
+    cache = _cache(demo)
+    _submit(demo, "x-0")
+    with demo.write(SYSTEM) as tx:  # e.g. a cluster load: it names the cluster, not the nodes
+        tx.record("cluster.load", "cluster", "demo")
+    loads = cache.loads
+    _submit(demo, "x-1")
+    assert cache.loads == loads + 1
+    _assert_cache_is_a_fresh_load(demo)
+    with demo.write(SYSTEM) as tx:  # a target it knows places nothing: caught up, no load
+        tx.record("user.update", "user", "someone")
+    loads, catch_ups = cache.loads, cache.catch_ups
+    _submit(demo, "x-2")
+    assert cache.loads == loads and cache.catch_ups == catch_ups + 1
+
+
+def test_too_many_events_mean_a_full_load(demo: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    from proofplane.service import scheduling
+
+    monkeypatch.setattr(scheduling, "CATCH_UP_MAX", 2)
+    cache = _cache(demo)
+    _submit(demo, "y-0")
+    with demo.read() as session:
+        node = next(iter(ClusterView(session).scheduler.nodes())).name
+    for state in (NodeState.CORDONED, NodeState.ADMITTED, NodeState.CORDONED):
+        nodes_svc.set_node_state(demo, SYSTEM, node, state, "t")
+    loads = cache.loads
+    _submit(demo, "y-1")
+    assert cache.loads == loads + 1
+    _assert_cache_is_a_fresh_load(demo)

@@ -114,6 +114,25 @@ class NodeRows(dict[str, NodeRow]):
         super().__setitem__(name, row)
 
 
+# Catching up from more events than this reads the cluster again instead.
+CATCH_UP_MAX = 2000
+# Targets of events that never change what placement sees (nodes, placements, quotas).
+UNPLACED_TARGETS = frozenset(
+    {
+        "attestation_policy",
+        "change",
+        "change_rule",
+        "incident",
+        "key",
+        "pki_ca",
+        "runbook",
+        "sink",
+        "token",
+        "user",
+    }
+)
+
+
 class SchedulerCache:
     """The scheduler one database's last write transaction left behind, and the event
     sequence number it is current at.
@@ -123,8 +142,15 @@ class SchedulerCache:
     the cache's version (it looks under the write lock) may reuse the scheduler instead of
     loading the cluster. The transaction that takes the cache owns it until it ends: on commit
     the cache is current at the new newest ``seq``; on rollback it is dropped, because the
-    scheduler may hold decisions that never happened. Another process writing to the same
-    database (API replicas on PostgreSQL) moves the newest ``seq`` and so invalidates it."""
+    scheduler may hold decisions that never happened.
+
+    A write the cache did not see (another transaction of this process, another worker
+    process, an API replica on PostgreSQL) moves the newest ``seq``. The cache then catches
+    up from the event stream instead of reloading the cluster: each event names its target,
+    so the nodes, workloads and tenants named by the events since its version are read again
+    and applied (``upsert_node``, ``release``/``hold``, ``set_quota``). An event whose target
+    it cannot interpret (a cluster load, a type it does not know), or more than
+    ``CATCH_UP_MAX`` of them, means a full load."""
 
     def __init__(self) -> None:
         self.version: int | None = None
@@ -133,10 +159,17 @@ class SchedulerCache:
         self._pending: int | None = None
         self.hits = 0
         self.loads = 0
+        self.catch_ups = 0
 
     def view(self, session: Session) -> ClusterView:
         newest = session.scalar(select(func.max(EventRow.seq))) or 0
         view = ClusterView(session)
+        if self.scheduler is not None and self.version is not None and self.version != newest:
+            if self._catch_up(session, self.scheduler, self.version):
+                self.version = newest
+                self.catch_ups += 1
+            else:
+                self.scheduler, self.version = None, None
         if self.scheduler is not None and self.version == newest:
             view._scheduler = self.scheduler
             view._node_rows = NodeRows(session, self.node_ids)
@@ -150,6 +183,83 @@ class SchedulerCache:
         sa_event.listen(session, "after_commit", lambda _s: self._after_commit(held))
         sa_event.listen(session, "after_rollback", lambda _s: self._drop(held))
         return view
+
+    def _catch_up(self, session: Session, scheduler: Scheduler, since: int) -> bool:
+        """Apply the events after ``since`` to ``scheduler`` by reading their targets again.
+        False (and nothing trustworthy left) when they cannot be applied one by one."""
+        events = session.execute(
+            select(EventRow.target_type, EventRow.target_id)
+            .where(EventRow.seq > since)
+            .order_by(EventRow.seq)
+            .limit(CATCH_UP_MAX + 1)
+        ).all()
+        if len(events) > CATCH_UP_MAX:
+            return False
+        targets: dict[str, set[str]] = {"node": set(), "workload": set(), "tenant": set()}
+        for target_type, target_id in events:
+            if target_type in targets:
+                targets[target_type].add(target_id)
+            elif target_type not in UNPLACED_TARGETS:
+                return False
+        try:
+            self._refresh_nodes(session, scheduler, targets["node"])
+            self._refresh_tenants(session, scheduler, targets["tenant"])
+            self._refresh_workloads(session, scheduler, targets["workload"])
+        except Exception:
+            self.scheduler, self.version = None, None  # half-applied: never reuse it
+            raise
+        return True
+
+    def _refresh_nodes(self, session: Session, scheduler: Scheduler, names: set[str]) -> None:
+        if not names:
+            return
+        rows = {
+            row.name: row
+            for row in session.scalars(
+                select(NodeRow).where(NodeRow.name.in_(names)).options(*NODE_LOAD)
+            )
+        }
+        for name in sorted(names):
+            row = rows.get(name)
+            if row is None:
+                scheduler.remove_node(name)
+                self.node_ids.pop(name, None)
+            else:
+                scheduler.upsert_node(node_from_row(row))
+                self.node_ids[name] = row.id
+
+    @staticmethod
+    def _refresh_tenants(session: Session, scheduler: Scheduler, names: set[str]) -> None:
+        if not names:
+            return
+        rows = {
+            t.name: t for t in session.scalars(select(TenantRow).where(TenantRow.name.in_(names)))
+        }
+        for name in names:
+            row = rows.get(name)
+            if row is None:
+                scheduler.quotas.pop(name, None)
+            else:
+                scheduler.set_quota(name, tenant_from_row(row).quota)
+
+    @staticmethod
+    def _refresh_workloads(session: Session, scheduler: Scheduler, names: set[str]) -> None:
+        """A workload event names the workload (unique per tenant): every workload of that
+        name is read again, and whatever the scheduler held under that name is released."""
+        if not names:
+            return
+        for key in [k for k, h in scheduler.held.items() if h.name in names]:
+            scheduler.release(key)
+        placed = session.scalars(
+            select(WorkloadRow)
+            .join(WorkloadRow.placement)
+            .where(WorkloadRow.name.in_(names))
+            .options(*WORKLOAD_LOAD)
+            .order_by(PlacementRow.placed_at, PlacementRow.id)
+        )
+        for row in placed:
+            if row.placement is not None:
+                scheduler.hold(held_of(row))
 
     def _before_commit(self, session: Session, held: Scheduler) -> None:
         if self.scheduler is held:
