@@ -1022,7 +1022,11 @@ def test_a_disabled_user_cannot_sign_in(sso: Sso, client: TestClient) -> None:
     with browser() as b:
         r = sign_in(b, sso, "carol")
         assert r.status_code == 401 and "set-cookie" not in r.headers
-    assert failures(sso.store)[-1].details == {"method": "oidc", "reason": "disabled"}
+    assert failures(sso.store)[-1].details == {
+        "method": "oidc",
+        "reason": "disabled",
+        "source_ip": "127.0.0.1",  # the browser's
+    }
 
 
 def test_sso_cannot_take_over_a_local_account(sso: Sso, client: TestClient) -> None:

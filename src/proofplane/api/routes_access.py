@@ -218,9 +218,12 @@ def login(
 
 @router.post("/auth/logout", tags=["auth"], status_code=status.HTTP_204_NO_CONTENT)
 def logout(
-    store: StoreDep, actor: Annotated[Actor, Depends(enrolling)], response: Response
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(enrolling)],
+    request: Request,
+    response: Response,
 ) -> Response:
-    svc.logout(store, actor)
+    svc.logout(store, actor, source=client_address(request))
     clear_session_cookies(response)
     response.status_code = status.HTTP_204_NO_CONTENT
     return response

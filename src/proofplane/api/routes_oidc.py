@@ -23,10 +23,16 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import RedirectResponse
 
-from proofplane.api.deps import get_settings, get_store, public, set_session_cookies
+from proofplane.api.deps import (
+    client_address,
+    get_settings,
+    get_store,
+    public,
+    set_session_cookies,
+)
 from proofplane.api.schemas import ErrorResponse
 from proofplane.config import Settings
 from proofplane.service import access as svc
@@ -75,6 +81,7 @@ def oidc_login(
     responses={303: {"description": "signed in: to return_to, with the session cookies"}},
 )
 def oidc_callback(
+    request: Request,
     store: StoreDep,
     settings: SettingsDep,
     code: Annotated[str | None, Query(max_length=2048)] = None,
@@ -96,6 +103,7 @@ def oidc_callback(
         error_description=error_description,
         iss=iss,
         session_ttl=settings.session_ttl,
+        source=client_address(request),
     )
     response = RedirectResponse(
         done.return_to, status_code=303, headers={"Cache-Control": "no-store"}

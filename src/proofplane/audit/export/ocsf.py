@@ -385,13 +385,11 @@ def _authentication(
         "logon_type_id": 3,  # Network: over the API
         "logon_type": "Network",
         "is_mfa": mfa,
-        "is_remote": True,
         "actor": {"user": _user(event.actor)},
     }
-    if source:
+    if source:  # is_remote only when the address says so; unknown, it is left out
         out["src_endpoint"] = source
-        ip = ipaddress.ip_address(source["ip"])
-        out["is_remote"] = not ip.is_loopback
+        out["is_remote"] = not ipaddress.ip_address(source["ip"]).is_loopback
     if isinstance(details.get("token_id"), str):
         out["session"] = {"uid": details["token_id"], "is_mfa": mfa}
     return out

@@ -29,7 +29,7 @@ from proofplane.config import OidcSettings
 from proofplane.errors import NotFound, ProofplaneError, ValidationFailed
 from proofplane.model import Outcome
 from proofplane.service.access.common import IssuedToken
-from proofplane.service.access.sessions import login_federated
+from proofplane.service.access.sessions import client_details, login_federated
 from proofplane.service.context import Store
 from proofplane.service.keys import kms_for, open_secret, seal_secret, secret_aad
 from proofplane.store.tables import OidcLoginRow
@@ -86,7 +86,9 @@ def check_return_to(value: str | None) -> str:
     return value
 
 
-def _record_failure(store: Store, issuer: str, reason: str, **details: str) -> None:
+def _record_failure(
+    store: Store, issuer: str, source: str | None, reason: str, **details: str
+) -> None:
     """A failed SSO attempt, committed on its own (the caller raises afterwards)."""
     with store.write(ANONYMOUS) as tx:
         tx.record(
@@ -94,8 +96,9 @@ def _record_failure(store: Store, issuer: str, reason: str, **details: str) -> N
             "user",
             "<unknown>",
             outcome=Outcome.FAILURE,
-            details={"method": "oidc", "reason": reason, "issuer": issuer, **details},
-        )
+            details={"method": "oidc", "reason": reason, "issuer": issuer, **details,
+                     **client_details(source)},
+        )  # fmt: skip
 
 
 def _aad(state: str, column: str) -> bytes:
@@ -159,6 +162,7 @@ def complete_oidc_login(
     error_description: str | None = None,
     iss: str | None = None,
     session_ttl: timedelta,
+    source: str | None = None,
 ) -> OidcSession:
     """Finish single sign-on from the provider's redirect: the ``state`` is used up, the code
     is exchanged (with the PKCE verifier), the ID token is validated, and the user is created
@@ -166,16 +170,17 @@ def complete_oidc_login(
 
     Refusals, each recorded first: OidcProviderError (the provider sent ``error``),
     InvalidOidcState (unknown, used or expired ``state``), ``OidcFailed`` (the response or
-    the ID token does not hold), and whatever ``login_federated`` refuses."""
+    the ID token does not hold), and whatever ``login_federated`` refuses. ``source``: the
+    client's address, in every event (``source_ip``)."""
     config = _configured(config)
     try:
         pending = _take_state(store, state)
     except ProofplaneError as exc:  # the verifier does not open (KMS down, tampered row)
-        _record_failure(store, config.issuer, exc.code)
+        _record_failure(store, config.issuer, source, exc.code)
         raise
     if error is not None:
         code_word = error if _ERROR_CODE.fullmatch(error) else "<invalid>"
-        _record_failure(store, config.issuer, "provider_error", error=code_word)
+        _record_failure(store, config.issuer, source, "provider_error", error=code_word)
         description = (error_description or "")[:300]
         raise OidcProviderError(
             f"the identity provider refused the login: {error}"
@@ -183,7 +188,7 @@ def complete_oidc_login(
             details={"error": error, "error_description": description or None},
         )
     if pending is None:
-        _record_failure(store, config.issuer, "invalid_state")
+        _record_failure(store, config.issuer, source, "invalid_state")
         raise InvalidOidcState(
             "unknown, already used or expired login state: start the login again",
         )
@@ -201,10 +206,10 @@ def complete_oidc_login(
             config, code=code, code_verifier=pending.code_verifier, nonce=pending.nonce
         )
     except oidc_client.OidcFailed as exc:
-        _record_failure(store, config.issuer, exc.reason, message=exc.message)
+        _record_failure(store, config.issuer, source, exc.reason, message=exc.message)
         raise
     except ProofplaneError as exc:  # the provider is unreachable, or the group map is wrong
-        _record_failure(store, config.issuer, exc.code, message=exc.message)
+        _record_failure(store, config.issuer, source, exc.code, message=exc.message)
         raise
     try:
         issued = login_federated(
@@ -215,10 +220,11 @@ def complete_oidc_login(
             tenants=list(identity.tenants),
             issuer=config.issuer,
             session_ttl=session_ttl,
+            source=source,
         )
     except Unauthenticated:
         raise  # login_federated has recorded it (a disabled account)
     except ProofplaneError as exc:
-        _record_failure(store, config.issuer, exc.code, username=identity.username)
+        _record_failure(store, config.issuer, source, exc.code, username=identity.username)
         raise
     return OidcSession(issued, pending.return_to)

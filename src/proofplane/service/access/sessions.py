@@ -9,6 +9,7 @@ that keeps failing is made to wait (``lockout``).
 
 from __future__ import annotations
 
+import ipaddress
 from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
@@ -45,6 +46,18 @@ ALERT_AFTER = 5  # consecutive failures on one account raise an alert
 SPRAY_WINDOW = timedelta(seconds=60)
 SPRAY_ALERT = 20  # failed logins across all accounts within the window
 ENROLLMENT_TTL = timedelta(minutes=15)
+
+
+def client_details(source: str | None) -> dict[str, str]:
+    """The client's address as an auth event records it (``source_ip``: OCSF
+    ``src_endpoint``, CEF ``src``/``c6a2``); nothing when the caller has none or what it has
+    is no IP address (``unknown``, a test client's name): a SIEM reads ``source_ip`` as one."""
+    if not source:
+        return {}
+    try:
+        return {"source_ip": str(ipaddress.ip_address(source.strip()))}
+    except ValueError:
+        return {}
 
 
 def _fail(tx: Tx, row: UserRow | None, username: str, reason: str, source: dict[str, str]) -> None:
@@ -153,8 +166,7 @@ def login(
     error: ProofplaneError | None = None
     issued: IssuedToken | None = None
     key = source_key(source) if source is not None else None
-    # the client's address, as the events say it (OCSF src_endpoint, CEF src)
-    where = {"source_ip": source} if source else {}
+    where = client_details(source)
     with store.write(Actor(safe_username(username)), now) as tx:
         if key is not None:
             check_source(tx, key)  # raises: nothing is written for a refused attempt
@@ -208,7 +220,7 @@ def login(
                         "mfa.recovery_code.use",
                         "user",
                         row.username,
-                        details={"remaining": len(row.recovery_codes)},
+                        details={"remaining": len(row.recovery_codes), **where},
                     )
                 else:
                     replay = row.totp_last_step is not None and any(
@@ -270,10 +282,13 @@ def login_federated(
     tenants: list[str],
     issuer: str,
     session_ttl: timedelta,
+    source: str | None = None,
 ) -> IssuedToken:
     """An identity the OIDC provider vouched for: create or refresh the user from its groups
-    (the provider is the source of truth for roles), then open a session."""
+    (the provider is the source of truth for roles), then open a session. ``source``: the
+    client's address (the browser that came back from the provider), for the events."""
     check_username(username)
+    where = client_details(source)
     role_set = parse_roles(roles)
     with store.write(Actor(username)) as tx:
         known = set(tx.session.scalars(select(TenantRow.name).where(TenantRow.name.in_(tenants))))
@@ -298,7 +313,7 @@ def login_federated(
                 "user",
                 username,
                 outcome=Outcome.FAILURE,
-                details={"method": "oidc", "reason": "disabled"},
+                details={"method": "oidc", "reason": "disabled", **where},
             )
             error: ProofplaneError | None = Unauthenticated(
                 "this account is disabled", code="invalid_credentials"
@@ -325,7 +340,7 @@ def login_federated(
                 "auth.login",
                 "user",
                 username,
-                details={"method": "oidc", "issuer": issuer, "token_id": issued.id},
+                details={"method": "oidc", "issuer": issuer, "token_id": issued.id, **where},
             )
     if error is not None:
         raise error
@@ -370,11 +385,13 @@ def _touch(store: Store, token_id: str, now: datetime) -> None:
             row.last_used_at = now
 
 
-def logout(store: Store, actor: Actor) -> None:
+def logout(store: Store, actor: Actor, *, source: str | None = None) -> None:
+    """End the caller's session (``source``: the client's address, for the event)."""
     if actor.token_id is None:
         return
     with store.write(actor) as tx:
         row = tx.session.get(TokenRow, actor.token_id)
         if row is not None and row.kind in ("session", "enrollment") and row.revoked_at is None:
             row.revoked_at = tx.now
-            tx.record("auth.logout", "user", actor.name, details={"token_id": row.id})
+            tx.record("auth.logout", "user", actor.name,
+                      details={"token_id": row.id, **client_details(source)})  # fmt: skip
