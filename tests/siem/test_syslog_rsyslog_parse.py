@@ -237,3 +237,18 @@ def test_a_nul_reaches_rsyslog_as_hash_000(rsyslog: Rsyslog, pki: Pki) -> None:
     _transport(rsyslog, pki).send([message])
     [rec] = rsyslog.wait_for(skip + 1)[skip:]
     assert rec["msg"] == body.replace("\x00", "#000")
+
+
+def test_a_bom_would_stay_in_front_of_the_cef_record(rsyslog: Rsyslog, pki: Pki) -> None:
+    """Why the body is MSG-ANY without a BOM (RFC 5424 §6.4 allows it): rsyslog keeps a BOM
+    as the first characters of the message it hands on, so a CEF record after one would no
+    longer start with ``CEF:0|``. Pinned here so a change in rsyslog shows."""
+    ev = Event(1, datetime(2026, 1, 2, tzinfo=UTC), "alice", "x.y", "t", "id", Outcome.SUCCESS, {})
+    message, body = _sent(ev)
+    assert body.startswith("CEF:0|") and message.endswith(body.encode())
+    with_bom = message[: -len(body.encode())] + "\ufeff".encode() + body.encode()
+    skip = len(rsyslog.received())
+    _transport(rsyslog, pki).send([with_bom, message])
+    [bom, plain] = rsyslog.wait_for(skip + 2)[skip:]
+    assert plain["msg"] == body
+    assert bom["msg"] == "\ufeff" + body
