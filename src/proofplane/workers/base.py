@@ -22,9 +22,19 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
+
+
+class Lease(Protocol):
+    """What a worker asks before each pass (``workers.leader.Leadership``)."""
+
+    def held(self) -> bool: ...
+
+    def attach(self) -> None: ...
+
+    def detach(self) -> None: ...
 
 
 class Worker:
@@ -35,6 +45,11 @@ class Worker:
 
     #: seconds :meth:`stop` waits for the thread by default
     stop_timeout_s: float = 10.0
+    #: a loop that must run once per deployment: :func:`started` gives it its store's lease,
+    #: and a pass runs only while this process holds it (``workers.leader``)
+    leader_only: bool = True
+    #: the lease a pass needs (None: every pass runs)
+    leadership: Lease | None = None
 
     def __init__(
         self,
@@ -74,6 +89,8 @@ class Worker:
         self.consecutive_failures = 0
         #: passes run, successful or not
         self.passes = 0
+        #: passes skipped because another process leads
+        self.skipped = 0
 
     # --- what a subclass provides ------------------------------------------------------------
 
@@ -102,7 +119,11 @@ class Worker:
 
     def tick(self) -> bool:
         """Run one pass and keep its facts; whether it succeeded. Never raises an
-        ``Exception`` (the loop must outlive any pass)."""
+        ``Exception`` (the loop must outlive any pass). Without the lease (another process
+        leads) the pass is skipped, which is no failure."""
+        if self.leadership is not None and not self.leadership.held():
+            self.skipped += 1
+            return True
         self.passes += 1
         try:
             self.run_once()
@@ -176,6 +197,8 @@ class Worker:
             "last_success_at": self.last_success_at,
             "last_error": self.last_error,
             "consecutive_failures": self.consecutive_failures,
+            "skipped": self.skipped,
+            "leader": getattr(self.leadership, "leading", None),
         }
 
 
@@ -189,8 +212,24 @@ def started(worker: W | None) -> Iterator[W | None]:
     if worker is None:
         yield None
         return
+    lease = worker.leadership
+    if lease is None and worker.leader_only:
+        lease = worker.leadership = _lease_of(worker)
+    if lease is not None:
+        lease.attach()
     worker.start()
     try:
         yield worker
     finally:
         worker.stop()
+        if lease is not None:
+            lease.detach()
+
+
+def _lease_of(worker: Worker) -> Lease | None:
+    """The lease of the database a worker works on (its ``store``), if it has one."""
+    from proofplane.service.context import Store
+    from proofplane.workers.leader import leadership_for
+
+    store = getattr(worker, "store", None)
+    return leadership_for(store) if isinstance(store, Store) else None
