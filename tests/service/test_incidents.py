@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 from typer.testing import CliRunner
 
 from proofplane.access import SYSTEM, Actor, Forbidden, Role
@@ -269,3 +270,34 @@ def test_pure_rules() -> None:
     assert svc.transition_refusal("open", "open") is not None
     assert svc.mentions({"nodes": ["n1"]}, "n1") and svc.mentions({"x": "n1/gpu0"}, "n1")
     assert not svc.mentions({"node": "n10"}, "n1")
+
+
+def test_a_failed_attestation_and_a_quarantine_name_their_runbooks(store: Store) -> None:
+    """The events that open a runbook say which one (issue 12 §8): a failed verdict names
+    attestation-failure, the node's move to quarantined (or failed) names node-failure."""
+    attested_node(store, "n1")
+    a = SimulatedAttester.create()  # a different TPM: its quote cannot verify for n1's AK
+    agent = Actor("node:n1")
+    nonce = att.issue_nonce(store, agent, "n1")
+    a.boot(demo_boot_log(b"kernel"))
+    out = att.submit_evidence(
+        store, agent, "n1", nonce.nonce, a.evidence(nonce.nonce, list(nonce.pcrs)),
+        allow_simulated=True,
+    )  # fmt: skip
+    assert not out.verdict["ok"] and out.state == "quarantined"
+    with store.read() as session:
+        events = list(session.scalars(select(EventRow).order_by(EventRow.seq)))
+    verdicts = [e for e in events if e.action == "node.attest"]
+    assert verdicts[0].details["ok"] and "runbook" not in verdicts[0].details
+    assert verdicts[-1].details["runbook"] == "attestation-failure@v1"
+    moves = [e for e in events if e.action == "node.state"]
+    assert moves[-1].details["to"] == "quarantined"
+    assert moves[-1].details["runbook"] == "node-failure@v1"
+    assert all("runbook" not in m.details for m in moves if m.details["to"] == "admitted")
+    set_node_state(store, SYSTEM, "n1", NodeState.FAILED, "psu")
+    with store.read() as session:
+        failed = session.scalars(
+            select(EventRow).where(EventRow.action == "node.state").order_by(EventRow.seq.desc())
+        ).first()
+    assert failed is not None and failed.details["to"] == "failed"
+    assert failed.details["runbook"] == "node-failure@v1"

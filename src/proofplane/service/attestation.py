@@ -49,6 +49,7 @@ from proofplane.errors import Conflict, InvalidState, NotFound, ValidationFailed
 from proofplane.model import KEEPS_WORK, NodeState, Outcome
 from proofplane.service.context import Store, Tx
 from proofplane.service.lifecycle import change_node_state
+from proofplane.service.runbooks import with_runbook
 from proofplane.store.repo import node_row
 from proofplane.store.tables import (
     AttestationNonceRow,
@@ -445,6 +446,8 @@ def submit_evidence(
                 "enforce": prow.enforce,
                 "gpu_uuids": sorted(g.uuid for g in row.gpus),
                 **_sim(simulated),
+                # a failed verdict names the runbook that answers it
+                **({} if verdict.ok else with_runbook({}, "node.attest", "failure", tx.session)),
             },
         )
         ident.updated_at = tx.now

@@ -7,6 +7,8 @@ re-placement and the engine's drain happen the same way whoever asked.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import select
 
 from proofplane.errors import InvalidState
@@ -14,6 +16,7 @@ from proofplane.model import KEEPS_WORK, NodeState, can_transition
 from proofplane.schedule.reasons import node_left_service
 from proofplane.service import execution
 from proofplane.service.context import Tx
+from proofplane.service.runbooks import with_runbook
 from proofplane.service.scheduling import ClusterView, evict, reschedule_pending
 from proofplane.store.repo import WORKLOAD_LOAD
 from proofplane.store.tables import NodeRow, PlacementRow, WorkloadRow
@@ -48,7 +51,7 @@ def change_node_state(tx: Tx, row: NodeRow, state: NodeState, reason: str | None
         "node.state",
         "node",
         row.name,
-        details={"from": current.value, "to": state.value, "reason": reason},
+        details=_with_runbook(tx, {"from": current.value, "to": state.value, "reason": reason}),
     )
     execution.node_state_changed(tx, row.name, current, state, reason)
     if state in REVOKING_STATES:
@@ -76,3 +79,10 @@ def workloads_on(tx: Tx, row: NodeRow) -> list[WorkloadRow]:
             .order_by(WorkloadRow.name)
         )
     )
+
+
+def _with_runbook(tx: Tx, details: dict[str, Any]) -> dict[str, Any]:
+    """A node that failed or was quarantined names the runbook that answers it."""
+    if details["to"] in (NodeState.FAILED.value, NodeState.QUARANTINED.value):
+        return with_runbook(details, "node.state", "success", tx.session)
+    return details

@@ -24,6 +24,7 @@ from proofplane.service.context import Store, Tx
 from proofplane.service.execution import BACKEND_UNAVAILABLE, dispatch_placed, finish
 from proofplane.service.jobs import LIVE_STATES, set_job
 from proofplane.service.lifecycle import change_node_state
+from proofplane.service.runbooks import with_runbook
 from proofplane.service.scheduling import reschedule_pending
 from proofplane.store.repo import WORKLOAD_LOAD, node_from_row, workload_from_row
 from proofplane.store.tables import ExecutionJobRow, NodeRow, WorkloadRow
@@ -57,7 +58,12 @@ def _device_mismatch(tx: Tx, backend: Backend, row: WorkloadRow, change: Change)
                 "workload",
                 row.name,
                 outcome=Outcome.FAILURE,
-                details={"node": node_name, "placed": list(want), "engine": list(got)},
+                details=with_runbook(
+                    {"node": node_name, "placed": list(want), "engine": list(got)},
+                    "workload.device_mismatch",
+                    "failure",
+                    tx.session,
+                ),  # fmt: skip
             )
 
 

@@ -51,6 +51,7 @@ from proofplane.service.context import Store, Tx
 from proofplane.service.events import event_from_row
 from proofplane.service.keys import kms_for, open_secret, seal_secret, secret_aad
 from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
+from proofplane.service.runbooks import with_runbook
 from proofplane.siem import guard
 from proofplane.siem.sink import Sink, build, deliver
 from proofplane.siem.transport import DeliveryError, TlsFilesInvalid
@@ -359,7 +360,12 @@ def _failed(store: Store, sink_id: int, name: str, cursor: int, error: str) -> N
                 "sink",
                 name,
                 outcome=Outcome.FAILURE,
-                details={"cursor": cursor, "error": error},
+                details=with_runbook(
+                    {"cursor": cursor, "error": error},
+                    "sink.delivery_failed",
+                    "failure",
+                    tx.session,
+                ),  # fmt: skip
             )
         row.consecutive_failures += 1
         row.last_error = error
