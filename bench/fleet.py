@@ -1,0 +1,489 @@
+"""Benchmark: a fleet of node agents attesting against a real ``proofplane serve`` on
+PostgreSQL (issue 20), with console reads and a trickle of workload submissions beside them.
+
+Setup (not timed; ``setup_s``): a throwaway PostgreSQL database (on ``--db``, default the test
+server) with ``--agents`` registered nodes (one H100 each) loaded in bulk through the cluster
+loader (``service.cluster.load_cluster``, what ``proofplane cluster load`` runs), the demo's
+enforcing measured-boot policy, and an admin token. Each agent is a software TPM (ECC P-256 EK
+and AK, PCRs from the demo's synthetic boot log): ECC keys take microseconds to make, where
+10,000 RSA-2048 EKs would take minutes; the server's work per enrollment is one ECDH instead of
+one RSA encryption. Agents authenticate with one operator token (nodes:write), not per-node
+agent credentials. One ``proofplane serve`` (``--workers`` when serve takes it), access logs to
+/dev/null, the staleness check every ``--stale-check`` s with a grace of ``--grace`` s.
+
+Timed, over HTTP with the server's real verifier:
+
+1. **enrollment** — every agent enrolls once (``enroll`` → MakeCredential answered by the
+   software EK → ``activate`` → ``nonce`` → ``evidence``; a passing round admits the node),
+   ``--enroll-concurrency`` at a time: nodes/s and per-request latency.
+2. **steady** — for ``--duration`` s each agent attests every ``--interval`` s ± ``--jitter``
+   (its first round at a random offset: a fleet, not a thundering herd), each round ``nonce`` +
+   ``evidence``; beside it ``--console-rate`` req/s of console reads (nodes, a node, workloads,
+   events) and ``--submit-rate`` workload submissions/s, open loop. Rounds answered vs due,
+   evidence submissions/s, per request type p50/p95/p99, errors and 429s, the generator's
+   lateness, nodes quarantined (for staleness: their rounds came too late), and CPU seconds of
+   each server process (/proc/<pid>/stat) during each phase.
+
+    .venv/bin/python bench/fleet.py --json [--quick] [--agents 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import hmac
+import json
+import random
+import struct
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _server import Server, cpu_delta, pct, serve_supports_workers, throwaway_postgres
+from proofplane.access import SYSTEM
+from proofplane.attest import eventlog as el
+from proofplane.attest import tpm
+from proofplane.attest.credential import CFB, TOOLS_MAGIC, kdfa, kdfe
+from proofplane.attest.simulate import SoftTpm, demo_boot_log
+from proofplane.demo.attester import BOOTLOADERS, DEMO_POLICY, GOOD_KERNEL
+from proofplane.hardware.cluster_file import ClusterSpec, NodeSpec, gpu_uuid
+from proofplane.machine import machine
+from proofplane.model import Gpu, Node, NodeState, Tenant
+from proofplane.service.access import bootstrap_admin
+from proofplane.service.attestation import set_policy
+from proofplane.service.cluster import load_cluster
+from proofplane.service.context import Store
+from proofplane.store import migrate
+from proofplane.store.tables import NodeRow
+
+TOKEN = "ppt_bench-fleet-token-0123456789abcdef0123"
+TENANT = "fleet"
+API = "/api/v1"
+CONSOLE = (
+    ("console_nodes", f"{API}/nodes?limit=100"),
+    ("console_node", None),  # a random node
+    ("console_workloads", f"{API}/workloads"),
+    ("console_events", f"{API}/events?limit=50"),
+)
+
+
+def node_name(i: int) -> str:
+    return f"fleet-{i:05d}"
+
+
+# --- the software agent --------------------------------------------------------------------
+
+
+class EccAgent:
+    """One node's attester in software: ECC P-256 EK (L-2 template attributes, AES-128-CFB)
+    and AK, PCRs extended from the demo boot log (computed once, shared)."""
+
+    def __init__(self, name: str, pcrs: dict[str, list[bytes]], eventlog: bytes) -> None:
+        self.name = name
+        self.ek = ec.generate_private_key(ec.SECP256R1())
+        self.soft = SoftTpm(ec.generate_private_key(ec.SECP256R1()))
+        self.soft.pcrs = {b: list(v) for b, v in pcrs.items()}
+        self.eventlog = eventlog
+        nums = self.ek.public_key().public_numbers()
+        self.ek_x = nums.x.to_bytes(32, "big")
+        attrs = (tpm.FIXED_TPM | tpm.FIXED_PARENT | tpm.SENSITIVE_DATA_ORIGIN
+                 | tpm.ADMIN_WITH_POLICY | tpm.RESTRICTED | tpm.DECRYPT)  # fmt: skip
+        self.ek_public = (
+            struct.pack(">HHI", tpm.TPM_ALG_ECC, tpm.TPM_ALG_SHA256, attrs)
+            + struct.pack(">H", 0)
+            + struct.pack(">HHH", tpm.TPM_ALG_AES, 128, tpm.TPM_ALG_CFB)
+            + struct.pack(">HHH", tpm.TPM_ALG_NULL, 3, tpm.TPM_ALG_NULL)  # NIST P-256
+            + struct.pack(">H", 32) + self.ek_x
+            + struct.pack(">H", 32) + nums.y.to_bytes(32, "big")
+        )  # fmt: skip
+        self.ak_public = self.soft.ak_public
+        self.ak_name = tpm.parse_public(self.ak_public).name
+        self.soft.signer_name = tpm.ak_qualified_name(
+            tpm.parse_public(self.ek_public), tpm.parse_public(self.ak_public)
+        )
+
+    def activate(self, credential_file: bytes) -> bytes:
+        """TPM2_ActivateCredential for an ECC EK: the seed from ECDH with the ephemeral point
+        and KDFe, then the outer HMAC and the inner AES-CFB as for any EK."""
+        rest = credential_file[8:]
+        assert struct.unpack(">I", credential_file[:4])[0] == TOOLS_MAGIC
+        size = int.from_bytes(rest[:2], "big")
+        id_object, rest = rest[2 : 2 + size], rest[2 + size :]
+        point = rest[2 : 2 + int.from_bytes(rest[:2], "big")]
+        xl = int.from_bytes(point[:2], "big")
+        qx = point[2 : 2 + xl]
+        qy = point[4 + xl : 4 + xl + int.from_bytes(point[2 + xl : 4 + xl], "big")]
+        eph = ec.EllipticCurvePublicNumbers(
+            int.from_bytes(qx, "big"), int.from_bytes(qy, "big"), ec.SECP256R1()
+        ).public_key()
+        z = self.ek.exchange(ec.ECDH(), eph)
+        seed = kdfe(tpm.TPM_ALG_SHA256, z, b"IDENTITY", qx, self.ek_x, 256)
+        hmac_size = int.from_bytes(id_object[:2], "big")
+        outer, enc_identity = id_object[2 : 2 + hmac_size], id_object[2 + hmac_size :]
+        hmac_key = kdfa(tpm.TPM_ALG_SHA256, seed, b"INTEGRITY", b"", b"", 256)
+        want = hmac.new(hmac_key, enc_identity + self.ak_name, "sha256").digest()
+        assert hmac.compare_digest(want, outer), "credential not for this EK/AK"
+        key = kdfa(tpm.TPM_ALG_SHA256, seed, b"STORAGE", self.ak_name, b"", 128)
+        dec = Cipher(algorithms.AES(key), CFB(bytes(16))).decryptor()
+        plain = dec.update(enc_identity) + dec.finalize()
+        return plain[2 : 2 + int.from_bytes(plain[:2], "big")]
+
+    def evidence(self, nonce: bytes, pcrs: list[int], bank: str) -> dict[str, Any]:
+        quote, sig, values = self.soft.quote(nonce, pcrs, bank)
+        b64 = base64.b64encode
+        return {
+            "quote": b64(quote).decode(),
+            "signature": b64(sig).decode(),
+            "pcrs": {b: {str(i): v.hex() for i, v in sorted(p.items())} for b, p in values.items()},
+            "eventlog": b64(self.eventlog).decode(),
+            "inventory": None,
+        }
+
+
+def boot_state() -> tuple[dict[str, list[bytes]], bytes]:
+    """The PCRs after the demo's good boot (every agent boots the same image)."""
+    log = demo_boot_log(GOOD_KERNEL, bootloaders=BOOTLOADERS)
+    soft = SoftTpm(ec.generate_private_key(ec.SECP256R1()))
+    soft.reboot()
+    for ev in el.parse_eventlog(log).events:
+        if ev.extended:
+            soft.extend(ev.pcr, {b: d for b, d in ev.digests.items() if b in soft.pcrs})
+    return soft.pcrs, log
+
+
+# --- setup ---------------------------------------------------------------------------------
+
+
+def prepare(url: str, agents: int) -> None:
+    store = Store(url)
+    try:
+        migrate.upgrade(store.engine)
+        nodes = tuple(
+            NodeSpec(
+                Node(
+                    node_name(i),
+                    "r1",
+                    f"z{i % 8}",
+                    rack=f"rack-{i // 40:04d}",
+                    gpus=(Gpu(0, gpu_uuid(node_name(i), 0), "H100-80GB", 81920),),
+                ),
+                NodeState.REGISTERED,
+                {},
+            )  # fmt: skip
+            for i in range(agents)
+        )
+        load_cluster(store, SYSTEM, ClusterSpec("fleet", (Tenant(TENANT),), nodes, ()))
+        set_policy(store, SYSTEM, DEMO_POLICY, enforce=True)
+        bootstrap_admin(store, TOKEN)
+    finally:
+        store.dispose()
+
+
+def node_states(url: str) -> dict[str, Any]:
+    from sqlalchemy import func, select
+
+    store = Store(url)
+    try:
+        with store.read() as s:
+            rows = s.execute(select(NodeRow.state, func.count()).group_by(NodeRow.state))
+            states = {state: int(n) for state, n in rows}
+            reasons = list(
+                s.scalars(
+                    select(NodeRow.state_reason)
+                    .where(NodeRow.state == NodeState.QUARANTINED.value)
+                    .limit(3)
+                )
+            )
+    finally:
+        store.dispose()
+    return {"states": states, "quarantined_reasons_sample": reasons}
+
+
+# --- the load ------------------------------------------------------------------------------
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.lat: dict[str, list[float]] = {}
+        self.status: dict[str, dict[str, int]] = {}
+        self.late: list[float] = []
+
+    def add(self, kind: str, code: int | str, ms: float) -> None:
+        st = self.status.setdefault(kind, {})
+        st[str(code)] = st.get(str(code), 0) + 1
+        if isinstance(code, int) and 200 <= code < 300:
+            self.lat.setdefault(kind, []).append(ms)
+
+    def summary(self) -> dict[str, Any]:
+        out = {}
+        for kind, st in sorted(self.status.items()):
+            lat = self.lat.get(kind, [])
+            out[kind] = {
+                "requests": sum(st.values()),
+                "p50_ms": round(pct(lat, 0.5), 2),
+                "p95_ms": round(pct(lat, 0.95), 2),
+                "p99_ms": round(pct(lat, 0.99), 2),
+                "status": st,
+            }
+        return out
+
+
+async def call(c: httpx.AsyncClient, rec: Recorder, kind: str, method: str, path: str,
+               body: Any = None) -> httpx.Response | None:  # fmt: skip
+    t = time.perf_counter()
+    try:
+        r = await c.request(method, path, json=body)
+    except httpx.TimeoutException:
+        rec.add(kind, "timeout", 0.0)
+        return None
+    except httpx.HTTPError:
+        rec.add(kind, "error", 0.0)
+        return None
+    rec.add(kind, r.status_code, (time.perf_counter() - t) * 1000)
+    return r
+
+
+async def attest_round(c: httpx.AsyncClient, rec: Recorder, a: EccAgent) -> bool:
+    r = await call(c, rec, "nonce", "POST", f"{API}/nodes/{a.name}/attestation/nonce")
+    if r is None or r.status_code != 201:
+        return False
+    n = r.json()
+    ev = a.evidence(bytes.fromhex(n["nonce"]), n["pcrs"], n["pcr_bank"])
+    r = await call(c, rec, "evidence", "POST", f"{API}/nodes/{a.name}/attestation/evidence",
+                   {"nonce": n["nonce"], "evidence": ev})  # fmt: skip
+    if r is None or r.status_code != 200:
+        return False
+    return bool(r.json()["verdict"].get("ok"))
+
+
+async def enroll(c: httpx.AsyncClient, rec: Recorder, a: EccAgent) -> bool:
+    b64 = base64.b64encode
+    body = {"ek_public": b64(a.ek_public).decode(), "ak_public": b64(a.ak_public).decode()}
+    r = await call(c, rec, "enroll", "POST", f"{API}/nodes/{a.name}/attestation/enroll", body)
+    if r is None or r.status_code != 200:
+        return False
+    secret = a.activate(base64.b64decode(r.json()["credential"]))
+    r = await call(c, rec, "activate", "POST", f"{API}/nodes/{a.name}/attestation/activate",
+                   {"secret": b64(secret).decode()})  # fmt: skip
+    if r is None or r.status_code != 200:
+        return False
+    return await attest_round(c, rec, a)
+
+
+def client(base: str, pool: int) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=pool, max_keepalive_connections=pool)
+    return httpx.AsyncClient(base_url=base, timeout=30, limits=limits,
+                             headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+
+
+async def enroll_all(base: str, agents: list[EccAgent], concurrency: int) -> dict[str, Any]:
+    rec = Recorder()
+    queue = list(agents)
+    ok = 0
+    async with client(base, concurrency) as c:
+        t = time.perf_counter()
+
+        async def worker() -> None:
+            nonlocal ok
+            while queue:
+                a = queue.pop()
+                done = await enroll(c, rec, a)  # (ok += await …: lost updates)
+                ok += done
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - t
+    return {"nodes": len(agents), "admitted": ok, "seconds": round(wall, 2),
+            "nodes_per_s": round(len(agents) / wall, 1), "requests": rec.summary()}  # fmt: skip
+
+
+async def steady(base: str, agents: list[EccAgent], args: argparse.Namespace) -> dict[str, Any]:
+    rec = Recorder()
+    rnd = random.Random(7)
+    due = passed = 0
+    loop = asyncio.get_running_loop()
+    async with client(base, args.pool) as c:
+        t0 = loop.time() + 0.5
+        end = t0 + args.duration
+
+        async def sleep_until(t: float) -> None:
+            wait = t - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            rec.late.append(max(0.0, loop.time() - t) * 1000)
+
+        async def agent(a: EccAgent) -> None:
+            nonlocal due, passed
+            t = t0 + rnd.uniform(0, args.interval)
+            while t < end:
+                await sleep_until(t)
+                due += 1
+                good = await attest_round(c, rec, a)
+                passed += good
+                t += args.interval * (1 + rnd.uniform(-args.jitter, args.jitter))
+
+        async def console() -> None:
+            tasks = []
+            i = 0
+            while True:
+                t = t0 + i / args.console_rate
+                if t >= end:
+                    break
+                await sleep_until(t)
+                kind, path = CONSOLE[i % len(CONSOLE)]
+                path = path or f"{API}/nodes/{agents[rnd.randrange(len(agents))].name}"
+                tasks.append(asyncio.create_task(call(c, rec, kind, "GET", path)))
+                i += 1
+            await asyncio.gather(*tasks)
+
+        async def submits() -> None:
+            tasks = []
+            i = 0
+            while args.submit_rate > 0:
+                t = t0 + i / args.submit_rate
+                if t >= end:
+                    break
+                await sleep_until(t)
+                body = {"name": f"fleet-wl-{i}", "tenant": TENANT, "gpus": {"count": 1},
+                        "command": []}  # fmt: skip
+                tasks.append(asyncio.create_task(call(c, rec, "submit", "POST",
+                                                      f"{API}/workloads", body)))  # fmt: skip
+                i += 1
+            await asyncio.gather(*tasks)
+
+        t = time.perf_counter()
+        await asyncio.gather(*(agent(a) for a in agents), console(), submits())
+        wall = time.perf_counter() - t - 0.5
+    ev = rec.status.get("evidence", {})
+    answered = sum(v for k, v in ev.items() if k == "200")
+    return {
+        "seconds": round(wall, 2),
+        "rounds_due": due,
+        "rounds_answered": answered,
+        "rounds_passed": passed,
+        "evidence_per_s": round(answered / args.duration, 1),
+        "status_429": sum(s.get("429", 0) for s in rec.status.values()),
+        "status_5xx": sum(
+            v for s in rec.status.values() for k, v in s.items() if k.isdigit() and k[0] == "5"
+        ),
+        "timeouts": sum(s.get("timeout", 0) for s in rec.status.values()),
+        "generator_late_ms": {
+            "p50": round(pct(rec.late, 0.5), 2),
+            "p99": round(pct(rec.late, 0.99), 2),
+            "max": round(max(rec.late, default=0.0), 2),
+        },  # fmt: skip
+        "requests": rec.summary(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--quick", action="store_true", help="50 agents, 10 s, interval 5 s")
+    ap.add_argument("--db", default="postgresql://127.0.0.1:5432/test",
+                    help="PostgreSQL server (a throwaway database is made on it)")  # fmt: skip
+    ap.add_argument("--agents", type=int, default=10000)
+    ap.add_argument("--interval", type=float, default=60.0, help="seconds between rounds")
+    ap.add_argument("--jitter", type=float, default=0.1, help="± fraction of the interval")
+    ap.add_argument("--duration", type=float, default=180.0, help="steady phase, seconds")
+    ap.add_argument("--console-rate", type=float, default=50.0, help="console reads/s")
+    ap.add_argument("--submit-rate", type=float, default=1.0, help="workload submissions/s")
+    ap.add_argument("--enroll-concurrency", type=int, default=32)
+    ap.add_argument("--pool", type=int, default=128, help="client connections")
+    ap.add_argument("--grace", type=float, default=None, help="default: 3 intervals, >= 10 s")
+    ap.add_argument("--stale-check", type=float, default=None, help="default: interval / 2")
+    ap.add_argument("--workers", type=int, default=None, help="serve --workers (if supported)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.agents, args.duration, args.interval = 50, 10.0, 5.0
+        args.console_rate, args.submit_rate = 10.0, 1.0
+    grace = args.grace or max(10.0, 3 * args.interval)
+    stale_check = args.stale_check or max(1.0, args.interval / 2)
+
+    supports = serve_supports_workers()
+    workers = args.workers if supports else None
+    with ExitStack() as stack:
+        tmp = Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="proofplane-bench-fleet-"))
+        )
+        url = stack.enter_context(throwaway_postgres(args.db))
+        t = time.perf_counter()
+        prepare(url, args.agents)
+        pcrs, log = boot_state()
+        agents = [EccAgent(node_name(i), pcrs, log) for i in range(args.agents)]
+        setup_s = time.perf_counter() - t
+        env = {
+            "PROOFPLANE_ATTEST_GRACE_SECONDS": str(int(grace)),
+            "PROOFPLANE_ATTEST_STALE_CHECK_SECONDS": str(int(stale_check)),
+        }
+        server = Server(url, tmp, workers=workers, env=env)
+        try:
+            server.wait_ready()
+            cpu0 = server.cpu_seconds()
+            enrolled = asyncio.run(enroll_all(server.base, agents, args.enroll_concurrency))
+            cpu1 = server.cpu_seconds()
+            run = asyncio.run(steady(server.base, agents, args))
+            cpu2 = server.cpu_seconds()
+            if server.proc.poll() is not None:
+                raise SystemExit(f"the server died:\n{server.errors_tail()}")
+        finally:
+            server.stop()
+        states = node_states(url)
+
+    enrolled["server_cpu_s"] = cpu_delta(cpu0, cpu1)
+    run["server_cpu_s"] = cpu_delta(cpu1, cpu2)
+    run["server_cpu_per_evidence_ms"] = (
+        round(1000 * run["server_cpu_s"]["total"] / run["rounds_answered"], 2)
+        if run["rounds_answered"]
+        else None
+    )
+    out: dict[str, Any] = {
+        "database": "postgresql",
+        "agents": args.agents,
+        "interval_s": args.interval,
+        "jitter": args.jitter,
+        "duration_s": args.duration,
+        "console_rate_rps": args.console_rate,
+        "submit_rate_rps": args.submit_rate,
+        "grace_s": grace,
+        "stale_check_s": stale_check,
+        "workers": workers or 1,
+        "serve_supports_workers": supports,
+        "setup_s": round(setup_s, 2),
+        "enrollment": enrolled,
+        "steady": run,
+        "nodes_after": states["states"],
+        "quarantined": states["states"].get(NodeState.QUARANTINED.value, 0),
+        "quarantined_reasons_sample": states["quarantined_reasons_sample"],
+        "note": (
+            "real proofplane serve on PostgreSQL over loopback HTTP, real verifier; agents are "
+            "software TPMs (ECC EK/AK) in one asyncio client process sharing this machine with "
+            "the server; one run"
+        ),
+        "machine": machine(),
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        e, s = out["enrollment"], out["steady"]
+        print(f"enrollment: {e['admitted']}/{e['nodes']} admitted, {e['nodes_per_s']} nodes/s")
+        print(
+            f"steady: rounds {s['rounds_answered']}/{s['rounds_due']} answered, "
+            f"{s['evidence_per_s']} evidence/s, 429 {s['status_429']}, 5xx {s['status_5xx']}, "
+            f"quarantined {out['quarantined']}, server CPU {s['server_cpu_s']['total']} s"
+        )
+        for kind, f in s["requests"].items():
+            print(f"   {kind:>18}: p50 {f['p50_ms']} p95 {f['p95_ms']} p99 {f['p99_ms']} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,43 @@
+"""bench/api.py --quick --json runs against a real ``proofplane serve`` and prints the figures
+issue 20 asks for: sequential p50/p99 per endpoint, the open-loop mix per class with status
+counts, the overload run, targets, meets and the machine; nothing answered 5xx."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ci import REPO
+
+
+def test_bench_api_quick(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROOFPLANE_")}
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "api.py"), "--json", "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+        env={**env, "HOME": str(tmp_path)},
+    )
+    data = json.loads(out.stdout)
+    assert data["machine"]["cpu_count"] >= 1 and data["runs"] == 1
+    assert data["workers"] >= 1 and data["database"] == "sqlite"
+    for name in ("healthz", "auth_me", "nodes_get", "nodes_list", "workloads_list"):
+        f = data["sequential"][name]
+        assert 0 < f["p50_ms"] <= f["p99_ms"], (name, f)
+    assert set(data["meets"]) == set(data["targets"]) == {"nodes_get_p50_ms", "nodes_list_p50_ms"}
+    assert all(isinstance(v, bool) for v in data["meets"].values())
+    for run in ("mixed", "overload"):
+        m = data[run]
+        assert m["requests"] > 0 and m["achieved_rps"] > 0 and m["answered_2xx"] > 0
+        assert m["status_5xx"] == 0 and m["errors"] == 0, m
+        assert m["generator_late_ms"]["p99"] >= 0
+        assert {"read_node", "read_nodes", "submit"} <= set(m["classes"]), m["classes"]
+        for cls, f in m["classes"].items():
+            assert f["requests"] > 0 and f["p50_ms"] >= 0, (cls, f)
+            assert not [s for s in f["status"] if s.startswith("5")], (cls, f)
+    assert data["overload"]["rate_rps"] == 5 * data["mixed"]["rate_rps"]

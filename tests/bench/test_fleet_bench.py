@@ -1,0 +1,42 @@
+"""bench/fleet.py --quick --json: software-TPM agents enroll and attest against a real
+``proofplane serve`` on PostgreSQL (its real verifier), with console reads and submissions
+beside them; every node is admitted by a passing round, rounds are answered, nothing 5xx, and
+the server's CPU time is counted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ci import REPO
+from dbtest import pg_url
+
+
+def test_bench_fleet_quick(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROOFPLANE_")}
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "fleet.py"), "--json", "--quick",
+         "--db", pg_url("test")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+        env={**env, "HOME": str(tmp_path)},
+    )  # fmt: skip
+    data = json.loads(out.stdout)
+    assert data["machine"]["cpu_count"] >= 1 and data["agents"] == 50
+    e = data["enrollment"]
+    assert e["admitted"] == e["nodes"] == 50 and e["nodes_per_s"] > 0
+    assert e["server_cpu_s"]["total"] > 0
+    s = data["steady"]
+    assert 0 < s["rounds_answered"] <= s["rounds_due"]
+    assert s["rounds_passed"] == s["rounds_answered"]
+    assert s["evidence_per_s"] > 0 and s["server_cpu_s"]["total"] > 0
+    assert s["status_5xx"] == 0 and s["timeouts"] == 0
+    for kind in ("nonce", "evidence", "console_nodes", "console_node", "submit"):
+        f = s["requests"][kind]
+        assert f["requests"] > 0 and 0 < f["p50_ms"] <= f["p99_ms"], (kind, f)
+    assert data["nodes_after"].get("admitted", 0) + data["quarantined"] == 50
