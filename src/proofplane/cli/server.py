@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 import typer
@@ -55,14 +56,16 @@ from proofplane.api.app import create_app
 from proofplane.api.routes_attest import EK_CA_BUNDLE_ENV
 from proofplane.api.tls_scope import ClientCertProtocol
 from proofplane.audit.export.config import SinkPolicy
+from proofplane.backends.base import BackendUnavailable
 from proofplane.cli import credentials, render
 from proofplane.cli.client import DEFAULT_SERVER, CliError, format_details
 from proofplane.cli.demo_agents import HttpAgents
 from proofplane.demo import swtpm as demo_swtpm
 from proofplane.demo.attester import DemoAttester, load_attested_demo
 from proofplane.demo.governance import GovernanceSeed, seed_governance
-from proofplane.errors import Conflict, ProofplaneError, ValidationFailed
+from proofplane.errors import Conflict, InvalidState, ProofplaneError, ValidationFailed
 from proofplane.hardware.cluster_file import ClusterSpec, parse_cluster
+from proofplane.model import WorkloadStatus
 from proofplane.pki import tls as pki_tls
 from proofplane.service import execution as execution_svc
 from proofplane.service import keys as keys_svc
@@ -70,6 +73,7 @@ from proofplane.service import sinks as sinks_svc
 from proofplane.service.access import MAX_TOKEN_TTL, bootstrap_admin
 from proofplane.service.cluster import load_cluster
 from proofplane.service.context import Store
+from proofplane.service.workloads import cancel_workload, list_workloads
 from proofplane.store import migrate
 from proofplane.store.db import check_private, default_database_url
 
@@ -576,15 +580,64 @@ def _serve(
             attester.stop()
         try:
             if stop_jobs and store.backend is not None:
-                backend = store.backend
                 with store_errors("cannot stop the demo's processes"):
-                    stopped = execution_svc.stop_jobs(
-                        backend, execution_svc.live_job_ids(store, backend)
-                    )
+                    stopped = stop_demo_workloads(store)
                 if stopped:
                     render.print_line(f"stopped {len(stopped)} demo workload process(es)")
+                    render.print_line(
+                        "each is recorded cancelled (workload.cancel: proofplane up stopped)"
+                    )
         finally:
             store.dispose()
+
+
+UP_STOPPED = "proofplane up stopped: the demo's processes stop with it"
+
+
+class _StoppingBackend:
+    """The engine while ``up`` stops: cancels go through; a new job is refused as the engine
+    being unavailable (capacity a cancel frees must not start processes nobody will stop)."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+        self.name = backend.name
+
+    def submit(self, job: Any) -> str:
+        raise BackendUnavailable("the engine is stopping with proofplane up")
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._backend, attr)
+
+
+def stop_demo_workloads(store: Store) -> list[str]:
+    """``up``'s shutdown: cancel every placed or running workload through the cancel use case
+    (its engine job stopped, ``workload.engine_cancel`` and ``workload.cancel`` recorded in
+    one transaction each), then stop whatever the engine still runs for this database.
+    Returns the names of the workloads cancelled."""
+    backend = store.backend
+    assert backend is not None
+    live: list[tuple[str, str]] = []
+    for status in (WorkloadStatus.PLACED, WorkloadStatus.RUNNING):
+        cursor = None
+        while True:
+            page = list_workloads(store, SYSTEM, status=status, limit=500, cursor=cursor)
+            live.extend((w.name, w.tenant) for w in page.items if w.command)  # engine work
+            cursor = page.next
+            if cursor is None:
+                break
+    cancelled = []
+    store.backend = _StoppingBackend(backend)  # type: ignore[assignment]
+    try:
+        for name, tenant in live:
+            try:
+                cancel_workload(store, SYSTEM, name, UP_STOPPED, tenant=tenant)
+            except InvalidState:  # it ended meanwhile: its end is its record
+                continue
+            cancelled.append(name)
+    finally:
+        store.backend = backend
+    execution_svc.stop_jobs(backend, execution_svc.live_job_ids(store, backend))
+    return cancelled
 
 
 # --- commands ----------------------------------------------------------------------------------
