@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=500.0, help="mixed load, requests/s")
     ap.add_argument("--duration", type=float, default=20.0, help="mixed load, seconds")
     ap.add_argument("--overload-seconds", type=float, default=5.0)
-    ap.add_argument("--workers", type=int, default=None, help="serve --workers (if supported)")
+    ap.add_argument("--workers", type=int, default=1, help="serve --workers (when serve takes it)")
     ap.add_argument("--clients", type=int, default=1, help="load-generator processes")
     ap.add_argument("--pool", type=int, default=64, help="connections per generator")
     args = ap.parse_args(argv)

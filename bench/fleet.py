@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool", type=int, default=128, help="client connections")
     ap.add_argument("--grace", type=float, default=None, help="default: 3 intervals, >= 10 s")
     ap.add_argument("--stale-check", type=float, default=None, help="default: interval / 2")
-    ap.add_argument("--workers", type=int, default=None, help="serve --workers (if supported)")
+    ap.add_argument("--workers", type=int, default=1, help="serve --workers (when serve takes it)")
     args = ap.parse_args(argv)
     if args.quick:
         args.agents, args.duration, args.interval = 50, 10.0, 5.0
