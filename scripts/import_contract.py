@@ -91,6 +91,7 @@ PURE: tuple[str, ...] = (
     "audit.export.ocsf_schema",
     "audit.export.hec",
     "audit.export.config",
+    "audit.export.times",
     "attest",
     "keys",
     "govern.changes",

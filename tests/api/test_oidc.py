@@ -38,9 +38,11 @@ from proofplane.access import SYSTEM, oidc
 from proofplane.api.app import create_app
 from proofplane.api.errors import status_for
 from proofplane.config import OidcSettings, Settings
+from proofplane.model import Outcome
 from proofplane.service import keys as keys_svc
 from proofplane.service.context import Store
 from proofplane.store.tables import EventRow, OidcLoginRow, UserRow
+from siem_checks import cef_source, events_of, valid_ocsf
 
 OIDC_DIR = TESTS / "oidc"
 CLIENT_ID = "proofplane-test"
@@ -1047,3 +1049,31 @@ def test_a_bad_group_map_is_a_loud_configuration_error(sso: Sso, app_server: _Sw
         r = sign_in(b, sso, "alice")
         assert r.status_code == 500 and r.json()["error"]["code"] == "invalid_setting"
     assert failures(sso.store)[-1].details["reason"] == "invalid_setting"
+
+
+# --- the SIEM sees where an SSO login came from (issue 21) -----------------------------------
+
+
+def test_a_real_sso_login_and_logout_export_with_the_browsers_address(sso: Any) -> None:
+    with browser() as b:
+        done = sign_in(b, sso, "alice")
+        assert done.status_code == 303, done.text
+        csrf = b.cookies["proofplane_csrf"]
+        out = b.post(f"{sso.base}{API}/auth/logout", headers={"x-csrf-token": csrf})
+        assert out.status_code == 204
+        replay = b.get(f"{sso.callback}?code=x&state=never-issued")
+        assert replay.status_code == 400
+    events = events_of(sso.store, "auth.login", "auth.logout")
+    assert [(e.action, e.outcome) for e in events] == [
+        ("auth.login", Outcome.SUCCESS),
+        ("auth.logout", Outcome.SUCCESS),
+        ("auth.login", Outcome.FAILURE),
+    ]
+    for event in events:
+        assert event.details["source_ip"] == "127.0.0.1"  # uvicorn's client, on loopback
+        out = valid_ocsf(event)
+        assert out["src_endpoint"] == {"ip": "127.0.0.1"} and out["is_remote"] is False
+        assert cef_source(event) == "127.0.0.1"
+    login, _, failed = (valid_ocsf(e) for e in events)
+    assert (login["auth_protocol_id"], login["auth_protocol"]) == (4, "OpenID")
+    assert (failed["auth_protocol_id"], failed["status_detail"]) == (4, "invalid_state")

@@ -17,29 +17,17 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from sqlalchemy import select
 
-# the real-provider fixtures (a session-scoped node provider and uvicorn server)
-from api.test_oidc import (  # noqa: F401  (fixtures are used by name)
-    API,
-    _fresh_oidc_caches,
-    app_server,
-    browser,
-    provider,
-    sign_in,
-    sso,
-)
-from ocsf_schema_files import schema
 from proofplane.access import SYSTEM, totp
 from proofplane.access import oidc as oidc_client
-from proofplane.audit.canonical import event_leaf_hash
-from proofplane.audit.export import cef, ocsf, ocsf_schema
 from proofplane.config import OidcSettings
 from proofplane.errors import ProofplaneError
 from proofplane.model import Event, Outcome
 from proofplane.service import access as svc
 from proofplane.service.context import Store
-from proofplane.store.tables import EventRow
+from siem_checks import cef_source as _cef_source
+from siem_checks import events_of as _events
+from siem_checks import valid_ocsf as _ocsf
 
 ISSUER = "http://127.0.0.1:1/oidc"  # never contacted: discovery and the exchange are stubbed
 CONFIG = OidcSettings(
@@ -52,36 +40,6 @@ CLIENT = "203.0.113.9"
 CLIENT_V6 = "2001:db8::9"
 TTL = timedelta(hours=1)
 PASSWORD = "correct horse battery staple"
-
-
-def _events(store: Store, *actions: str) -> list[Event]:
-    with store.read() as session:
-        rows = session.scalars(
-            select(EventRow).where(EventRow.action.in_(actions)).order_by(EventRow.seq)
-        )
-        return [
-            Event(r.seq, r.ts, r.actor, r.action, r.target_type, r.target_id,
-                  Outcome(r.outcome), r.details)
-            for r in rows
-        ]  # fmt: skip
-
-
-def _ocsf(event: Event) -> dict[str, Any]:
-    out = ocsf.to_ocsf(event, event_leaf_hash(event), product_version="1", hostname="cp-1")
-    errors = [str(f) for f in ocsf_schema.errors(schema().validate(out))]
-    assert errors == [], (event.action, errors)
-    warnings = [str(f) for f in schema().validate(out) if f.severity == ocsf_schema.WARNING]
-    assert warnings == [], (event.action, warnings)
-    return out
-
-
-def _cef_source(event: Event) -> str | None:
-    line = cef.format_event(event, event_leaf_hash(event), product_version="1")
-    for key in ("src", "c6a2"):
-        for part in line.split(" "):
-            if part.startswith(f"{key}="):
-                return part.split("=", 1)[1]
-    return None
 
 
 # --- the use cases, the provider stubbed ------------------------------------------------------
@@ -200,31 +158,3 @@ def test_is_remote_follows_the_address() -> None:
         event = Event(1, ts, "alice", "auth.login", "user", "alice", Outcome.SUCCESS,
                       {"method": "oidc", "source_ip": address})  # fmt: skip
         assert _ocsf(event)["is_remote"] is remote
-
-
-# --- the whole flow: a real provider, a real server ---------------------------------------------
-
-
-def test_a_real_sso_login_and_logout_export_with_the_browsers_address(sso: Any) -> None:  # noqa: F811
-    with browser() as b:
-        done = sign_in(b, sso, "alice")
-        assert done.status_code == 303, done.text
-        csrf = b.cookies["proofplane_csrf"]
-        out = b.post(f"{sso.base}{API}/auth/logout", headers={"x-csrf-token": csrf})
-        assert out.status_code == 204
-        replay = b.get(f"{sso.callback}?code=x&state=never-issued")
-        assert replay.status_code == 400
-    events = _events(sso.store, "auth.login", "auth.logout")
-    assert [(e.action, e.outcome) for e in events] == [
-        ("auth.login", Outcome.SUCCESS),
-        ("auth.logout", Outcome.SUCCESS),
-        ("auth.login", Outcome.FAILURE),
-    ]
-    for event in events:
-        assert event.details["source_ip"] == "127.0.0.1"  # uvicorn's client, on loopback
-        out = _ocsf(event)
-        assert out["src_endpoint"] == {"ip": "127.0.0.1"} and out["is_remote"] is False
-        assert _cef_source(event) == "127.0.0.1"
-    login, _, failed = (_ocsf(e) for e in events)
-    assert (login["auth_protocol_id"], login["auth_protocol"]) == (4, "OpenID")
-    assert (failed["auth_protocol_id"], failed["status_detail"]) == (4, "invalid_state")
