@@ -8,6 +8,7 @@ variables from the environment it runs in."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import stat
 import threading
@@ -643,7 +644,9 @@ def test_db_errors_are_one_message(url: str, message: str) -> None:
 
 @pytest.fixture
 def no_serving(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """Replace uvicorn.run: record the call instead of serving forever."""
+    """Replace uvicorn.run: record the call instead of serving forever (one process, so the
+    recorded app is the application object; test_serve_starts_worker_processes sets more)."""
+    monkeypatch.setenv("PROOFPLANE_SERVE_WORKERS", "1")
     calls: list[dict[str, Any]] = []
 
     def fake_run(app_: Any, **kwargs: Any) -> None:
@@ -856,12 +859,53 @@ def test_up_refuses_a_busy_port(tmp_path: Path, no_serving: list[dict[str, Any]]
     assert no_serving == []
 
 
+@pytest.mark.parametrize(
+    ("args", "env", "want"),
+    [
+        (["--workers", "3"], {}, 3),
+        ([], {"PROOFPLANE_SERVE_WORKERS": "2"}, 2),
+        ([], {"PROOFPLANE_SERVE_WORKERS": None}, os.cpu_count() or 1),  # default: one per core
+    ],
+)
+def test_serve_starts_worker_processes(
+    tmp_path: Path,
+    no_serving: list[dict[str, Any]],
+    args: list[str],
+    env: dict[str, str | None],
+    want: int,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'serve.db'}"
+    result = ok(
+        runner.invoke(app, ["serve", "--db", url, "--port", str(free_port()), *args], env=env)
+    )
+    (call,) = no_serving
+    if want == 1:
+        assert "workers" not in call and "worker processes" not in result.stdout
+        return
+    # each process builds the application from the environment the parent set up
+    assert call["app"] == "proofplane.cli.worker_app:app_from_env" and call["factory"] is True
+    assert call["workers"] == want
+    assert f"{want} worker processes" in result.stdout
+    assert os.environ.pop("PROOFPLANE_SERVE_URL") == url
+
+
+@pytest.mark.parametrize("bad", ["0", "65", "two"])
+def test_serve_refuses_a_bad_worker_count(
+    tmp_path: Path, no_serving: list[dict[str, Any]], bad: str
+) -> None:
+    url = f"sqlite:///{tmp_path / 'serve.db'}"
+    result = runner.invoke(app, ["serve", "--db", url, "--workers", bad])
+    assert result.exit_code == 2 and no_serving == []
+    assert "--workers" in result.output
+    no_traceback(result)
+
+
 def test_serve_migrates_then_serves(
     tmp_path: Path, no_serving: list[dict[str, Any]], config_dir: Path
 ) -> None:
     url = f"sqlite:///{tmp_path / 'serve.db'}"
     port = free_port()
-    result = ok(runner.invoke(app, ["serve", "--db", url, "--port", str(port)]))
+    result = ok(runner.invoke(app, ["serve", "--db", url, "--port", str(port), "--workers", "1"]))
     assert f"http://127.0.0.1:{port}" in result.stdout
     assert len(result.stdout.strip().splitlines()) == 1
     assert len(no_serving) == 1 and no_serving[0]["port"] == port

@@ -47,6 +47,7 @@ from proofplane.workers import (
     sync_worker,
 )
 from proofplane.workers.change_reviews import review_worker
+from proofplane.workers.leader import leadership_for
 
 
 @contextmanager
@@ -189,6 +190,8 @@ def create_app(
             "revision": current,
             "kms": backend.kind,
             "change_control": settings.change_control,
+            # whether this process runs the deployment's background loops (workers/leader.py)
+            "background": "leader" if leadership_for(store).leading else "follower",
         }
 
     return app

@@ -60,6 +60,7 @@ from proofplane.backends.base import BackendUnavailable
 from proofplane.cli import credentials, render
 from proofplane.cli.client import DEFAULT_SERVER, CliError, format_details
 from proofplane.cli.demo_agents import HttpAgents
+from proofplane.cli.worker_app import SERVE_URL_ENV, TlsContextFactory
 from proofplane.demo import swtpm as demo_swtpm
 from proofplane.demo.attester import DemoAttester, load_attested_demo
 from proofplane.demo.governance import GovernanceSeed, seed_governance
@@ -112,6 +113,16 @@ TlsClientOptionalOpt = typer.Option(
     envvar="PROOFPLANE_TLS_CLIENT_OPTIONAL",
     help="With --tls-client-ca: check a client certificate when one is shown, but let clients "
     "without one in (node agents with their channel certificates, people with tokens).",
+)
+WorkersOpt = typer.Option(
+    None,
+    "--workers",
+    envvar="PROOFPLANE_SERVE_WORKERS",
+    min=1,
+    max=64,
+    help="API worker processes (default: one per CPU core). Background work runs in one of "
+    "them (a leader lease on the database); the others serve requests.",
+    show_default=False,
 )
 InsecureHttpOpt = typer.Option(
     False,
@@ -289,7 +300,7 @@ def uvicorn_tls(tls: pki_tls.ServerTls | None) -> dict[str, object]:
     if tls is None:
         return {}
     if "ssl_context_factory" in inspect.signature(uvicorn.Config).parameters:
-        return {"ssl_context_factory": lambda _config, _default: tls.context()}
+        return {"ssl_context_factory": TlsContextFactory(tls)}
     return {  # pragma: no cover - older uvicorn
         "ssl_certfile": str(tls.cert),
         "ssl_keyfile": str(tls.key),
@@ -553,10 +564,12 @@ def _serve(
     stop_jobs: bool = False,
     attester: DemoAttester | None = None,
     tls: pki_tls.ServerTls | None = None,
+    workers: int = 1,
 ) -> None:
     """Serve until stopped; ``stop_jobs`` (``up``): then cancel the engine jobs still live;
     ``attester`` (``up``): the demo's simulated agents keep attesting while it serves;
-    ``tls``: serve HTTPS on these files."""
+    ``tls``: serve HTTPS on these files; ``workers`` > 1: that many worker processes, each
+    building its application from the environment (``cli/worker_app.py``)."""
     previous = _exit_on_sigterm()
     try:
         if attester is not None:
@@ -564,6 +577,22 @@ def _serve(
         # With TLS, uvicorn's h11 protocol plus the client certificate in each request's
         # scope (api/tls_scope.py): a node agent's channel certificate is its identity.
         protocol = {"http": ClientCertProtocol} if tls is not None else {}
+        if workers > 1:
+            os.environ[SERVE_URL_ENV] = store.url
+            store.dispose()  # the worker processes open their own connections
+            uvicorn.run(
+                "proofplane.cli.worker_app:app_from_env",
+                factory=True,
+                workers=workers,
+                # a worker imports and builds the whole application before it answers the
+                # supervisor's health check: seconds on a busy two-core machine
+                timeout_worker_healthcheck=60,
+                host=host,
+                port=port,
+                **uvicorn_tls(tls),
+                **protocol,  # type: ignore[arg-type]
+            )
+            return
         with store_errors("cannot start the server"):  # e.g. a KMS setting that is wrong
             application = create_app(store, settings, execution)
         uvicorn.run(
@@ -652,6 +681,7 @@ def serve(
     tls_client_ca: str | None = TlsClientCaOpt,
     tls_client_optional: bool = TlsClientOptionalOpt,
     insecure_http: bool = InsecureHttpOpt,
+    workers: int | None = WorkersOpt,
 ) -> None:
     """Run the control plane API on an existing database (migrated on start).
 
@@ -684,7 +714,12 @@ def serve(
         render.print_line(f"clients {must} present a certificate signed by {tls.client_ca}")
     if installed:
         render.print_line("created user admin with the PROOFPLANE_ADMIN_TOKEN token (90 days)")
-    _serve(store, host, port, settings, execution, tls=tls)
+    processes = workers or os.cpu_count() or 1
+    if processes > 1:
+        render.print_line(
+            f"{processes} worker processes; background work runs in the one holding the lease"
+        )
+    _serve(store, host, port, settings, execution, tls=tls, workers=processes)
 
 
 def _swtpm_nodes(spec: ClusterSpec) -> tuple[demo_swtpm.SwtpmFleet | None, str]:

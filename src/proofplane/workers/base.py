@@ -217,6 +217,7 @@ def started(worker: W | None) -> Iterator[W | None]:
         lease = worker.leadership = _lease_of(worker)
     if lease is not None:
         lease.attach()
+        lease.held()  # take the lease now if it is free: a leader is known before any pass
     worker.start()
     try:
         yield worker

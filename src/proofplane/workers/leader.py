@@ -15,7 +15,8 @@ successor takes over on its next tick without a timeout to tune:
   drops it when the holding process exits, however it exits.
 
 ``Leadership.held()`` is cheap when already held (one look at ``pg_locks`` on PostgreSQL,
-which also notices a connection that died or was replaced, nothing on SQLite) and tries to take the lease when not.
+which also notices a connection that died or was replaced, nothing on SQLite) and tries to
+take the lease when not.
 """
 
 from __future__ import annotations
