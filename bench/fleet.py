@@ -67,6 +67,7 @@ from proofplane.store.tables import NodeRow
 
 TOKEN = "ppt_bench-fleet-token-0123456789abcdef0123"
 TENANT = "fleet"
+ENROLL_TRIES = 20
 API = "/api/v1"
 CONSOLE = (
     ("console_nodes", f"{API}/nodes?limit=100"),
@@ -212,7 +213,9 @@ def node_states(url: str) -> dict[str, Any]:
 
 
 class Recorder:
-    def __init__(self) -> None:
+    def __init__(self, connections: int) -> None:
+        # requests wait here (FIFO, cheap) for one of the connections, not in httpx's pool
+        self.sem = asyncio.Semaphore(connections)
         self.lat: dict[str, list[float]] = {}
         self.status: dict[str, dict[str, int]] = {}
         self.late: list[float] = []
@@ -239,6 +242,12 @@ class Recorder:
 
 async def call(c: httpx.AsyncClient, rec: Recorder, kind: str, method: str, path: str,
                body: Any = None) -> httpx.Response | None:  # fmt: skip
+    async with rec.sem:
+        return await _call(c, rec, kind, method, path, body)
+
+
+async def _call(c: httpx.AsyncClient, rec: Recorder, kind: str, method: str, path: str,
+                body: Any) -> httpx.Response | None:  # fmt: skip
     t = time.perf_counter()
     try:
         r = await c.request(method, path, json=body)
@@ -252,31 +261,66 @@ async def call(c: httpx.AsyncClient, rec: Recorder, kind: str, method: str, path
     return r
 
 
-async def attest_round(c: httpx.AsyncClient, rec: Recorder, a: EccAgent) -> bool:
+async def attest_round(c: httpx.AsyncClient, rec: Recorder, a: EccAgent) -> bool | None:
+    """One round: passed (True), failed (False), or refused with 429 (None, after waiting
+    its Retry-After)."""
     r = await call(c, rec, "nonce", "POST", f"{API}/nodes/{a.name}/attestation/nonce")
+    if r is not None and r.status_code == 429:
+        await asyncio.sleep(_retry_after(r))
+        return None
     if r is None or r.status_code != 201:
         return False
     n = r.json()
     ev = a.evidence(bytes.fromhex(n["nonce"]), n["pcrs"], n["pcr_bank"])
     r = await call(c, rec, "evidence", "POST", f"{API}/nodes/{a.name}/attestation/evidence",
                    {"nonce": n["nonce"], "evidence": ev})  # fmt: skip
+    if r is not None and r.status_code == 429:
+        await asyncio.sleep(_retry_after(r))
+        return None
     if r is None or r.status_code != 200:
         return False
     return bool(r.json()["verdict"].get("ok"))
 
 
 async def enroll(c: httpx.AsyncClient, rec: Recorder, a: EccAgent) -> bool:
+    """Enroll, activate, first round; an answer of 429 is retried after its Retry-After (an
+    agent's backoff), up to ``ENROLL_TRIES`` times."""
+    for _ in range(ENROLL_TRIES):
+        done = await _enroll(c, rec, a)
+        if done is not None:
+            return done
+    return False
+
+
+async def _enroll(c: httpx.AsyncClient, rec: Recorder, a: EccAgent) -> bool | None:
     b64 = base64.b64encode
     body = {"ek_public": b64(a.ek_public).decode(), "ak_public": b64(a.ak_public).decode()}
     r = await call(c, rec, "enroll", "POST", f"{API}/nodes/{a.name}/attestation/enroll", body)
+    if r is not None and r.status_code == 429:
+        await asyncio.sleep(_retry_after(r))
+        return None
     if r is None or r.status_code != 200:
         return False
     secret = a.activate(base64.b64decode(r.json()["credential"]))
     r = await call(c, rec, "activate", "POST", f"{API}/nodes/{a.name}/attestation/activate",
                    {"secret": b64(secret).decode()})  # fmt: skip
+    if r is not None and r.status_code == 429:
+        await asyncio.sleep(_retry_after(r))
+        return None
     if r is None or r.status_code != 200:
         return False
-    return await attest_round(c, rec, a)
+    for _ in range(ENROLL_TRIES):
+        got = await attest_round(c, rec, a)
+        if got is not None:
+            return got
+    return False
+
+
+def _retry_after(r: httpx.Response) -> float:
+    try:
+        return min(30.0, max(0.05, float(r.headers.get("retry-after", "1"))))
+    except ValueError:
+        return 1.0
 
 
 def client(base: str, pool: int) -> httpx.AsyncClient:
@@ -286,7 +330,7 @@ def client(base: str, pool: int) -> httpx.AsyncClient:
 
 
 async def enroll_all(base: str, agents: list[EccAgent], concurrency: int) -> dict[str, Any]:
-    rec = Recorder()
+    rec = Recorder(concurrency)
     queue = list(agents)
     ok = 0
     async with client(base, concurrency) as c:
@@ -306,7 +350,7 @@ async def enroll_all(base: str, agents: list[EccAgent], concurrency: int) -> dic
 
 
 async def steady(base: str, agents: list[EccAgent], args: argparse.Namespace) -> dict[str, Any]:
-    rec = Recorder()
+    rec = Recorder(args.pool)
     rnd = random.Random(7)
     due = passed = 0
     loop = asyncio.get_running_loop()
@@ -326,8 +370,8 @@ async def steady(base: str, agents: list[EccAgent], args: argparse.Namespace) ->
             while t < end:
                 await sleep_until(t)
                 due += 1
-                good = await attest_round(c, rec, a)
-                passed += good
+                good = await attest_round(c, rec, a)  # a 429: this round is lost, counted
+                passed += bool(good)
                 t += args.interval * (1 + rnd.uniform(-args.jitter, args.jitter))
 
         async def console() -> None:
