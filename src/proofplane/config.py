@@ -33,6 +33,10 @@ class OidcSettings:
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: PROOFPLANE_MAX_BODY_BYTES
 MAX_EVIDENCE_BYTES = 16 << 20  # 16 MiB: PROOFPLANE_MAX_EVIDENCE_BYTES
+# Requests in flight per worker process (issue 20, §4): PROOFPLANE_MAX_INFLIGHT_<LEVEL>.
+MAX_INFLIGHT = {"attestation": 32, "read": 32, "write": 16}
+MAX_INFLIGHT_CLIENT_SHARE = 0.5  # PROOFPLANE_MAX_INFLIGHT_CLIENT_SHARE
+MAX_QUEUE_WAIT_MS = 50  # PROOFPLANE_MAX_QUEUE_WAIT_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +76,13 @@ class Settings:
     # default 60; None or 0: never) and alerts once an hour per overdue change.
     emergency_review_hours: float = 24.0
     change_review_check_interval_s: float | None = None
+    # Overload (issue 20, §4): per worker process, at most ``max_inflight[level]`` requests in
+    # flight per priority level ("attestation": the agents' routes, "read", "write"), at most
+    # ``max_inflight_client_share`` of a level's slots to one client; a request that finds none
+    # waits at most ``max_queue_wait_ms`` in a small queue, then is refused: 429 + Retry-After.
+    max_inflight: dict[str, int] = field(default_factory=lambda: dict(MAX_INFLIGHT))
+    max_inflight_client_share: float = MAX_INFLIGHT_CLIENT_SHARE
+    max_queue_wait_ms: float = MAX_QUEUE_WAIT_MS
 
 
 DEMO_ATTESTERS = ("simulated",)
@@ -96,6 +107,25 @@ def _bytes(env: dict[str, str], name: str, default: int, low: int, high: int) ->
     if not raw.isdigit() or not low <= int(raw) <= high:
         raise ValidationFailed(f"{name} must be {low}..{high} bytes", code="invalid_setting")
     return int(raw)
+
+
+def _count(env: dict[str, str], name: str, default: int, low: int, high: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise ValidationFailed(
+            f"{name} must be a whole number {low}..{high}", code="invalid_setting"
+        )
+    return int(raw)
+
+
+def _max_inflight(env: dict[str, str]) -> dict[str, int]:
+    """PROOFPLANE_MAX_INFLIGHT_ATTESTATION, _READ, _WRITE: 1..1024 each."""
+    return {
+        level: _count(env, f"PROOFPLANE_MAX_INFLIGHT_{level.upper()}", default, 1, 1024)
+        for level, default in MAX_INFLIGHT.items()
+    }
 
 
 def _flag(env: dict[str, str], name: str) -> bool:
@@ -192,6 +222,13 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
             env, "PROOFPLANE_CHANGE_REVIEW_CHECK_SECONDS", "60", 0, 3600
         )
         or None,
+        max_inflight=_max_inflight(env),
+        max_inflight_client_share=_seconds(
+            env, "PROOFPLANE_MAX_INFLIGHT_CLIENT_SHARE", str(MAX_INFLIGHT_CLIENT_SHARE), 0.01, 1
+        ),
+        max_queue_wait_ms=_seconds(
+            env, "PROOFPLANE_MAX_QUEUE_WAIT_MS", str(MAX_QUEUE_WAIT_MS), 0, 1000
+        ),
     )
 
 

@@ -29,6 +29,7 @@ from proofplane.api.deps import public
 from proofplane.api.middleware_errors import ServerErrors
 from proofplane.api.middleware_headers import DOCS_CONTENT_SECURITY_POLICY, SecurityHeaders
 from proofplane.api.middleware_limits import BodyLimit, route_limits
+from proofplane.api.middleware_overload import Overload, limiter_for
 from proofplane.api.request_body import checked_json_body
 from proofplane.api.routes import router
 from proofplane.config import ExecutionSettings, Settings
@@ -150,8 +151,16 @@ def create_app(
     )
     # Outside Starlette's own outermost layer too, so that its 500 answers carry them.
     docs_csp = {"/docs": DOCS_CONTENT_SECURITY_POLICY} if settings.api_docs else {}
+    # Overload (issue 20, §4): requests in flight per level and per client, outside everything
+    # but the security headers, so a refusal costs nothing and still carries them; its counters
+    # are app.state.overload.snapshot() (this worker process's), also on /readyz.
+    overload = app.state.overload = limiter_for(
+        settings.max_inflight, settings.max_inflight_client_share
+    )
     build_stack = app.build_middleware_stack
-    app.build_middleware_stack = lambda: SecurityHeaders(build_stack(), docs_csp)  # type: ignore[method-assign]
+    app.build_middleware_stack = lambda: SecurityHeaders(  # type: ignore[method-assign]
+        Overload(build_stack(), overload, settings.max_queue_wait_ms / 1000), docs_csp
+    )
 
     @app.get("/healthz", tags=["health"], dependencies=[Depends(public)])
     def healthz() -> dict[str, str]:
@@ -192,6 +201,7 @@ def create_app(
             "change_control": settings.change_control,
             # whether this process runs the deployment's background loops (workers/leader.py)
             "background": "leader" if leadership_for(store).leading else "follower",
+            "overload": overload.snapshot(),  # this worker process's requests in flight
         }
 
     return app

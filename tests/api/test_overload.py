@@ -1,0 +1,404 @@
+"""Overload is refused, not queued (issue 20, §4).
+
+Each priority level (the agents' attestation routes, reads, writes) has its own requests in
+flight per worker process, one client at most its share of them; past that a request waits a
+few milliseconds at most and is answered 429 ``too_many_requests`` with ``Retry-After``, in the
+API's error shape. The health probes are exempt, and a slot is freed however the request ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio.to_thread
+import httpx
+import pytest
+
+from proofplane.api.app import create_app
+from proofplane.api.middleware_overload import THREAD_HEADROOM, Overload, client_key, limiter_for
+from proofplane.api.overload import (
+    ATTESTATION,
+    CLIENT_SHARE,
+    LEVEL_FULL,
+    READ,
+    WRITE,
+    Budget,
+    Limiter,
+    Refused,
+    Ticket,
+    classify,
+)
+from proofplane.config import MAX_INFLIGHT, Settings, from_env
+from proofplane.errors import ValidationFailed
+from proofplane.service.context import Store
+
+MAX_WAIT_S = 0.05
+# A refusal comes after at most the queue wait; the margin is for a loaded 2-core test box.
+REFUSAL_BOUND_S = MAX_WAIT_S + 0.15
+
+
+# -- the classifier ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "level"),
+    [
+        ("POST", "/api/v1/nodes/n1/attestation/evidence", ATTESTATION),
+        ("POST", "/api/v1/nodes/n1/attestation/nonce", ATTESTATION),
+        ("POST", "/api/v1/nodes/n1/attestation/enroll", ATTESTATION),
+        ("POST", "/api/v1/nodes/n1/attestation/activate", ATTESTATION),
+        ("POST", "/api/v1/nodes/n1/agent-certificate", ATTESTATION),
+        ("GET", "/api/v1/pki/ca", ATTESTATION),
+        ("GET", "/api/v1/pki/crl", ATTESTATION),
+        ("GET", "/api/v1/nodes/n1/attestation", READ),  # the console's view of it
+        ("GET", "/api/v1/nodes/n1/evidence", READ),
+        ("GET", "/api/v1/nodes", READ),
+        ("HEAD", "/api/v1/nodes", READ),
+        ("GET", "/", READ),
+        ("get", "/api/v1/workloads", READ),
+        ("POST", "/api/v1/workloads", WRITE),
+        ("PUT", "/api/v1/attestation/policy", WRITE),
+        ("PATCH", "/api/v1/nodes/n1", WRITE),
+        ("DELETE", "/api/v1/tokens/x", WRITE),
+        ("POST", "/api/v1/nodes/n1/attestation/evidence/extra", WRITE),
+        ("POST", "/api/v1/nodes/a/b/attestation/evidence", WRITE),
+        ("POST", "/api/v1/login", WRITE),
+        ("GET", "/healthz", None),
+        ("GET", "/readyz", None),
+    ],
+)
+def test_classify(method: str, path: str, level: str | None) -> None:
+    assert classify(method, path) == level
+
+
+def test_client_key_is_the_token_hash_else_the_session_else_the_address() -> None:
+    def scope(*headers: tuple[bytes, bytes], client: Any = ("10.0.0.7", 5000)) -> dict[str, Any]:
+        return {"headers": list(headers), "client": client}
+
+    bearer = client_key(scope((b"authorization", b"Bearer ppt_secret-token-123")))
+    assert bearer.startswith("t:") and "secret" not in bearer and len(bearer) == 18
+    assert bearer == client_key(scope((b"authorization", b"bearer ppt_secret-token-123")))
+    assert bearer != client_key(scope((b"authorization", b"Bearer ppt_other")))
+    session = client_key(scope((b"cookie", b"a=b; proofplane_session=s3cret; c=d")))
+    assert session.startswith("s:") and "s3cret" not in session
+    assert client_key(scope()) == "a:10.0.0.7"
+    assert client_key(scope((b"authorization", b"Basic abc"))) == "a:10.0.0.7"
+    assert client_key(scope(client=None)) == "a:?"
+
+
+# -- the limiter --------------------------------------------------------------------------------
+
+
+def limiter(attestation: int = 4, read: int = 4, write: int = 2, share: float = 0.5) -> Limiter:
+    return limiter_for({ATTESTATION: attestation, READ: read, WRITE: write}, share)
+
+
+def nothing() -> None:
+    pass
+
+
+def test_budget_shares() -> None:
+    assert Budget.of(32, 0.5) == Budget(32, 16, 16, 8)
+    assert Budget.of(1, 0.5) == Budget(1, 1, 1, 1)
+    assert Budget.of(5, 1.0) == Budget(5, 5, 2, 2)
+    with pytest.raises(ValueError):
+        Budget.of(0, 0.5)
+    with pytest.raises(ValueError):
+        Budget.of(4, 0)
+    with pytest.raises(ValueError):
+        Limiter({READ: Budget.of(1, 1)})
+
+
+def test_levels_are_separate_budgets() -> None:
+    lim = limiter(share=1.0)
+    assert all(lim.acquire(READ, f"c{i}", nothing) is True for i in range(4))
+    queued = lim.acquire(READ, "c9", nothing)
+    assert isinstance(queued, Ticket)
+    assert lim.acquire(READ, "c10", nothing) is not True
+    assert lim.acquire(ATTESTATION, "c0", nothing) is True
+    assert lim.acquire(WRITE, "c0", nothing) is True
+    snap = lim.snapshot()
+    assert snap[READ]["in_flight"] == 4 and snap[READ]["queued"] == 2
+    assert snap[ATTESTATION]["in_flight"] == snap[WRITE]["in_flight"] == 1
+
+
+def test_a_client_gets_its_share_and_no_more() -> None:
+    lim = limiter(read=4, share=0.5)
+    assert lim.acquire(READ, "flood", nothing) is True
+    assert lim.acquire(READ, "flood", nothing) is True
+    waiting = lim.acquire(READ, "flood", nothing)  # a place in the queue (1 per client)
+    assert isinstance(waiting, Ticket)
+    refused = lim.acquire(READ, "flood", nothing)
+    assert refused == Refused(READ, CLIENT_SHARE, 2)
+    assert lim.acquire(READ, "other", nothing) is True  # the level still admits others
+    assert lim.give_up(waiting) == Refused(READ, CLIENT_SHARE, 2)
+    snap = lim.snapshot()[READ]
+    assert snap["in_flight"] == 3 and snap["clients"] == 2 and snap["queued"] == 0
+    assert snap["refused"] == {CLIENT_SHARE: 2, LEVEL_FULL: 0}
+
+
+def test_a_freed_slot_goes_to_the_first_waiter_under_its_share() -> None:
+    lim = limiter(read=4, share=0.5)  # 2 per client; 2 places in the queue, 1 per client
+    woken: list[str] = []
+    for client in ("a", "a", "b", "b"):
+        assert lim.acquire(READ, client, nothing) is True
+    a3 = lim.acquire(READ, "a", lambda: woken.append("a3"))  # a holds its share already
+    c1 = lim.acquire(READ, "c", lambda: woken.append("c1"))
+    assert isinstance(a3, Ticket) and isinstance(c1, Ticket)
+    lim.release(READ, "b")  # a is at its share: c's waiter gets the slot, past a's
+    assert woken == ["c1"] and c1.granted and not a3.granted
+    assert lim.give_up(c1) is None  # its time ran out as it was handed over: it holds it
+    lim.release(READ, "a")
+    assert woken == ["c1", "a3"] and a3.granted
+    snap = lim.snapshot()[READ]
+    assert snap["in_flight"] == 4 and snap["admitted"] == 6 and snap["admitted_after_wait"] == 2
+    assert snap["peak_in_flight"] == 4 and snap["clients"] == 3
+    for client in ("a", "a", "b", "c"):
+        lim.release(READ, client)
+    assert lim.snapshot()[READ]["in_flight"] == 0 and lim.snapshot()[READ]["clients"] == 0
+
+
+def test_the_queue_is_bounded() -> None:
+    lim = limiter(write=2, share=1.0)  # one place in the queue
+    assert lim.acquire(WRITE, "a", nothing) is True
+    assert lim.acquire(WRITE, "b", nothing) is True
+    assert isinstance(lim.acquire(WRITE, "c", nothing), Ticket)
+    assert lim.acquire(WRITE, "d", nothing) == Refused(WRITE, LEVEL_FULL, 2)
+
+
+# -- the middleware, with a slow endpoint -------------------------------------------------------
+
+
+class SlowApp:
+    """An ASGI app whose ``/slow`` requests wait for :meth:`finish`; ``/boom`` raises."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.started = 0
+
+    def finish(self) -> None:
+        self.gate.set()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        path = scope["path"]
+        if path.endswith("/boom"):
+            raise RuntimeError("boom")
+        if "slow" in scope.get("query_string", b"").decode() or path.endswith("/slow"):
+            self.started += 1
+            await self.gate.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+def run(
+    body: Callable[[httpx.AsyncClient, SlowApp, Limiter], Awaitable[None]],
+    lim: Limiter | None = None,
+) -> None:
+    lim = lim or limiter()
+    app = SlowApp()
+    transport = httpx.ASGITransport(app=Overload(app, lim, MAX_WAIT_S))
+
+    async def main() -> None:
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            await body(c, app, lim)
+
+    asyncio.run(main())
+
+
+def as_client(n: int | str) -> dict[str, str]:
+    return {"Authorization": f"Bearer ppt_client-{n}"}
+
+
+async def hang(
+    c: httpx.AsyncClient,
+    app: SlowApp,
+    n: int,
+    method: str,
+    path: str,
+    kw: Callable[[int], dict[str, Any]],
+) -> list[asyncio.Task[httpx.Response]]:
+    """Start ``n`` requests (the i-th with ``kw(i)``) that stay in flight until
+    ``app.finish()``."""
+    started = app.started
+    tasks = [asyncio.create_task(c.request(method, path, **kw(i))) for i in range(n)]
+    while app.started < started + n:
+        await asyncio.sleep(0.001)
+    return tasks
+
+
+def refused(r: httpx.Response, level: str, reason: str) -> None:
+    assert r.status_code == 429, r.text
+    assert r.headers["retry-after"] == "1"
+    assert r.headers["content-type"] == "application/json"
+    err = r.json()["error"]
+    assert set(err) == {"code", "message", "details"} and err["code"] == "too_many_requests"
+    assert err["details"]["level"] == level and err["details"]["reason"] == reason
+    assert err["details"]["retry_after_s"] == 1
+
+
+def test_over_the_limit_is_refused_fast_and_other_levels_still_admit() -> None:
+    async def body(c: httpx.AsyncClient, app: SlowApp, lim: Limiter) -> None:
+        reads = await hang(c, app, 4, "GET", "/api/v1/nodes/slow", kw=lambda i: {
+            "headers": as_client(i)})  # fmt: skip
+        t = time.perf_counter()
+        r = await c.get("/api/v1/nodes", headers=as_client("late"))
+        took = time.perf_counter() - t
+        refused(r, READ, LEVEL_FULL)
+        assert took <= REFUSAL_BOUND_S, took
+        assert "4 read requests" in r.json()["error"]["message"]
+        # the flood of reads takes nothing from the agents or the writers
+        ok = await c.post("/api/v1/nodes/n1/attestation/evidence", headers=as_client(0))
+        assert ok.status_code == 200
+        assert (await c.post("/api/v1/workloads", headers=as_client(0))).status_code == 200
+        assert (await c.get("/healthz")).status_code == 200  # nor from the probes
+        assert (await c.get("/readyz")).status_code == 200
+        snap = lim.snapshot()
+        assert snap[READ]["in_flight"] == 4 and snap[READ]["refused"][LEVEL_FULL] == 1
+        assert snap[ATTESTATION]["admitted"] == snap[WRITE]["admitted"] == 1
+        app.finish()
+        assert [r.status_code for r in await asyncio.gather(*reads)] == [200] * 4
+        assert lim.snapshot()[READ]["in_flight"] == 0
+
+    run(body, limiter(share=1.0))
+
+
+def test_a_flooding_client_cannot_take_the_whole_level() -> None:
+    async def body(c: httpx.AsyncClient, app: SlowApp, lim: Limiter) -> None:
+        mine = await hang(c, app, 2, "GET", "/api/v1/nodes/slow", kw=lambda i: {
+            "headers": as_client("flood")})  # fmt: skip
+        t = time.perf_counter()
+        more = await asyncio.gather(
+            *(c.get("/api/v1/nodes", headers=as_client("flood")) for _ in range(5))
+        )
+        assert time.perf_counter() - t <= REFUSAL_BOUND_S
+        for r in more:
+            refused(r, READ, CLIENT_SHARE)
+        # other clients (by token, by session, by address) still get in
+        assert (await c.get("/api/v1/nodes", headers=as_client("b"))).status_code == 200
+        cookie = {"Cookie": "proofplane_session=abc"}
+        assert (await c.get("/api/v1/nodes", headers=cookie)).status_code == 200
+        assert (await c.get("/api/v1/nodes")).status_code == 200
+        app.finish()
+        await asyncio.gather(*mine)
+
+    run(body, limiter(read=4, share=0.5))
+
+
+def test_a_waiter_gets_a_slot_freed_within_the_wait() -> None:
+    async def body(c: httpx.AsyncClient, app: SlowApp, lim: Limiter) -> None:
+        hung = await hang(c, app, 2, "POST", "/api/v1/workloads/slow", kw=lambda i: {
+            "headers": as_client(i)})  # fmt: skip
+        waiting = asyncio.create_task(c.post("/api/v1/workloads", headers=as_client("w")))
+        while lim.snapshot()[WRITE]["queued"] == 0:
+            await asyncio.sleep(0.001)
+        app.finish()
+        assert (await waiting).status_code == 200
+        await asyncio.gather(*hung)
+        snap = lim.snapshot()[WRITE]
+        assert snap["admitted_after_wait"] == 1 and snap["in_flight"] == 0
+        assert snap["refused"] == {CLIENT_SHARE: 0, LEVEL_FULL: 0}
+
+    run(body, limiter(write=2, share=1.0))
+
+
+def test_slots_are_freed_after_an_exception_and_a_client_going_away() -> None:
+    async def body(c: httpx.AsyncClient, app: SlowApp, lim: Limiter) -> None:
+        with pytest.raises(RuntimeError):
+            await c.get("/api/v1/boom")
+        assert lim.snapshot()[READ]["in_flight"] == 0
+        hung = await hang(c, app, 2, "GET", "/api/v1/nodes/slow", kw=lambda i: {
+            "headers": as_client(i)})  # fmt: skip
+        waiting = asyncio.create_task(c.get("/api/v1/nodes", headers=as_client("w")))
+        while lim.snapshot()[READ]["queued"] == 0:
+            await asyncio.sleep(0.001)
+        assert lim.snapshot()[READ]["in_flight"] == 2
+        for task in (*hung, waiting):  # the clients go away: the requests are cancelled
+            task.cancel()
+        await asyncio.gather(*hung, waiting, return_exceptions=True)
+        snap = lim.snapshot()[READ]
+        assert snap["in_flight"] == 0 and snap["queued"] == 0 and snap["clients"] == 0
+        assert (await c.get("/api/v1/nodes")).status_code == 200
+
+    run(body, limiter(read=2, share=1.0))
+
+
+def test_the_thread_pool_is_larger_than_the_slots() -> None:
+    lim = limiter_for(MAX_INFLIGHT, 0.5)
+
+    async def main() -> int:
+        app = Overload(SlowApp(), lim, MAX_WAIT_S)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            assert (await c.get("/api/v1/nodes")).status_code == 200
+        return anyio.to_thread.current_default_thread_limiter().total_tokens
+
+    assert asyncio.run(main()) >= sum(MAX_INFLIGHT.values()) + THREAD_HEADROOM
+
+
+# -- in the API -----------------------------------------------------------------------------------
+
+
+def test_the_api_refuses_in_its_error_shape_with_its_security_headers(store: Store) -> None:
+    settings = Settings(max_inflight={ATTESTATION: 2, READ: 2, WRITE: 1})
+    app = create_app(store, settings)
+    lim: Limiter = app.state.overload
+    assert lim.budget(READ) == Budget(2, 1, 1, 1)
+    for client in ("x", "y"):  # two requests of others in flight
+        assert lim.acquire(READ, client, nothing) is True
+
+    async def main() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            t = time.perf_counter()
+            r = await c.get("/api/v1/nodes", headers=as_client("z"))
+            assert time.perf_counter() - t <= REFUSAL_BOUND_S
+            refused(r, READ, LEVEL_FULL)
+            assert r.headers["x-content-type-options"] == "nosniff"
+            ready = await c.get("/readyz")
+            assert ready.status_code == 200, ready.text
+            assert ready.json()["overload"][READ]["refused"][LEVEL_FULL] == 1
+            assert ready.json()["overload"][READ]["in_flight"] == 2
+
+    asyncio.run(main())
+
+
+# -- settings -------------------------------------------------------------------------------------
+
+
+def test_settings_from_the_environment() -> None:
+    s = from_env({})
+    assert s.max_inflight == {ATTESTATION: 32, READ: 32, WRITE: 16}
+    assert s.max_inflight_client_share == 0.5 and s.max_queue_wait_ms == 50
+    s = from_env(
+        {
+            "PROOFPLANE_MAX_INFLIGHT_ATTESTATION": "64",
+            "PROOFPLANE_MAX_INFLIGHT_READ": "8",
+            "PROOFPLANE_MAX_INFLIGHT_WRITE": "4",
+            "PROOFPLANE_MAX_INFLIGHT_CLIENT_SHARE": "0.25",
+            "PROOFPLANE_MAX_QUEUE_WAIT_MS": "0",
+        }
+    )
+    assert s.max_inflight == {ATTESTATION: 64, READ: 8, WRITE: 4}
+    assert s.max_inflight_client_share == 0.25 and s.max_queue_wait_ms == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("PROOFPLANE_MAX_INFLIGHT_READ", "0"),
+        ("PROOFPLANE_MAX_INFLIGHT_READ", "many"),
+        ("PROOFPLANE_MAX_INFLIGHT_WRITE", "-1"),
+        ("PROOFPLANE_MAX_INFLIGHT_ATTESTATION", "5000"),
+        ("PROOFPLANE_MAX_INFLIGHT_CLIENT_SHARE", "0"),
+        ("PROOFPLANE_MAX_INFLIGHT_CLIENT_SHARE", "1.5"),
+        ("PROOFPLANE_MAX_QUEUE_WAIT_MS", "5000"),
+        ("PROOFPLANE_MAX_QUEUE_WAIT_MS", "nan"),
+    ],
+)
+def test_bad_settings_are_refused_by_name(name: str, value: str) -> None:
+    with pytest.raises(ValidationFailed) as err:
+        from_env({name: value})
+    assert err.value.code == "invalid_setting" and name in err.value.message
