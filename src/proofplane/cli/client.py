@@ -7,6 +7,12 @@ the request could not even be built (a malformed ``--server`` URL or ``--token``
 A client built with a ``token`` sends it as ``Authorization: Bearer``; a 401 answer carries a
 hint to log in (unless the client is the login command's own).
 
+A server that is overloaded answers 429 (or 503) with ``Retry-After``: the client waits that
+long (plus jitter, longer on each try) and asks again, at most :data:`RETRY_BUDGET_S` seconds in
+all, for a request that may be repeated: a read (``GET``), or any request the server refused
+before running it (its overload refusal, ``too_many_requests``: a node agent's evidence round
+too, whose nonce stays unused). Then it gives up with one line saying so.
+
 An ``https://`` server is verified against ``ca_file`` (the global ``--ca-file`` /
 ``PROOFPLANE_CA_FILE``; httpx's default CAs without one). A certificate that does not verify is
 "cannot reach" (exit 3) with the hint to pass the server's CA.
@@ -15,9 +21,12 @@ An ``https://`` server is verified against ``ca_file`` (the global ``--ca-file``
 from __future__ import annotations
 
 import json
+import random
 import re
 import ssl
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -29,6 +38,17 @@ from proofplane.pki import tls
 
 DEFAULT_SERVER = "http://127.0.0.1:8470"
 TIMEOUT_S = 10.0
+
+#: Overload (issue 20, §4): at most this many seconds of waiting on 429/503 per request, over
+#: at most ``RETRY_TRIES`` tries; each wait is the server's Retry-After (or ``RETRY_BASE_S``),
+#: doubled on every try, plus up to half again of jitter.
+RETRY_BUDGET_S = 30.0
+RETRY_TRIES = 6
+RETRY_BASE_S = 0.5
+#: The server's "refused before running it": any request may be repeated after it.
+OVERLOAD_CODE = "too_many_requests"
+_RETRY_STATUSES = frozenset({429, 503})
+_IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS"})
 
 EXIT_API_ERROR = 1
 EXIT_USAGE = 2
@@ -167,8 +187,50 @@ def _why(exc: httpx.TransportError) -> str:
     return text[:1].lower() + text[1:] if text else type(exc).__name__
 
 
+def retry_after_s(resp: httpx.Response, now: float | None = None) -> float | None:
+    """The answer's ``Retry-After`` in seconds (a number, or an HTTP date), else None."""
+    raw = resp.headers.get("retry-after", "").strip()
+    if not raw:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(raw).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+def may_retry(method: str, resp: httpx.Response) -> bool:
+    """Whether ``resp`` asks to come back later for a request that may be sent again: a 429 or
+    503 with ``Retry-After`` to a read, or the server's overload refusal to any request (it
+    never ran: the body says ``too_many_requests``)."""
+    if resp.status_code not in _RETRY_STATUSES or "retry-after" not in resp.headers:
+        return False
+    if method.upper() in _IDEMPOTENT:
+        return True
+    try:
+        err = resp.json().get("error")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(err, dict) and err.get("code") == OVERLOAD_CODE
+
+
+def backoff_s(resp: httpx.Response, tries: int, rng: Callable[[], float] = random.random) -> float:
+    """How long to wait before try ``tries + 1``: at least the server's Retry-After, doubled
+    for every try after the first, plus up to half again of jitter (so the clients a refusal
+    sent away do not all come back in the same instant)."""
+    base = max(retry_after_s(resp) or RETRY_BASE_S, RETRY_BASE_S)
+    return base * 2 ** (tries - 1) * (1 + 0.5 * rng())
+
+
 class ApiClient:
     """get/post/patch/delete against ``server``; each returns parsed JSON or raises CliError."""
+
+    #: How the client waits between tries (tests replace it).
+    sleep: Callable[[float], None] = staticmethod(time.sleep)
 
     def __init__(
         self,
@@ -238,13 +300,10 @@ class ApiClient:
 
     def text(self, method: str, path: str) -> str:
         """A ``text/plain`` endpoint (signed notes, keys): the body, or CliError."""
-        try:
-            resp = self._http.request(method, path, headers={"Accept": "text/plain"})
-        except httpx.TransportError as exc:
-            raise unreachable(self.server, exc) from exc
+        resp, gave_up = self._send(method, path, headers={"Accept": "text/plain"})
         if resp.is_success:
             return resp.text
-        self._parse(resp)
+        self._parse(resp, gave_up)
         raise AssertionError("unreachable")  # _parse raises for every non-success
 
     def patch(self, path: str, body: Any = None) -> Any:
@@ -257,15 +316,34 @@ class ApiClient:
         self, method: str, path: str, *, params: dict[str, Any] | None = None, body: Any = None
     ) -> Any:
         clean = {k: v for k, v in (params or {}).items() if v is not None and v != []}
-        try:
-            resp = self._http.request(method, path, params=clean, json=body)
-        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
-            raise CliError(
-                f"proofplane: invalid --server URL {self.server!r}: {exc}", exit_code=EXIT_USAGE
-            ) from exc
-        except httpx.TransportError as exc:
-            raise unreachable(self.server, exc) from exc
-        return self._parse(resp)
+        return self._parse(*self._send(method, path, params=clean, json=body))
+
+    def _send(
+        self, method: str, path: str, **kw: Any
+    ) -> tuple[httpx.Response, tuple[int, float] | None]:
+        """The server's answer, asking again (after a wait) while it says it is overloaded and
+        the request may be repeated (:func:`may_retry`), within the retry budget; with (tries,
+        seconds waited) when it gave up on an overloaded server."""
+        waited = 0.0
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                resp = self._http.request(method, path, **kw)
+            except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+                raise CliError(
+                    f"proofplane: invalid --server URL {self.server!r}: {exc}",
+                    exit_code=EXIT_USAGE,
+                ) from exc
+            except httpx.TransportError as exc:
+                raise unreachable(self.server, exc) from exc
+            if not may_retry(method, resp):
+                return resp, None
+            wait = min(backoff_s(resp, tries), RETRY_BUDGET_S - waited)
+            if tries >= RETRY_TRIES or wait < (retry_after_s(resp) or 0.0) or wait <= 0:
+                return resp, (tries, waited)
+            self.sleep(wait)
+            waited += wait
 
     def pages(self, path: str, params: dict[str, Any], *, follow: bool) -> Iterator[dict[str, Any]]:
         """The pages of a list endpoint, starting at ``params['cursor']``; with ``follow``, keep
@@ -283,7 +361,7 @@ class ApiClient:
                 return
             params["cursor"] = page["next"]
 
-    def _parse(self, resp: httpx.Response) -> Any:
+    def _parse(self, resp: httpx.Response, gave_up: tuple[int, float] | None = None) -> Any:
         if resp.is_success:
             if resp.status_code == 204 or not resp.content:
                 return None
@@ -306,6 +384,13 @@ class ApiClient:
             )
         else:
             error = ApiError(resp.status_code, f"HTTP {resp.status_code}", _summary(resp, data))
+        if gave_up is not None:  # one line: what the server said, and how long we tried
+            tries, waited = gave_up
+            error.message += (
+                f" (the server is overloaded: gave up after {tries} tries over {waited:.0f} s;"
+                " try again later)"
+            )
+            error.lines = []
         if self.auth_hints and resp.status_code == 401:
             error.lines.append(f"hint: {LOGIN_HINT}")
         elif self.auth_hints and error.code == "mfa_enrollment_required":
