@@ -16,6 +16,7 @@ from typing import Any
 import anyio.to_thread
 import httpx
 import pytest
+from starlette.types import Receive, Scope, Send
 
 from proofplane.api.app import create_app
 from proofplane.api.middleware_overload import THREAD_HEADROOM, Overload, client_key, limiter_for
@@ -182,7 +183,7 @@ class SlowApp:
     def finish(self) -> None:
         self.gate.set()
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         if path.endswith("/boom"):
             raise RuntimeError("boom")
@@ -328,7 +329,7 @@ def test_slots_are_freed_after_an_exception_and_a_client_going_away() -> None:
 def test_the_thread_pool_is_larger_than_the_slots() -> None:
     lim = limiter_for(MAX_INFLIGHT, 0.5)
 
-    async def main() -> int:
+    async def main() -> float:
         app = Overload(SlowApp(), lim, MAX_WAIT_S)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
@@ -402,3 +403,42 @@ def test_bad_settings_are_refused_by_name(name: str, value: str) -> None:
     with pytest.raises(ValidationFailed) as err:
         from_env({name: value})
     assert err.value.code == "invalid_setting" and name in err.value.message
+
+
+def test_a_real_server_under_a_flood_answers_200_or_429_and_frees_every_slot(
+    store: Store,
+) -> None:
+    """uvicorn, the synchronous endpoints in its thread pool: 40 reads at once from one client
+    against 4 read slots (2 for one client) get 200s and fast 429s, never a 5xx; the probes
+    answer meanwhile; afterwards nothing is in flight."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from live_server import serve
+    from proofplane.service.access import bootstrap_admin
+
+    token = "ppt_test-admin-token-0123456789abcdef"
+    bootstrap_admin(store, token)
+    settings = Settings(cookie_secure=False, max_inflight={ATTESTATION: 4, READ: 4, WRITE: 2})
+    with serve(store, settings) as url, httpx.Client(base_url=url, timeout=30) as c:
+        auth = {"Authorization": f"Bearer {token}"}
+
+        def read(_i: int) -> tuple[int, float, httpx.Response]:
+            t = time.perf_counter()
+            r = c.get("/api/v1/nodes", headers=auth)
+            return r.status_code, time.perf_counter() - t, r
+
+        with ThreadPoolExecutor(40) as pool:
+            flood = pool.map(read, range(40))
+            assert c.get("/healthz").status_code == 200
+            answers = list(flood)
+        statuses = sorted({s for s, _, _ in answers})
+        assert set(statuses) <= {200, 429}, statuses
+        assert 200 in statuses
+        for status, _took, r in answers:
+            if status == 429:
+                refused(r, READ, r.json()["error"]["details"]["reason"])
+                assert r.headers["x-frame-options"] == "DENY"
+        snap = c.get("/readyz").json()["overload"][READ]
+        assert snap["in_flight"] == 0 and snap["queued"] == 0
+        assert snap["admitted"] + sum(snap["refused"].values()) == 40
+        assert snap["peak_in_flight"] <= 2  # one client: its share of the level

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse
@@ -168,7 +169,7 @@ def create_app(
         return {"status": "ok"}
 
     @app.get("/readyz", tags=["health"], response_model=None, dependencies=[Depends(public)])
-    def readyz() -> dict[str, str] | JSONResponse:
+    def readyz() -> dict[str, Any] | JSONResponse:
         """Readiness: the database answers, its schema is at the code's migration head, and
         the KMS can be used (checkpoints are signed, secrets opened through it)."""
         try:

@@ -125,7 +125,11 @@ class Overload:
         client = client_key(scope)
         loop = asyncio.get_running_loop()
         woken = asyncio.Event()
-        got = self.limiter.acquire(level, client, lambda: loop.call_soon_threadsafe(woken.set))
+
+        def wake() -> None:  # from the thread of whichever request freed the slot
+            loop.call_soon_threadsafe(woken.set)
+
+        got = self.limiter.acquire(level, client, wake)
         if isinstance(got, Ticket):
             got = await self._wait(got, woken)
         if isinstance(got, Refused):
