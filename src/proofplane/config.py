@@ -232,6 +232,17 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
     )
 
 
+TOKEN_CACHE_SECONDS = 2.0  # PROOFPLANE_TOKEN_CACHE_SECONDS
+
+
+def token_cache_ttl_s(env: dict[str, str] | None = None) -> float:
+    """How long one process trusts a token check it made (issue 20): another worker or replica
+    sees a revocation, a disabled user or a role change within this many seconds (this process
+    at once). 0: every request reads the token from the database. At most 60."""
+    env = dict(os.environ if env is None else env)
+    return _seconds(env, "PROOFPLANE_TOKEN_CACHE_SECONDS", str(TOKEN_CACHE_SECONDS), 0, 60)
+
+
 CHANGE_CONTROL = ("enforce", "off")
 
 
