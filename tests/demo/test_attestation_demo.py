@@ -36,7 +36,7 @@ from proofplane.service import attestation as svc
 from proofplane.service.context import Store
 from proofplane.service.events import list_events
 from proofplane.service.nodes import get_node, list_nodes
-from proofplane.service.workloads import get_workload, list_workloads
+from proofplane.service.workloads import list_workloads
 from proofplane.workers import StaleWorker
 
 API = "/api/v1"
@@ -144,12 +144,18 @@ def _check_drift(store: Store, drift: str) -> None:
     )
     admitted = [n for n in nodes.values() if n.state is NodeState.ADMITTED]
     assert len(admitted) == 21  # 24, less the drifting, the cordoned and the registered one
-    # its work moved to a node that carries the workload's tags (Paris, GDPR)
-    moved = get_workload(store, SYSTEM, "claims-triage")
-    assert moved.placement is not None and moved.placement.node != drift
-    assert get_node(store, SYSTEM, moved.placement.node).certifications.get("gdpr-zone") == (
-        "paris"
+    # its work moved to a node that carries the workload's tags (Paris, GDPR); read from the
+    # events, which hold after `up` has stopped (and cancelled) the demo's workloads too
+    history = sorted(
+        list_events(store, SYSTEM, action="workload.*", target_id="claims-triage", limit=500).items,
+        key=lambda e: e.seq,
     )
+    evicted_at = next(i for i, e in enumerate(history) if e.action == "workload.evict")
+    assert history[evicted_at].details["node"] == drift
+    replaced = next(e for e in history[evicted_at:] if e.action == "workload.place")
+    moved_to = replaced.details["node"]
+    assert moved_to != drift
+    assert get_node(store, SYSTEM, moved_to).certifications.get("gdpr-zone") == "paris"
     assert not [
         w for w in list_workloads(store, SYSTEM, limit=500).items
         if w.placement is not None and w.placement.node == drift
