@@ -68,6 +68,7 @@ from proofplane.store.tables import NodeRow
 TOKEN = "ppt_bench-fleet-token-0123456789abcdef0123"
 TENANT = "fleet"
 ENROLL_TRIES = 20
+LATE_S = 30.0  # a round (or console request) this late is not sent: the run must end
 API = "/api/v1"
 CONSOLE = (
     ("console_nodes", f"{API}/nodes?limit=100"),
@@ -216,6 +217,7 @@ class Recorder:
     def __init__(self, connections: int) -> None:
         # requests wait here (FIFO, cheap) for one of the connections, not in httpx's pool
         self.sem = asyncio.Semaphore(connections)
+        self.stop_at = float("inf")  # time.monotonic() after which queued requests are dropped
         self.lat: dict[str, list[float]] = {}
         self.status: dict[str, dict[str, int]] = {}
         self.late: list[float] = []
@@ -243,6 +245,9 @@ class Recorder:
 async def call(c: httpx.AsyncClient, rec: Recorder, kind: str, method: str, path: str,
                body: Any = None) -> httpx.Response | None:  # fmt: skip
     async with rec.sem:
+        if time.monotonic() > rec.stop_at:  # queued past the run's end: not sent
+            rec.add(kind, "not_sent_after_end", 0.0)
+            return None
         return await _call(c, rec, kind, method, path, body)
 
 
@@ -357,6 +362,7 @@ async def steady(base: str, agents: list[EccAgent], args: argparse.Namespace) ->
     async with client(base, args.pool) as c:
         t0 = loop.time() + 0.5
         end = t0 + args.duration
+        rec.stop_at = time.monotonic() + 0.5 + args.duration + LATE_S
 
         async def sleep_until(t: float) -> None:
             wait = t - loop.time()
@@ -370,6 +376,10 @@ async def steady(base: str, agents: list[EccAgent], args: argparse.Namespace) ->
             while t < end:
                 await sleep_until(t)
                 due += 1
+                if loop.time() - t > LATE_S:  # a backlog: this round is lost, not sent
+                    rec.add("round_not_sent_late", "skipped", 0.0)
+                    t += args.interval * (1 + rnd.uniform(-args.jitter, args.jitter))
+                    continue
                 good = await attest_round(c, rec, a)  # a 429: this round is lost, counted
                 passed += bool(good)
                 t += args.interval * (1 + rnd.uniform(-args.jitter, args.jitter))
@@ -382,10 +392,12 @@ async def steady(base: str, agents: list[EccAgent], args: argparse.Namespace) ->
                 if t >= end:
                     break
                 await sleep_until(t)
-                kind, path = CONSOLE[i % len(CONSOLE)]
+                i += 1
+                if loop.time() - t > LATE_S:
+                    continue
+                kind, path = CONSOLE[(i - 1) % len(CONSOLE)]
                 path = path or f"{API}/nodes/{agents[rnd.randrange(len(agents))].name}"
                 tasks.append(asyncio.create_task(call(c, rec, kind, "GET", path)))
-                i += 1
             await asyncio.gather(*tasks)
 
         async def submits() -> None:
