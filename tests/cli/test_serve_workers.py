@@ -8,6 +8,7 @@ the leader is killed another process takes the loops over."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -105,7 +106,13 @@ def _prepare(url: str) -> None:
     store = Store(url)
     try:
         migrate.upgrade(store.engine)
-        load_cluster(store, SYSTEM, parse_cluster(demo_text()))
+        # without their commands: serve's local executor would run the demo's workloads as
+        # processes that outlive the test (an engine's jobs outlive a control-plane restart)
+        spec = parse_cluster(demo_text())
+        spec = dataclasses.replace(
+            spec, workloads=tuple(dataclasses.replace(w, command=()) for w in spec.workloads)
+        )
+        load_cluster(store, SYSTEM, spec)
         bootstrap_admin(store, ADMIN_TOKEN)
     finally:
         store.dispose()
