@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
+from starlette.concurrency import run_in_threadpool
 
-from proofplane.access import Actor
+from proofplane.access import Actor, authorize
 from proofplane.access import Permission as P
-from proofplane.api.deps import get_settings, get_store, requires
+from proofplane.api.deps import (
+    _marked,
+    _not_enrolling,
+    current_actor,
+    get_settings,
+    get_store,
+    mutual_tls,
+    requires,
+)
 from proofplane.api.schemas import (
     CancelIn,
     CertificationIn,
@@ -30,6 +40,11 @@ from proofplane.api.schemas import (
     WorkloadBatchOut,
     WorkloadIn,
     WorkloadOut,
+    event_json,
+    json_page,
+    json_response,
+    node_json,
+    workload_json,
 )
 from proofplane.errors import ValidationFailed
 from proofplane.model import (
@@ -49,6 +64,7 @@ from proofplane.service import events as events_svc
 from proofplane.service import nodes as nodes_svc
 from proofplane.service import tenants as tenants_svc
 from proofplane.service import workloads as workloads_svc
+from proofplane.service.access import cached_actor
 from proofplane.service.context import Store
 
 _ERRORS = {
@@ -59,6 +75,45 @@ _ERRORS = {
 
 router = APIRouter(prefix="/api/v1", responses=_ERRORS)  # type: ignore[arg-type]
 StoreDep = Annotated[Store, Depends(get_store)]
+
+
+# --- the hot reads (issue 20) -------------------------------------------------------------------
+# A sync dependency costs a hop through the thread pool and back; the reads below take their
+# store and their caller on the event loop when that needs no I/O, and only the handler itself
+# (which reads the database) runs in the pool.
+
+
+async def _store(request: Request) -> Store:
+    return get_store(request)
+
+
+ReadStore = Annotated[Store, Depends(_store)]
+
+
+def reads(permission: P) -> Callable[..., Awaitable[Actor]]:
+    """``requires(permission)`` for the hot GET routes: a bearer token this process checked
+    within the token cache's TTL is answered on the event loop (``cached_actor``: no I/O);
+    anything else (a token not seen yet or expired, "last used" due, a session cookie, a
+    client certificate, a mutual-TLS connection) goes through ``current_actor`` in the thread
+    pool, exactly as ``requires`` does."""
+
+    @_marked(permission)
+    async def dependency(request: Request) -> Actor:
+        actor = None
+        header = request.headers.get("authorization")
+        if header is not None and not mutual_tls(request):
+            scheme, _, token = header.partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                actor = cached_actor(get_store(request), token.strip(), datetime.now(UTC))
+        if actor is None:
+            actor = await run_in_threadpool(current_actor, request)
+        _not_enrolling(actor)
+        authorize(actor, permission)
+        return actor
+
+    return dependency
+
+
 Limit = Annotated[int, Query(ge=1, le=500, description="page size")]
 Cursor = Annotated[str | None, Query(description="the `next` value of the previous page")]
 TenantQuery = Annotated[
@@ -147,10 +202,10 @@ def set_tenant_quota(
 # --- nodes -------------------------------------------------------------------------------------
 
 
-@router.get("/nodes", tags=["nodes"])
+@router.get("/nodes", tags=["nodes"], response_model=Page[NodeOut])
 def list_nodes(
-    store: StoreDep,
-    actor: Annotated[Actor, Depends(requires(P.NODES_READ))],
+    store: ReadStore,
+    actor: Annotated[Actor, Depends(reads(P.NODES_READ))],
     state: NodeState | None = None,
     region: str | None = None,
     zone: str | None = None,
@@ -159,7 +214,7 @@ def list_nodes(
     ] = None,
     limit: Limit = 100,
     cursor: Cursor = None,
-) -> Page[NodeOut]:
+) -> Response:
     certs = parse_tag_pairs(certification, field="certification") if certification else None
     page = nodes_svc.list_nodes(
         store,
@@ -171,7 +226,7 @@ def list_nodes(
         limit=limit,
         cursor=cursor,
     )
-    return Page(items=[NodeOut.of(n) for n in page.items], next=page.next)
+    return json_page([node_json(n) for n in page.items], page.next)
 
 
 @router.post("/nodes", status_code=status.HTTP_201_CREATED, tags=["nodes"])
@@ -206,11 +261,11 @@ def register_node(
     return NodeOut.of(n)
 
 
-@router.get("/nodes/{name}", tags=["nodes"])
+@router.get("/nodes/{name}", tags=["nodes"], response_model=NodeOut)
 def get_node(
-    name: str, store: StoreDep, actor: Annotated[Actor, Depends(requires(P.NODES_READ))]
-) -> NodeOut:
-    return NodeOut.of(nodes_svc.get_node(store, actor, name))
+    name: str, store: ReadStore, actor: Annotated[Actor, Depends(reads(P.NODES_READ))]
+) -> Response:
+    return json_response(node_json(nodes_svc.get_node(store, actor, name)))
 
 
 @router.patch("/nodes/{name}", tags=["nodes"])
@@ -271,20 +326,20 @@ def revoke_certification(
 # --- workloads ---------------------------------------------------------------------------------
 
 
-@router.get("/workloads", tags=["workloads"])
+@router.get("/workloads", tags=["workloads"], response_model=Page[WorkloadOut])
 def list_workloads(
-    store: StoreDep,
-    actor: Annotated[Actor, Depends(requires(P.WORKLOADS_READ))],
+    store: ReadStore,
+    actor: Annotated[Actor, Depends(reads(P.WORKLOADS_READ))],
     tenant: str | None = None,
     status: WorkloadStatus | None = None,
     node: str | None = None,
     limit: Limit = 100,
     cursor: Cursor = None,
-) -> Page[WorkloadOut]:
+) -> Response:
     page = workloads_svc.list_workloads(
         store, actor, tenant=tenant, status=status, node=node, limit=limit, cursor=cursor
     )
-    return Page(items=[WorkloadOut.of(w) for w in page.items], next=page.next)
+    return json_page([workload_json(w) for w in page.items], page.next)
 
 
 def _workload_spec(body: WorkloadIn) -> workloads_svc.WorkloadSpec:
@@ -327,14 +382,16 @@ def submit_workloads(
     )
 
 
-@router.get("/workloads/{name}", tags=["workloads"])
+@router.get("/workloads/{name}", tags=["workloads"], response_model=WorkloadOut)
 def get_workload(
     name: str,
-    store: StoreDep,
-    actor: Annotated[Actor, Depends(requires(P.WORKLOADS_READ))],
+    store: ReadStore,
+    actor: Annotated[Actor, Depends(reads(P.WORKLOADS_READ))],
     tenant: TenantQuery = None,
-) -> WorkloadOut:
-    return WorkloadOut.of(workloads_svc.get_workload(store, actor, name, tenant=tenant))
+) -> Response:
+    return json_response(
+        workload_json(workloads_svc.get_workload(store, actor, name, tenant=tenant))
+    )
 
 
 @router.get("/workloads/{name}/explain", tags=["workloads"])
@@ -364,10 +421,10 @@ def cancel_workload(
 # --- events ------------------------------------------------------------------------------------
 
 
-@router.get("/events", tags=["events"])
+@router.get("/events", tags=["events"], response_model=Page[EventOut])
 def list_events(
-    store: StoreDep,
-    actor: Annotated[Actor, Depends(requires(P.EVENTS_READ))],
+    store: ReadStore,
+    actor: Annotated[Actor, Depends(reads(P.EVENTS_READ))],
     action: Annotated[str | None, Query(description="exact, or a prefix ending in *")] = None,
     target_type: str | None = None,
     target_id: str | None = None,
@@ -378,7 +435,7 @@ def list_events(
     order: Annotated[Literal["asc", "desc"], Query(description="desc: newest first")] = "asc",
     limit: Limit = 100,
     cursor: Cursor = None,
-) -> Page[EventOut]:
+) -> Response:
     page = events_svc.list_events(
         store,
         actor,
@@ -393,16 +450,16 @@ def list_events(
         limit=limit,
         cursor=cursor,
     )
-    return Page(items=[EventOut.of(e) for e in page.items], next=page.next)
+    return json_page([event_json(e) for e in page.items], page.next)
 
 
-@router.get("/events/{seq}", tags=["events"])
+@router.get("/events/{seq}", tags=["events"], response_model=EventOut)
 def get_event(
     seq: Annotated[int, Path(ge=1, le=2**63 - 1)],
-    store: StoreDep,
-    actor: Annotated[Actor, Depends(requires(P.EVENTS_READ))],
-) -> EventOut:
-    return EventOut.of(events_svc.get_event(store, actor, seq))
+    store: ReadStore,
+    actor: Annotated[Actor, Depends(reads(P.EVENTS_READ))],
+) -> Response:
+    return json_response(event_json(events_svc.get_event(store, actor, seq)))
 
 
 def _aware(ts: datetime | None, name: str) -> datetime | None:

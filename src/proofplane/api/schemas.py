@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Generic, TypeVar
 
+from fastapi import Response
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -14,6 +15,7 @@ from pydantic import (
     StringConstraints,
     model_validator,
 )
+from pydantic_core import to_json
 
 from proofplane.model import (
     Event,
@@ -103,6 +105,20 @@ class BodyIn(BaseModel):
 class Page(BaseModel, Generic[T]):
     items: list[T]
     next: str | None = Field(description="cursor for the next page, null on the last one")
+
+
+def json_page(items: list[dict[str, Any]], next_cursor: str | None) -> Response:
+    """A ``Page`` answer from items already in their response shape (``node_json`` …).
+
+    The hot read routes render this way (issue 20): their values come from our own store, so
+    FastAPI's re-validation of the response model is skipped, and pydantic-core's serializer
+    writes the very bytes the model would (the route still declares ``response_model`` for
+    the OpenAPI document; tests/api/test_list_fast.py compares the two)."""
+    return json_response({"items": items, "next": next_cursor})
+
+
+def json_response(content: Any) -> Response:
+    return Response(to_json(content), media_type="application/json")
 
 
 class ErrorBody(BaseModel):
@@ -272,6 +288,37 @@ class NodeOut(BaseModel):
         )
 
 
+def node_json(n: Node) -> dict[str, Any]:
+    """``NodeOut.of(n)`` as the JSON value it serializes to (same keys, same order)."""
+    return {
+        "name": n.name,
+        "region": n.region,
+        "zone": n.zone,
+        "rack": n.rack,
+        "labels": n.labels,
+        "certifications": n.certifications,
+        "state": n.state.value,
+        "state_reason": n.state_reason,
+        "gpus": [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "model": g.model,
+                "memory_mb": g.memory_mb,
+                "mig_enabled": g.mig_enabled,
+                "mig_instances": [
+                    {"profile": i.profile, "start": i.start} for i in g.mig_instances
+                ],
+                "vbios_version": g.vbios_version,
+                "driver_version": g.driver_version,
+            }
+            for g in n.gpus
+        ],
+        "created_at": n.created_at,
+        "updated_at": n.updated_at,
+    }
+
+
 # --- workloads ---------------------------------------------------------------------------------
 
 
@@ -418,6 +465,53 @@ class WorkloadOut(BaseModel):
         )
 
 
+def _devices_json(devices: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "gpu_index": d.gpu_index,
+            "gpu_uuid": d.gpu_uuid,
+            "mig_profile": d.mig_profile,
+            "mig_start": d.mig_start,
+            "share_milli": d.share_milli,
+        }
+        for d in devices
+    ]
+
+
+def workload_json(w: Workload) -> dict[str, Any]:
+    """``WorkloadOut.of(w)`` as the JSON value it serializes to (same keys, same order)."""
+    p = w.placement
+    g = w.gpus
+    return {
+        "name": w.name,
+        "tenant": w.tenant,
+        "tags": w.tags,
+        "isolation": w.isolation.value,
+        "gpus": {
+            "count": g.count,
+            "model": g.model,
+            "mig_profile": g.mig_profile,
+            "share_milli": g.share_milli,
+            "nodes": g.nodes,
+        },
+        "priority": w.priority,
+        "command": list(w.command),
+        "status": w.status.value,
+        "reason": w.reason,
+        "reason_details": w.reason_details,
+        "placement": None
+        if p is None
+        else {
+            "node": p.node,
+            "devices": _devices_json(p.devices),
+            "members": [{"node": m.node, "devices": _devices_json(m.devices)} for m in p.parts],
+        },
+        "created_at": w.created_at,
+        "updated_at": w.updated_at,
+        "co_residency": w.co_residency,
+    }
+
+
 class WorkloadBatchOut(BaseModel):
     items: list[WorkloadOut]
 
@@ -468,3 +562,17 @@ class EventOut(BaseModel):
             outcome=e.outcome,
             details=e.details,
         )
+
+
+def event_json(e: Event) -> dict[str, Any]:
+    """``EventOut.of(e)`` as the JSON value it serializes to (same keys, same order)."""
+    return {
+        "seq": e.seq,
+        "ts": e.ts,
+        "actor": e.actor,
+        "action": e.action,
+        "target_type": e.target_type,
+        "target_id": e.target_id,
+        "outcome": e.outcome.value,
+        "details": e.details,
+    }

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
+from sqlalchemy.orm import Session
 
 from proofplane.access import Actor, Permission, authorize
 from proofplane.errors import NotFound
@@ -25,6 +27,32 @@ def event_from_row(row: EventRow) -> Event:
         outcome=Outcome(row.outcome),
         details=dict(row.details),
     )
+
+
+_E = EventRow.__table__.c
+_EVENT_COLUMNS = (
+    _E.seq, _E.ts, _E.actor, _E.action, _E.target_type, _E.target_id, _E.outcome, _E.details
+)  # fmt: skip
+
+
+def _events(session: Session, query: Select[Any]) -> list[Event]:
+    """Events straight from result rows (no ORM objects: the log is read in pages of
+    hundreds)."""
+    return [
+        Event(
+            seq=seq,
+            ts=ts,
+            actor=actor,
+            action=action,
+            target_type=target_type,
+            target_id=target_id,
+            outcome=Outcome(outcome),
+            details=dict(details),
+        )
+        for seq, ts, actor, action, target_type, target_id, outcome, details in (
+            session.connection().execute(query)
+        )
+    ]
 
 
 def list_events(
@@ -48,7 +76,7 @@ def list_events(
     check_limit(limit)
     kind = "events-desc" if newest_first else "events"
     after = decode_cursor(kind, cursor, int)
-    query = select(EventRow).order_by(EventRow.seq.desc() if newest_first else EventRow.seq)
+    query = select(*_EVENT_COLUMNS).order_by(EventRow.seq.desc() if newest_first else EventRow.seq)
     if after is not None:
         query = query.where(EventRow.seq < after if newest_first else EventRow.seq > after)
     if action is not None:
@@ -70,9 +98,8 @@ def list_events(
     if until is not None:
         query = query.where(EventRow.ts < until)
     with store.read() as session:
-        rows = list(session.scalars(query.limit(limit + 1)))
-        items = [event_from_row(r) for r in rows]
-    return paginate(kind, items, limit, rows[limit - 1].seq if len(rows) > limit else None)
+        items = _events(session, query.limit(limit + 1))
+    return paginate(kind, items, limit, items[limit - 1].seq if len(items) > limit else None)
 
 
 def get_event(store: Store, actor: Actor, seq: int) -> Event:

@@ -24,7 +24,7 @@ from proofplane.service.context import Store, Tx
 from proofplane.service.lifecycle import change_node_state, workloads_on
 from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
 from proofplane.service.scheduling import ClusterView, evict, reschedule_pending
-from proofplane.store.repo import NODE_LOAD, node_from_row, node_row
+from proofplane.store.repo import load_node, load_nodes, node_from_row, node_row, node_select
 from proofplane.store.tables import CertificationRow, GpuRow, NodeRow
 
 CERTIFIABLE_STATES = frozenset({NodeState.ADMITTED, NodeState.CORDONED})
@@ -244,7 +244,7 @@ def _recheck_workloads(tx: Tx, row: NodeRow) -> None:
 def get_node(store: Store, actor: Actor, name: str) -> Node:
     authorize(actor, Permission.NODES_READ)
     with store.read() as session:
-        return node_from_row(node_row(session, name))
+        return load_node(session, name)
 
 
 def list_nodes(
@@ -262,7 +262,7 @@ def list_nodes(
     authorize(actor, Permission.NODES_READ)
     check_limit(limit)
     after = decode_cursor("nodes", cursor, str)
-    query = select(NodeRow).options(*NODE_LOAD).order_by(NodeRow.name)
+    query = node_select().order_by(NodeRow.name)
     if after is not None:
         query = query.where(NodeRow.name > after)
     if state is not None:
@@ -278,6 +278,5 @@ def list_nodes(
             )
         )
     with store.read() as session:
-        rows = list(session.scalars(query.limit(limit + 1)))
-        items = [node_from_row(r) for r in rows]
-    return paginate("nodes", items, limit, rows[limit - 1].name if len(rows) > limit else None)
+        items = load_nodes(session, query.limit(limit + 1))
+    return paginate("nodes", items, limit, items[limit - 1].name if len(items) > limit else None)

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import and_, bindparam, insert, or_, select, update
 
 from proofplane.access import Actor, Permission, authorize
 from proofplane.errors import Conflict, InvalidState, NotFound, ProofplaneError, ValidationFailed
@@ -48,21 +48,25 @@ from proofplane.service.scheduling import (
 )
 from proofplane.store.repo import (
     WORKLOAD_LOAD,
+    WorkloadColumns,
     devices_to_json,
+    load_workloads,
     members_to_json,
     tenant_from_row,
     tenant_row,
     workload_from_row,
+    workload_on_node,
     workload_row,
+    workload_select,
 )
 from proofplane.store.tables import (
-    NodeRow,
     PlacementRow,
     TenantRow,
     WorkloadRow,
     placement_nodes,
 )
 
+WL = WorkloadColumns
 MAX_GPUS = 64  # per node
 MAX_GANG_NODES = 64
 _IN_CHUNK = 500  # names per "IN (...)" query: well under every database's bound-parameter limit
@@ -564,11 +568,31 @@ def cancel_workload(
 
 
 def get_workload(store: Store, actor: Actor, name: str, *, tenant: str | None = None) -> Workload:
+    """The workload called ``name`` among those the caller can see (in ``tenant`` when
+    given); a name several visible tenants use needs ``tenant`` (409 ``ambiguous_name``)."""
     authorize(actor, Permission.WORKLOADS_READ)
     visible = actor.visible_tenants(Permission.WORKLOADS_READ)
+    query = workload_select().where(WL.name == name).order_by(WL.tenant)
+    if tenant is not None:
+        query = query.where(WL.tenant == tenant)
+    if visible is not None:
+        query = query.where(WL.tenant.in_(visible))
     with store.read() as session:
-        row = workload_row(session, name, tenant=tenant, visible=visible)
-        return workload_from_row(row)
+        found = load_workloads(session, query)
+    if not found:
+        raise NotFound(f"workload {name!r} not found", details={"workload": name})
+    if len(found) > 1:
+        raise Conflict(
+            f"several tenants have a workload {name!r}: say which with tenant=",
+            code="ambiguous_name",
+            details={"workload": name, "tenants": sorted(w.tenant for w in found)},
+        )
+    return found[0]
+
+
+# A workload's key in a list: its name, then its tenant's (names are unique per tenant only).
+# The cursor carries both as one string, "name/tenant" ("/" is in no name).
+_KEY_SEP = "/"
 
 
 def list_workloads(
@@ -581,27 +605,40 @@ def list_workloads(
     limit: int = 100,
     cursor: str | None = None,
 ) -> Page[Workload]:
+    """Workloads by name (then tenant), filtered; keyset pages: a workload submitted between
+    two pages neither shifts nor repeats what the next page holds."""
     authorize(actor, Permission.WORKLOADS_READ)
     if tenant is not None:
         authorize(actor, Permission.WORKLOADS_READ, tenant=tenant)
     check_limit(limit)
     after = decode_cursor("workloads", cursor, str)
-    query = select(WorkloadRow).options(*WORKLOAD_LOAD).order_by(WorkloadRow.name)
+    query = workload_select().order_by(WL.name, WL.tenant)
     visible = actor.visible_tenants(Permission.WORKLOADS_READ)
     if visible is not None:
-        query = query.where(WorkloadRow.tenant.has(TenantRow.name.in_(visible)))
+        query = query.where(WL.tenant.in_(visible))
     if after is not None:
-        query = query.where(WorkloadRow.name > after)
+        assert isinstance(after, str)
+        after_name, sep, after_tenant = after.partition(_KEY_SEP)
+        if sep:
+            query = query.where(
+                or_(
+                    WL.name > after_name,
+                    and_(WL.name == after_name, WL.tenant > after_tenant),
+                )
+            )
+        else:  # a cursor of an older release: the name alone
+            query = query.where(WL.name > after_name)
     if tenant is not None:
-        query = query.where(WorkloadRow.tenant.has(TenantRow.name == tenant))
+        query = query.where(WL.tenant == tenant)
     if status is not None:
-        query = query.where(WorkloadRow.status == status.value)
+        query = query.where(WL.status == status.value)
     if node is not None:
-        query = query.where(WorkloadRow.placement.has(PlacementRow.nodes.any(NodeRow.name == node)))
+        query = query.where(workload_on_node(node))
     with store.read() as session:
-        rows = list(session.scalars(query.limit(limit + 1)))
-        items = [workload_from_row(r) for r in rows]
-    return paginate("workloads", items, limit, rows[limit - 1].name if len(rows) > limit else None)
+        items = load_workloads(session, query.limit(limit + 1))
+    last = items[limit - 1] if len(items) > limit else None
+    key = f"{last.name}{_KEY_SEP}{last.tenant}" if last is not None else None
+    return paginate("workloads", items, limit, key)
 
 
 def explain_workload(

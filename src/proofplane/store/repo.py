@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, Text, bindparam, cast, select
 from sqlalchemy.orm import Session, selectinload
 
 from proofplane.errors import Conflict, NotFound
@@ -23,7 +25,15 @@ from proofplane.model import (
     WorkloadStatus,
 )
 from proofplane.model.tenant import profile_from_json
-from proofplane.store.tables import NodeRow, PlacementRow, TenantRow, WorkloadRow
+from proofplane.store.tables import (
+    CertificationRow,
+    GpuRow,
+    NodeRow,
+    PlacementRow,
+    TenantRow,
+    WorkloadRow,
+    placement_nodes,
+)
 
 NODE_LOAD = (selectinload(NodeRow.gpus), selectinload(NodeRow.certifications))
 WORKLOAD_LOAD = (
@@ -69,6 +79,109 @@ def node_from_row(row: NodeRow) -> Node:
         created_at=row.created_at,
         updated_at=row.updated_at,
     )
+
+
+# --- reading nodes without ORM objects (issue 20: the API's hot reads) ------------------------
+# A node list is three indexed queries whatever its length (nodes, then their GPUs and their
+# certifications by node id), straight from result rows into domain values: no identity map,
+# no per-row instrumentation, no lazy loads.
+
+_N = NodeRow.__table__.c
+_G = GpuRow.__table__.c
+_C = CertificationRow.__table__.c
+NODE_COLUMNS = (
+    _N.id, _N.name, _N.region, _N.zone, _N.rack, _N.labels, _N.state, _N.state_reason,
+    _N.created_at, _N.updated_at,
+)  # fmt: skip
+# mig_instances as its JSON text: most GPUs have none ("[]"), which then costs no decoding
+_GPU_COLUMNS = (
+    _G.node_id, _G.index, _G.uuid, _G.model, _G.memory_mb, _G.mig_enabled,
+    cast(_G.mig_instances, Text), _G.vbios_version, _G.driver_version,
+)  # fmt: skip
+
+
+# Built once (statement construction costs more than SQLite answering them); run on the
+# session's connection, not through the ORM's execute.
+_GPUS_OF = (
+    select(*_GPU_COLUMNS)
+    .where(_G.node_id.in_(bindparam("ids", expanding=True)))
+    .order_by(_G.node_id, _G.index)
+)
+_CERTS_OF = (
+    select(_C.node_id, _C.key, _C.value)
+    .where(_C.node_id.in_(bindparam("ids", expanding=True)))
+    .order_by(_C.node_id, _C.key)
+)
+_NODE_NAMED = select(*NODE_COLUMNS).where(_N.name == bindparam("name"))
+
+
+def node_select() -> Select[Any]:
+    """``SELECT`` of a node's own columns (what ``load_nodes`` takes): add filters, order and
+    limit; filters on ``NodeRow`` attributes work as they do on the ORM query."""
+    return select(*NODE_COLUMNS)
+
+
+def load_nodes(
+    session: Session, query: Select[Any], params: dict[str, Any] | None = None
+) -> list[Node]:
+    """The nodes ``query`` (a ``node_select()``) selects, in its order, with their GPUs (by
+    index) and certifications: three queries in all."""
+    conn = session.connection()
+    rows = conn.execute(query, params).all()
+    if not rows:
+        return []
+    ids = [r[0] for r in rows]
+    gpus: dict[int, list[Gpu]] = {i: [] for i in ids}
+    certs: dict[int, dict[str, str]] = {i: {} for i in ids}
+    for node_id, index, uuid, model, memory, mig, instances, vbios, driver in conn.execute(
+        _GPUS_OF, {"ids": ids}
+    ).all():
+        gpus[node_id].append(
+            Gpu(
+                index=index,
+                uuid=uuid,
+                model=model,
+                memory_mb=memory,
+                mig_enabled=mig,
+                mig_instances=_mig_instances(instances),
+                vbios_version=vbios,
+                driver_version=driver,
+            )
+        )
+    for node_id, key, value in conn.execute(_CERTS_OF, {"ids": ids}):
+        certs[node_id][key] = value
+    return [_node(r, gpus[r[0]], certs[r[0]]) for r in rows]
+
+
+def _mig_instances(text: str | None) -> tuple[MigInstance, ...]:
+    if not text or text == "[]":
+        return ()
+    return tuple(MigInstance(i["profile"], i["start"]) for i in json.loads(text))
+
+
+def _node(row: Sequence[Any], gpus: list[Gpu], certs: dict[str, str]) -> Node:
+    _id, name, region, zone, rack, labels, state, reason, created, updated = row
+    return Node(
+        name=name,
+        region=region,
+        zone=zone,
+        rack=rack,
+        labels=dict(labels),
+        certifications=certs,
+        state=NodeState(state),
+        state_reason=reason,
+        gpus=tuple(gpus),
+        created_at=created,
+        updated_at=updated,
+    )
+
+
+def load_node(session: Session, name: str) -> Node:
+    """One node by name (``load_nodes``), or NotFound."""
+    found = load_nodes(session, _NODE_NAMED, {"name": name})
+    if not found:
+        raise NotFound(f"node {name!r} not found", details={"node": name})
+    return found[0]
 
 
 def devices_to_json(devices: tuple[PlacedDevice, ...]) -> list[dict[str, Any]]:
@@ -128,6 +241,90 @@ def workload_from_row(row: WorkloadRow) -> Workload:
         updated_at=row.updated_at,
         co_residency=row.co_residency,
     )
+
+
+# --- reading workloads without ORM objects (issue 20) -------------------------------------------
+# One query: the workload, its tenant's name, its placement and the placement's first node.
+
+_W = WorkloadRow.__table__.c
+_T = TenantRow.__table__.c
+_P = PlacementRow.__table__.c
+_PN = placement_nodes.c
+_HELD_ON = NodeRow.__table__.alias("held_on")
+_WORKLOAD_FROM = (
+    WorkloadRow.__table__.join(TenantRow.__table__, _T.id == _W.tenant_id)
+    .outerjoin(PlacementRow.__table__, _P.workload_id == _W.id)
+    .outerjoin(NodeRow.__table__, _N.id == _P.node_id)
+)
+
+
+class WorkloadColumns:
+    """What a ``workload_select()`` is filtered and ordered on."""
+
+    name = _W.name
+    tenant = _T.name  # the tenant's name
+    status = _W.status
+
+
+def workload_select() -> Select[Any]:
+    """``SELECT`` of what ``load_workloads`` reads: filter it on ``WorkloadColumns`` or
+    ``workload_on_node``; order and limit it."""
+    return select(
+        _W.name, _T.name, _W.tags, _W.isolation, _W.gpu_count, _W.gpu_model, _W.mig_profile,
+        _W.share_milli, _W.gpu_nodes, _W.priority, _W.command, _W.status, _W.reason,
+        _W.reason_details, _W.created_at, _W.updated_at, _W.co_residency,
+        _N.name, _P.devices, _P.members,
+    ).select_from(_WORKLOAD_FROM)  # fmt: skip
+
+
+def workload_on_node(node: str) -> Any:
+    """The condition "holds capacity on ``node``" (a gang member's node included)."""
+    return _P.id.in_(
+        select(_PN.placement_id)
+        .join(_HELD_ON, _HELD_ON.c.id == _PN.node_id)
+        .where(_HELD_ON.c.name == node)
+    )
+
+
+def load_workloads(session: Session, query: Select[Any]) -> list[Workload]:
+    """The workloads ``query`` (a ``workload_select()``) selects, in its order."""
+    out = []
+    for (
+        name, tenant, tags, isolation, count, model, mig_profile, share, nodes, priority,
+        command, status, reason, details, created, updated, co_residency,
+        node, devices, members,
+    ) in session.connection().execute(query):  # fmt: skip
+        placement = None
+        if node is not None:
+            parts = tuple(
+                Placement(m["node"], devices_from_json(m["devices"])) for m in members or ()
+            )
+            placement = Placement(node, devices_from_json(devices), parts)
+        out.append(
+            Workload(
+                name=name,
+                tenant=tenant,
+                tags=dict(tags),
+                isolation=IsolationLevel(isolation),
+                gpus=GpuRequest(
+                    count=count,
+                    model=model,
+                    mig_profile=mig_profile,
+                    share_milli=share,
+                    nodes=nodes,
+                ),
+                priority=priority,
+                command=tuple(command),
+                status=WorkloadStatus(status),
+                reason=reason,
+                reason_details=details,
+                placement=placement,
+                created_at=created,
+                updated_at=updated,
+                co_residency=co_residency,
+            )
+        )
+    return out
 
 
 def tenant_row(session: Session, name: str) -> TenantRow:
