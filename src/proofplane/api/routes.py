@@ -9,11 +9,10 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
-from proofplane.access import Actor, authorize
+from proofplane.access import Actor
 from proofplane.access import Permission as P
 from proofplane.api.deps import (
-    _marked,
-    _not_enrolling,
+    access_rule,
     current_actor,
     get_settings,
     get_store,
@@ -95,9 +94,9 @@ def reads(permission: P) -> Callable[..., Awaitable[Actor]]:
     within the token cache's TTL is answered on the event loop (``cached_actor``: no I/O);
     anything else (a token not seen yet or expired, "last used" due, a session cookie, a
     client certificate, a mutual-TLS connection) goes through ``current_actor`` in the thread
-    pool, exactly as ``requires`` does."""
+    pool; then ``requires(permission)``'s own checks (enrollment-only, the permission)."""
+    check = requires(permission)
 
-    @_marked(permission)
     async def dependency(request: Request) -> Actor:
         actor = None
         header = request.headers.get("authorization")
@@ -107,10 +106,9 @@ def reads(permission: P) -> Callable[..., Awaitable[Actor]]:
                 actor = cached_actor(get_store(request), token.strip(), datetime.now(UTC))
         if actor is None:
             actor = await run_in_threadpool(current_actor, request)
-        _not_enrolling(actor)
-        authorize(actor, permission)
-        return actor
+        return check(actor)
 
+    dependency.proofplane_access = access_rule(check)  # type: ignore[attr-defined]
     return dependency
 
 
