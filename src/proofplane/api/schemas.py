@@ -306,9 +306,9 @@ def node_json(n: Node) -> dict[str, Any]:
                 "model": g.model,
                 "memory_mb": g.memory_mb,
                 "mig_enabled": g.mig_enabled,
-                "mig_instances": [
-                    {"profile": i.profile, "start": i.start} for i in g.mig_instances
-                ],
+                "mig_instances": [{"profile": i.profile, "start": i.start} for i in g.mig_instances]
+                if g.mig_instances
+                else [],
                 "vbios_version": g.vbios_version,
                 "driver_version": g.driver_version,
             }
