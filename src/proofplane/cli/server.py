@@ -60,7 +60,12 @@ from proofplane.backends.base import BackendUnavailable
 from proofplane.cli import credentials, render
 from proofplane.cli.client import DEFAULT_SERVER, CliError, format_details
 from proofplane.cli.demo_agents import HttpAgents
-from proofplane.cli.worker_app import SERVE_URL_ENV, TlsContextFactory
+from proofplane.cli.worker_app import (
+    SERVE_URL_ENV,
+    NoDelayClientCertProtocol,
+    NoDelayH11Protocol,
+    TlsContextFactory,
+)
 from proofplane.demo import swtpm as demo_swtpm
 from proofplane.demo.attester import DemoAttester, load_attested_demo
 from proofplane.demo.governance import GovernanceSeed, seed_governance
@@ -578,6 +583,9 @@ def _serve(
         # scope (api/tls_scope.py): a node agent's channel certificate is its identity.
         protocol = {"http": ClientCertProtocol} if tls is not None else {}
         if workers > 1:
+            protocol = {
+                "http": NoDelayClientCertProtocol if tls is not None else NoDelayH11Protocol
+            }
             os.environ[SERVE_URL_ENV] = store.url
             store.dispose()  # the worker processes open their own connections
             uvicorn.run(

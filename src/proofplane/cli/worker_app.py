@@ -10,12 +10,17 @@ catches up from the event stream when another process writes.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import socket
 from typing import Any
 
 from fastapi import FastAPI
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from proofplane.api.app import create_app
+from proofplane.api.tls_scope import ClientCertProtocol
 from proofplane.pki import tls as pki_tls
 from proofplane.service.context import Store
 
@@ -41,3 +46,25 @@ class TlsContextFactory:
 
     def __call__(self, _config: Any, _default: Any) -> Any:
         return self.tls.context()
+
+
+class _NoDelay:
+    """Turn Nagle's algorithm off on each connection. asyncio does so itself only for a
+    socket whose ``proto`` is TCP, and the listening socket uvicorn's supervisor hands its
+    worker processes was made with ``proto`` 0: without this, every keep-alive response waits
+    out the client's delayed ACK (a steady 40 ms per request, measured)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().connection_made(transport)  # type: ignore[misc]
+
+
+class NoDelayH11Protocol(_NoDelay, H11Protocol):
+    """uvicorn's h11 protocol, Nagle off (plain HTTP worker processes)."""
+
+
+class NoDelayClientCertProtocol(_NoDelay, ClientCertProtocol):
+    """The client-certificate protocol, Nagle off (TLS worker processes)."""
