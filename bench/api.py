@@ -35,6 +35,7 @@ import dataclasses
 import json
 import multiprocessing
 import random
+import resource
 import statistics
 import sys
 import tempfile
@@ -47,7 +48,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _server import Server, pct, serve_supports_workers, throwaway_postgres
+from _server import Server, cpu_delta, pct, serve_supports_workers, throwaway_postgres
 from proofplane.access import SYSTEM
 from proofplane.hardware.cluster_file import parse_cluster
 from proofplane.machine import machine
@@ -253,6 +254,27 @@ def open_loop(
     }
 
 
+def _own_cpu() -> float:
+    """CPU seconds of this process and its finished children (the load generators)."""
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _with_cpu(server: Server, phase: Any, *args: Any) -> dict[str, Any]:
+    """A load phase, with the CPU seconds the server and the generator spent in it: on a
+    two-core box the generator's share is the capacity the server did not have."""
+    before, own = server.cpu_seconds(), _own_cpu()
+    out: dict[str, Any] = phase(*args)
+    out["cpu_s"] = {
+        "server": cpu_delta(before, server.cpu_seconds())["total"],
+        "generator": round(_own_cpu() - own, 2),
+    }
+    return out
+
+
 # --- main ----------------------------------------------------------------------------------
 
 
@@ -287,10 +309,14 @@ def main(argv: list[str] | None = None) -> int:
         try:
             server.wait_ready()
             runs = [sequential(server.base, args.requests) for _ in range(args.runs)]
-            mixed = open_loop(server.base, args.rate, args.duration, args.clients, "m", args.pool)
-            over = open_loop(
-                server.base, args.rate * 5, args.overload_seconds, args.clients, "o", args.pool
-            )
+            mixed = _with_cpu(
+                server, open_loop, server.base, args.rate, args.duration, args.clients, "m",
+                args.pool,
+            )  # fmt: skip
+            over = _with_cpu(
+                server, open_loop, server.base, args.rate * 5, args.overload_seconds,
+                args.clients, "o", args.pool,
+            )  # fmt: skip
             if server.proc.poll() is not None:
                 raise SystemExit(f"the server died:\n{server.errors_tail()}")
         finally:
