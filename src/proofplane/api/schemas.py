@@ -38,6 +38,7 @@ from proofplane.model.workload import (
     MAX_COMMAND_ARGS,
     MAX_COMMAND_CHARS,
     MAX_SKU_CHARS,
+    devices_json,
 )
 
 T = TypeVar("T")
@@ -465,19 +466,6 @@ class WorkloadOut(BaseModel):
         )
 
 
-def _devices_json(devices: Any) -> list[dict[str, Any]]:
-    return [
-        {
-            "gpu_index": d.gpu_index,
-            "gpu_uuid": d.gpu_uuid,
-            "mig_profile": d.mig_profile,
-            "mig_start": d.mig_start,
-            "share_milli": d.share_milli,
-        }
-        for d in devices
-    ]
-
-
 def workload_json(w: Workload) -> dict[str, Any]:
     """``WorkloadOut.of(w)`` as the JSON value it serializes to (same keys, same order)."""
     p = w.placement
@@ -503,8 +491,8 @@ def workload_json(w: Workload) -> dict[str, Any]:
         if p is None
         else {
             "node": p.node,
-            "devices": _devices_json(p.devices),
-            "members": [{"node": m.node, "devices": _devices_json(m.devices)} for m in p.parts],
+            "devices": devices_json(p.devices),
+            "members": [{"node": m.node, "devices": devices_json(m.devices)} for m in p.parts],
         },
         "created_at": w.created_at,
         "updated_at": w.updated_at,

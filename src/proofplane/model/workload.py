@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -107,6 +107,20 @@ class PlacedDevice:
     mig_profile: str | None = None
     mig_start: int | None = None
     share_milli: int | None = None
+
+
+def devices_json(devices: Iterable[PlacedDevice]) -> list[dict[str, Any]]:
+    """A placement's devices as the placement row stores them and the API answers them."""
+    return [
+        {
+            "gpu_index": d.gpu_index,
+            "gpu_uuid": d.gpu_uuid,
+            "mig_profile": d.mig_profile,
+            "mig_start": d.mig_start,
+            "share_milli": d.share_milli,
+        }
+        for d in devices
+    ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from proofplane.model import (
     WorkloadStatus,
 )
 from proofplane.model.tenant import profile_from_json
+from proofplane.model.workload import devices_json
 from proofplane.store.tables import (
     CertificationRow,
     GpuRow,
@@ -185,16 +186,8 @@ def load_node(session: Session, name: str) -> Node:
 
 
 def devices_to_json(devices: tuple[PlacedDevice, ...]) -> list[dict[str, Any]]:
-    return [
-        {
-            "gpu_index": d.gpu_index,
-            "gpu_uuid": d.gpu_uuid,
-            "mig_profile": d.mig_profile,
-            "mig_start": d.mig_start,
-            "share_milli": d.share_milli,
-        }
-        for d in devices
-    ]
+    """A placement's devices as its row stores them (``model.workload.devices_json``)."""
+    return devices_json(devices)
 
 
 def devices_from_json(data: list[dict[str, Any]]) -> tuple[PlacedDevice, ...]:
