@@ -26,7 +26,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -73,9 +75,9 @@ def prepare(db: Path, nodes: int) -> dict[str, str]:
         store.dispose()
 
 
-def start(db: Path, port: int) -> subprocess.Popen[bytes]:
+def start(db: Path, port: int, workers: int) -> subprocess.Popen[bytes]:
     args = [sys.executable, "-m", "proofplane.cli.main", "serve", "--db", f"sqlite:///{db}",
-            "--port", str(port)]  # fmt: skip
+            "--port", str(port), "--workers", str(workers)]  # fmt: skip
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("PROOFPLANE_")},
         "PROOFPLANE_CHANGE_CONTROL": "enforce",
@@ -110,23 +112,31 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(len(s) * q))]
 
 
-def one_run(tmp: Path, nodes: int, warmup: int) -> dict[str, Any]:
+def one_run(tmp: Path, nodes: int, warmup: int, concurrency: int, workers: int) -> dict[str, Any]:
     db = tmp / "bench.db"
     tokens = prepare(db, nodes + warmup)
     port = free_port()
-    proc = start(db, port)
+    proc = start(db, port, workers)
     base = f"http://127.0.0.1:{port}"
+    local = threading.local()  # each requester thread: its own keep-alive client per person
+    opened: list[httpx.Client] = []
+
+    def clients() -> dict[str, httpx.Client]:
+        if not hasattr(local, "clients"):
+            local.clients = {
+                who: httpx.Client(base_url=base, timeout=30,
+                                  headers={"Authorization": f"Bearer {token}"})
+                for who, token in tokens.items()
+            }  # fmt: skip
+            opened.extend(local.clients.values())
+        return local.clients  # type: ignore[no-any-return]
+
     try:
         ready = wait_ready(base, proc, db.with_name("serve.log"))
-        clients = {
-            who: httpx.Client(base_url=base, timeout=30,
-                              headers={"Authorization": f"Bearer {token}"})
-            for who, token in tokens.items()
-        }  # fmt: skip
         lat: dict[str, list[float]] = {s: [] for s in STEPS}
 
         def call(who: str, path: str, body: dict[str, Any], want: int) -> dict[str, Any]:
-            r = clients[who].post(path, json=body)
+            r = clients()[who].post(path, json=body)
             if r.status_code != want:
                 raise SystemExit(f"{who} POST {path}: {r.status_code} {r.text[:300]}")
             return dict(r.json())
@@ -154,13 +164,17 @@ def one_run(tmp: Path, nodes: int, warmup: int) -> dict[str, Any]:
         for i in range(nodes, nodes + warmup):  # connections open, caches warm
             change(i, record=False)
         t0 = time.perf_counter()
-        for i in range(nodes):
-            change(i, record=True)
+        if concurrency == 1:
+            for i in range(nodes):
+                change(i, record=True)
+        else:  # requesters working side by side, each one change at a time
+            with ThreadPoolExecutor(concurrency) as pool:
+                list(pool.map(lambda i: change(i, record=True), range(nodes)))
         elapsed = time.perf_counter() - t0
-        check = clients["alice"].get("/api/v1/nodes/gpu-0000").json()
+        check = clients()["alice"].get("/api/v1/nodes/gpu-0000").json()
         if check.get("certifications", {}).get("hipaa") != "true":
             raise SystemExit("the grant did not reach the node")
-        for c in clients.values():
+        for c in opened:
             c.close()
     finally:
         proc.terminate()
@@ -185,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=500, help="changes per run (one per node)")
     ap.add_argument("--runs", type=int, default=3, help="runs (medians reported)")
     ap.add_argument("--warmup", type=int, default=20, help="untimed changes first")
+    ap.add_argument(
+        "--concurrency", type=int, default=1, help="requesters side by side (1: one at a time)"
+    )
+    ap.add_argument("--workers", type=int, default=1, help="serve --workers")
     args = ap.parse_args(argv)
     if args.quick:
         args.nodes, args.runs, args.warmup = 100, 1, 5
@@ -192,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="proofplane-bench-governance-") as tmp:
-            runs.append(one_run(Path(tmp), args.nodes, args.warmup))
+            runs.append(one_run(Path(tmp), args.nodes, args.warmup, args.concurrency, args.workers))
 
     def med(key: str) -> float:
         return round(statistics.median(r[key] for r in runs), 2)
@@ -200,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {
         "scenario": "certification.grant: create (alice, admin) + approve (bob, admin) + "
         "approve (sec, security-officer) + apply (alice), through the HTTP API",
-        "store": "sqlite (WAL), one proofplane serve process on loopback",
+        "store": f"sqlite (WAL), proofplane serve --workers {args.workers} on loopback",
+        "concurrency": args.concurrency,
+        "workers": args.workers,
         "change_control": runs[0]["change_control"],
         "nodes": args.nodes,
         "runs": args.runs,
@@ -213,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         },
         "target_changes_per_s": TARGET_CHANGES_PER_S,
         "meets_target": med("changes_per_s") >= TARGET_CHANGES_PER_S,
-        "note": "closed loop, one change at a time, each step after the previous answer; "
+        "note": "closed loop: each requester one change at a time (--concurrency of them side "
+        "by side), each step after the previous answer; "
         "keep-alive httpx client per person; client and server share this machine; every "
         "step writes its audit events (Merkle log) in the same transaction",
         "machine": machine(),
