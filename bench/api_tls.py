@@ -20,6 +20,7 @@ a first answer on a fresh connection (TCP, plus the TLS handshake over TLS), ``-
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import socket
@@ -62,7 +63,13 @@ def prepare(tmp: Path) -> tuple[str, Path, Path, Path]:
     try:
         migrate.upgrade(store.engine)
         text = (resources.files("proofplane") / "data" / "demo-cluster.yaml").read_text("utf-8")
-        load_cluster(store, SYSTEM, parse_cluster(text))
+        spec = parse_cluster(text)
+        # without their commands: serve's local executor would run the demo's workloads as
+        # processes that outlive the benchmark
+        spec = dataclasses.replace(
+            spec, workloads=tuple(dataclasses.replace(w, command=()) for w in spec.workloads)
+        )
+        load_cluster(store, SYSTEM, spec)
         bootstrap_admin(store, TOKEN)
     finally:
         store.dispose()
