@@ -1,9 +1,11 @@
-"""Shared by the HTTP benchmarks (bench/api.py, bench/fleet.py): a real ``proofplane serve``
-subprocess on a fresh database, a throwaway PostgreSQL database, percentiles, and the CPU time
-of a server's processes from /proc. Not a benchmark itself."""
+"""Shared by the HTTP benchmarks (bench/api.py, bench/fleet.py, bench/api_tls.py,
+bench/governance.py): a real ``proofplane serve`` subprocess on a fresh database, the demo
+cluster loaded into it, a throwaway PostgreSQL database, percentiles, and the CPU time of a
+server's processes from /proc. Not a benchmark itself."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import subprocess
@@ -12,10 +14,18 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from proofplane.access import SYSTEM
+from proofplane.hardware.cluster_file import parse_cluster
+from proofplane.service.access import bootstrap_admin
+from proofplane.service.cluster import load_cluster
+from proofplane.service.context import Store
+from proofplane.store import migrate
 
 SERVE = [sys.executable, "-m", "proofplane.cli.main", "serve"]
 
@@ -24,6 +34,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def load_demo(url: str, token: str) -> None:
+    """Migrate ``url`` and load the demo cluster with an admin holding ``token``. The demo's
+    workloads come as placements only: serve's local executor would otherwise run their
+    commands as processes beside the benchmark (an engine's jobs outlive the server)."""
+    store = Store(url)
+    try:
+        migrate.upgrade(store.engine)
+        text = (resources.files("proofplane") / "data" / "demo-cluster.yaml").read_text("utf-8")
+        spec = parse_cluster(text)
+        spec = dataclasses.replace(
+            spec, workloads=tuple(dataclasses.replace(w, command=()) for w in spec.workloads)
+        )
+        load_cluster(store, SYSTEM, spec)
+        bootstrap_admin(store, token)
+    finally:
+        store.dispose()
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import multiprocessing
 import random
@@ -41,21 +40,21 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _server import Server, cpu_delta, pct, serve_supports_workers, throwaway_postgres
-from proofplane.access import SYSTEM
-from proofplane.hardware.cluster_file import parse_cluster
+from _server import (
+    Server,
+    cpu_delta,
+    load_demo,
+    pct,
+    serve_supports_workers,
+    throwaway_postgres,
+)
 from proofplane.machine import machine
-from proofplane.service.access import bootstrap_admin
-from proofplane.service.cluster import load_cluster
-from proofplane.service.context import Store
-from proofplane.store import migrate
 
 TOKEN = "ppt_bench-api-token-0123456789abcdef0123"
 NODE = "fra-h100-01"  # a demo node
@@ -80,20 +79,7 @@ DROP_LATE_S = 10.0  # a request that could not be sent within this of its due ti
 
 
 def prepare(url: str) -> None:
-    store = Store(url)
-    try:
-        migrate.upgrade(store.engine)
-        text = (resources.files("proofplane") / "data" / "demo-cluster.yaml").read_text("utf-8")
-        spec = parse_cluster(text)
-        # the demo's workloads as placements only: serve's local executor would otherwise run
-        # their commands as processes beside the benchmark (and outlive it)
-        spec = dataclasses.replace(
-            spec, workloads=tuple(dataclasses.replace(w, command=()) for w in spec.workloads)
-        )
-        load_cluster(store, SYSTEM, spec)
-        bootstrap_admin(store, TOKEN)
-    finally:
-        store.dispose()
+    load_demo(url, TOKEN)
 
 
 # --- sequential ----------------------------------------------------------------------------

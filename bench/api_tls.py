@@ -20,7 +20,6 @@ a first answer on a fresh connection (TCP, plus the TLS handshake over TLS), ``-
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import socket
@@ -31,48 +30,24 @@ import sys
 import tempfile
 import threading
 import time
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from proofplane.access import SYSTEM
-from proofplane.hardware.cluster_file import parse_cluster
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _server import free_port, load_demo, pct
 from proofplane.machine import machine
 from proofplane.pki import tls
-from proofplane.service.access import bootstrap_admin
-from proofplane.service.cluster import load_cluster
-from proofplane.service.context import Store
-from proofplane.store import migrate
 
 TOKEN = "ppt_bench-api-tls-token-0123456789abcdef"
 TARGET_RATIO = 1.2  # the issue: TLS p99 within 20 % of plain HTTP
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def prepare(tmp: Path) -> tuple[str, Path, Path, Path]:
     """The database URL, CA, server certificate and key."""
     url = f"sqlite:///{tmp / 'bench.db'}"
-    store = Store(url)
-    try:
-        migrate.upgrade(store.engine)
-        text = (resources.files("proofplane") / "data" / "demo-cluster.yaml").read_text("utf-8")
-        spec = parse_cluster(text)
-        # without their commands: serve's local executor would run the demo's workloads as
-        # processes that outlive the benchmark
-        spec = dataclasses.replace(
-            spec, workloads=tuple(dataclasses.replace(w, command=()) for w in spec.workloads)
-        )
-        load_cluster(store, SYSTEM, spec)
-        bootstrap_admin(store, TOKEN)
-    finally:
-        store.dispose()
+    load_demo(url, TOKEN)
     ca, ca_key = tls.make_ca(tmp, "bench-ca")
     cert, key = tls.make_server_cert(ca, ca_key, ["127.0.0.1"], tmp)
     return url, ca, cert, key
@@ -109,11 +84,6 @@ def wait_ready(base: str, verify: Any, proc: subprocess.Popen[bytes]) -> None:
             pass
         time.sleep(0.1)
     raise SystemExit(f"the server for {base} did not start")
-
-
-def pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(len(s) * q))]
 
 
 def load(

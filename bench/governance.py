@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,8 @@ from typing import Any
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _server import free_port, pct
 from proofplane.access import SYSTEM, Actor, Role
 from proofplane.machine import machine
 from proofplane.model import Gpu, Node, NodeState
@@ -45,12 +46,6 @@ from proofplane.store import migrate
 TARGET_CHANGES_PER_S = 100.0
 STEPS = ("create", "approve_1", "approve_2", "apply")
 PEOPLE = {"alice": Role.ADMIN, "bob": Role.ADMIN, "sec": Role.SECURITY_OFFICER}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def prepare(db: Path, nodes: int) -> dict[str, str]:
@@ -105,11 +100,6 @@ def wait_ready(base: str, proc: subprocess.Popen[bytes], log: Path) -> dict[str,
             pass
         time.sleep(0.1)
     raise SystemExit("the server did not start")
-
-
-def pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(len(s) * q))]
 
 
 def one_run(tmp: Path, nodes: int, warmup: int, concurrency: int, workers: int) -> dict[str, Any]:
