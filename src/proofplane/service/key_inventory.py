@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from proofplane.access import Actor, Permission, authorize
 from proofplane.audit.export.config import SECRET_FIELDS
 from proofplane.errors import Conflict, ProofplaneError, ValidationFailed
-from proofplane.keys import ENCRYPT, SIGN, KeyDisabled, KeyNotFound, check_key_name, envelope
+from proofplane.keys import ENCRYPT, SIGN, check_key_name, envelope
 from proofplane.service import keys as keys_svc
 from proofplane.service.context import Store
 from proofplane.store.tables import AuditCheckpointRow, SinkRow
@@ -328,16 +328,10 @@ def refuse_destroy(session: Session, name: str, version: int) -> None:
     stored secrets still sealed under it."""
     view = keys_svc.get_key(session, name)
     found = next((v for v in view.versions if v.version == version), None)
-    if found is None:
-        raise KeyNotFound(f"key {name!r} has no version {version}",
-                          details={"key": name, "version": version})  # fmt: skip
-    if version == view.current_version:
-        raise KeyDisabled("the current version cannot be destroyed: rotate first",
-                          details={"key": name, "version": version})  # fmt: skip
-    if found.destroyed_at is not None:
-        raise Conflict(f"version {version} of key {name!r} is already destroyed",
-                       code="key_version_destroyed",
-                       details={"key": name, "version": version})  # fmt: skip
+    keys_svc.check_destroyable(
+        name, version, exists=found is not None, current=view.current_version,
+        destroyed=found is not None and found.destroyed_at is not None,
+    )  # fmt: skip
     if view.purpose != ENCRYPT:
         return
     inside = in_version(session, name, version)

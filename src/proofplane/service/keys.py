@@ -121,6 +121,21 @@ def key_view(session: Session, row: KmsKeyRow) -> KeyView:
                    row.created_at, row.updated_at, row.disabled_at, versions)  # fmt: skip
 
 
+def check_destroyable(
+    name: str, version: int, *, exists: bool, current: int, destroyed: bool
+) -> None:
+    """Why version ``version`` of ``name`` cannot be destroyed, if it cannot: no such
+    version (404), the current one (rotate first), or one already destroyed (409)."""
+    details = {"key": name, "version": version}
+    if not exists:
+        raise KeyNotFound(f"key {name!r} has no version {version}", details=details)
+    if version == current:
+        raise KeyDisabled("the current version cannot be destroyed: rotate first", details=details)
+    if destroyed:
+        raise Conflict(f"version {version} of key {name!r} is already destroyed",
+                       code="key_version_destroyed", details=details)  # fmt: skip
+
+
 class Kms:
     """Keys in the inventory, material in ``backend`` (see the module's docstring)."""
 
@@ -212,16 +227,11 @@ class Kms:
         self._forget(name)
         row = _key_row(tx.session, name)
         ver = tx.session.get(KmsKeyVersionRow, (row.id, version))
-        if ver is None:
-            raise KeyNotFound(f"key {name!r} has no version {version}",
-                              details={"key": name, "version": version})  # fmt: skip
-        if version == row.current_version:
-            raise KeyDisabled("the current version cannot be destroyed: rotate first",
-                              details={"key": name, "version": version})  # fmt: skip
-        if ver.destroyed_at is not None:
-            raise Conflict(f"version {version} of key {name!r} is already destroyed",
-                           code="key_version_destroyed",
-                           details={"key": name, "version": version})  # fmt: skip
+        check_destroyable(
+            name, version, exists=ver is not None, current=row.current_version,
+            destroyed=ver is not None and ver.destroyed_at is not None,
+        )  # fmt: skip
+        assert ver is not None
         handle = ver.handle
         ver.handle, ver.destroyed_at = None, tx.now
         with self._lock:
