@@ -241,6 +241,11 @@ def test_a_mig_layout_change_sets_the_layout_and_never_destroys_held_instances(
                           {"node": "gpu-01", "gpu": 1,
                            "layout": ["7g.80gb@0", "1g.10gb@0"]})  # fmt: skip
     assert bad.value.code == "invalid_mig_layout"
+    for start in ("1" * 5000, "007"):  # no memory slot has that many digits: refused, never a 500
+        with pytest.raises(ValidationFailed) as huge:
+            payload = {"node": "gpu-01", "gpu": 1, "layout": [f"1g.10gb@{start}"]}
+            svc.create_change(store, ALICE, "mig.layout", payload)
+        assert huge.value.code == "invalid_mig_layout"
     wl = submit_workload(store, SYSTEM, WorkloadSpec(
         "w", "t1", gpus=GpuRequest(count=1, mig_profile="3g.40gb")))  # fmt: skip
     assert wl.placement is not None

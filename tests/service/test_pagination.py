@@ -240,3 +240,8 @@ def test_walking_all_pages_yields_every_item_once(data, limit):
         assert len(page.items) == limit
         cursor = page.next
     assert seen == data
+
+
+def test_a_cursor_key_holding_nul_is_refused():
+    """PostgreSQL refuses NUL in a text parameter: such a key would answer 500, not 422."""
+    bad_cursor("workloads", b64(json.dumps({"k": "workloads", "after": "a\u0000/t1"}).encode()))

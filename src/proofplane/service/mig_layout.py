@@ -31,7 +31,9 @@ def parse_layout(items: Any) -> tuple[MigInstance, ...]:
     out = []
     for item in items:
         profile, sep, start = item.partition("@") if isinstance(item, str) else ("", "", "")
-        if not sep or not profile or not start.isascii() or not start.isdecimal():
+        # a start is a memory slot (0..7): more than two digits is no start, and int() of
+        # thousands of digits would raise instead of refusing
+        if not sep or not profile or not start.isascii() or not start.isdecimal() or len(start) > 2:
             raise ValidationFailed(
                 f"MIG instance {item!r} must be written profile@start, e.g. 3g.40gb@4",
                 code="invalid_mig_layout",

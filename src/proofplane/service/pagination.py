@@ -45,6 +45,7 @@ def decode_cursor(kind: str, cursor: str | None, expected: type) -> str | int | 
         ok = ok and (not isinstance(after, str) or len(after) <= MAX_KEY)
         if ok and isinstance(after, str):
             after.encode()  # a lone surrogate ("\\ud800") is no text a store can compare
+            ok = "\x00" not in after  # nor is NUL (PostgreSQL refuses it in a text parameter)
     except (binascii.Error, ValueError, TypeError, KeyError, RecursionError):
         ok = False
     if not ok:
