@@ -11,13 +11,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio.to_thread
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 from starlette.types import Receive, Scope, Send
 
+from dbtest import ADMIN_TOKEN
 from proofplane.api.app import create_app
 from proofplane.api.middleware_overload import THREAD_HEADROOM, Overload, client_key, limiter_for
 from proofplane.api.overload import (
@@ -34,6 +37,7 @@ from proofplane.api.overload import (
 )
 from proofplane.config import MAX_INFLIGHT, Settings, from_env
 from proofplane.errors import ValidationFailed
+from proofplane.service.access import bootstrap_admin
 from proofplane.service.context import Store
 
 MAX_WAIT_S = 0.05
@@ -421,6 +425,11 @@ def test_a_real_server_under_a_flood_answers_200_or_429_and_frees_every_slot(
     settings = Settings(cookie_secure=False, max_inflight={ATTESTATION: 4, READ: 4, WRITE: 2})
     with serve(store, settings) as url, httpx.Client(base_url=url, timeout=30) as c:
         auth = {"Authorization": f"Bearer {token}"}
+        # the server names a client by its token once it has accepted it (until then by its
+        # address): two sequential requests first, so the flood is one client throughout
+        warm_up = 2
+        for _ in range(warm_up):
+            assert c.get("/api/v1/auth/me", headers=auth).status_code == 200
 
         def read(_i: int) -> tuple[int, float, httpx.Response]:
             t = time.perf_counter()
@@ -440,5 +449,33 @@ def test_a_real_server_under_a_flood_answers_200_or_429_and_frees_every_slot(
                 assert r.headers["x-frame-options"] == "DENY"
         snap = c.get("/readyz").json()["overload"][READ]
         assert snap["in_flight"] == 0 and snap["queued"] == 0
-        assert snap["admitted"] + sum(snap["refused"].values()) == 40
+        assert snap["admitted"] + sum(snap["refused"].values()) == 40 + warm_up
         assert snap["peak_in_flight"] <= 2  # one client: its share of the level
+
+
+def test_a_token_the_server_does_not_know_counts_as_the_address() -> None:
+    """The limiter runs before authentication: a caller inventing a new token per request
+    must not become a new client each time (and take the whole level)."""
+
+    def scope(token: bytes) -> dict[str, Any]:
+        return {"headers": [(b"authorization", b"Bearer " + token)], "client": ("10.0.0.9", 1)}
+
+    accepted = {"ppt_real-token"}
+    keys = {client_key(scope(f"ppt_made-up-{i}".encode()), accepted.__contains__) for i in range(5)}
+    assert keys == {"a:10.0.0.9"}
+    real = client_key(scope(b"ppt_real-token"), accepted.__contains__)
+    assert real.startswith("t:") and real == client_key(scope(b"ppt_real-token"))
+
+
+def test_the_app_names_clients_by_tokens_it_has_accepted(store: Store) -> None:
+    from proofplane.service.access import token_is_known
+
+    bootstrap_admin(store, ADMIN_TOKEN)
+    now = datetime.now(UTC)
+    assert not token_is_known(store, ADMIN_TOKEN, now)  # not checked yet
+    with TestClient(create_app(store), headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as c:
+        # the first check notes "last used", which drops the entry; the second is kept
+        assert c.get("/api/v1/auth/me").status_code == 200
+        assert c.get("/api/v1/auth/me").status_code == 200
+    assert token_is_known(store, ADMIN_TOKEN, now)
+    assert not token_is_known(store, "ppt_made-up", now)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from proofplane.api.request_body import checked_json_body
 from proofplane.api.routes import router
 from proofplane.config import ExecutionSettings, Settings
 from proofplane.errors import ProofplaneError
+from proofplane.service import access as access_svc
 from proofplane.service import audit as audit_svc
 from proofplane.service import changes as changes_svc
 from proofplane.service import execution as execution_svc
@@ -158,9 +159,14 @@ def create_app(
     overload = app.state.overload = limiter_for(
         settings.max_inflight, settings.max_inflight_client_share
     )
+    known = (
+        None
+        if store is None
+        else lambda token: access_svc.token_is_known(store, token, datetime.now(UTC))
+    )
     build_stack = app.build_middleware_stack
     app.build_middleware_stack = lambda: SecurityHeaders(  # type: ignore[method-assign]
-        Overload(build_stack(), overload, settings.max_queue_wait_ms / 1000), docs_csp
+        Overload(build_stack(), overload, settings.max_queue_wait_ms / 1000, known), docs_csp
     )
 
     @app.get("/healthz", tags=["health"], dependencies=[Depends(public)])

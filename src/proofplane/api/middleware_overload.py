@@ -12,9 +12,9 @@ The thread pool that runs the synchronous endpoints (anyio's default limiter, 40
 raised to the slots of all levels plus :data:`THREAD_HEADROOM`, so an admitted request never
 queues for a thread and the exempt probes always find one.
 
-A client is its bearer token (a hash prefix: the token itself is never kept), else its session
-cookie, else its address. Behind a proxy that hides addresses, the clients without a token
-share one budget.
+A client is its bearer token (a hash prefix: the token itself is never kept) once the server
+has accepted that token, else its session cookie likewise, else its address. Behind a proxy
+that hides addresses, the clients without a known token share one budget.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import anyio.to_thread
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -50,19 +50,21 @@ def limiter_for(limits: Mapping[str, int], client_share: float) -> Limiter:
     return Limiter({level: Budget.of(limits[level], client_share) for level in LEVELS})
 
 
-def client_key(scope: Scope) -> str:
+def client_key(scope: Scope, known: Callable[[str], bool] | None = None) -> str:
     """Who is asking: ``t:`` and a hash prefix of the bearer token, ``s:`` of the session
-    cookie, else ``a:`` and the peer address."""
+    cookie, else ``a:`` and the peer address. With ``known`` (is this a token the server has
+    accepted?), a token it does not know counts as its address: the check runs before
+    authentication, and a caller sending a fresh made-up token with every request must not
+    become a new client each time and take a whole level."""
     token = cookie = None
     for name, value in scope.get("headers") or ():
         if name == b"authorization" and value[:7].lower() == b"bearer ":
             token = value[7:].strip()
         elif name == b"cookie" and SESSION_COOKIE in value:
             cookie = _session_cookie(value)
-    if token:
-        return "t:" + hashlib.sha256(token).hexdigest()[:16]
-    if cookie:
-        return "s:" + hashlib.sha256(cookie).hexdigest()[:16]
+    for prefix, credential in (("t:", token), ("s:", cookie)):
+        if credential and (known is None or known(credential.decode("latin-1"))):
+            return prefix + hashlib.sha256(credential).hexdigest()[:16]
     peer = scope.get("client")
     return f"a:{peer[0]}" if peer else "a:?"
 
@@ -107,10 +109,17 @@ def refusal(refused: Refused) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
 class Overload:
     """ASGI middleware: admit a request into its level's budget, or refuse it with 429."""
 
-    def __init__(self, app: ASGIApp, limiter: Limiter, max_wait_s: float) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        limiter: Limiter,
+        max_wait_s: float,
+        known: Callable[[str], bool] | None = None,
+    ) -> None:
         self.app = app
         self.limiter = limiter
         self.max_wait_s = max_wait_s
+        self.known = known
         self.threads = limiter.total + THREAD_HEADROOM
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -122,7 +131,7 @@ class Overload:
             await self.app(scope, receive, send)
             return
         self._size_thread_pool()
-        client = client_key(scope)
+        client = client_key(scope, self.known)
         loop = asyncio.get_running_loop()
         woken = asyncio.Event()
 

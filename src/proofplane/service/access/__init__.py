@@ -51,6 +51,7 @@ from proofplane.service.access.sessions import (
     login,
     login_federated,
     logout,
+    token_is_known,
 )
 from proofplane.service.access.tokens import (
     issue_token,
@@ -91,6 +92,7 @@ __all__ = [
     "User",
     "authenticate",
     "cached_actor",
+    "token_is_known",
     "begin_oidc_login",
     "bootstrap_admin",
     "check_return_to",

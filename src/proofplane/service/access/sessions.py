@@ -388,6 +388,14 @@ def cached_actor(store: Store, token: str, now: datetime) -> Actor | None:
     return entry.actor
 
 
+def token_is_known(store: Store, token: str, now: datetime) -> bool:
+    """Whether ``token`` was checked and accepted within the cache's TTL and has not expired:
+    no I/O, so the overload limiter may call it on the event loop to tell a client it can
+    name by its token from a caller inventing a new token per request."""
+    entry = cache_for(store).get(cred.token_hash(token))
+    return entry is not None and entry.expires_at > now
+
+
 def _load(store: Store, key: str, now: datetime) -> Entry:
     """Read the token (and its owner) by its indexed hash; refusals raise and are not kept."""
     with store.read() as session:
