@@ -7,6 +7,7 @@ this module persists each one and records its events in the same transaction.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from typing import Any
 
@@ -34,6 +35,8 @@ from proofplane.store.repo import (
     workload_from_row,
 )
 from proofplane.store.tables import EventRow, NodeRow, PlacementRow, TenantRow, WorkloadRow
+
+log = logging.getLogger(__name__)
 
 
 class ClusterView:
@@ -205,9 +208,9 @@ class SchedulerCache:
             self._refresh_nodes(session, scheduler, targets["node"])
             self._refresh_tenants(session, scheduler, targets["tenant"])
             self._refresh_workloads(session, scheduler, targets["workload"])
-        except Exception:
-            self.scheduler, self.version = None, None  # half-applied: never reuse it
-            raise
+        except Exception:  # half-applied: never reuse it; a full load serves the request
+            log.warning("scheduler cache: catching up failed, loading the cluster", exc_info=True)
+            return False
         return True
 
     def _refresh_nodes(self, session: Session, scheduler: Scheduler, names: set[str]) -> None:
