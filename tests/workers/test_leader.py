@@ -113,19 +113,26 @@ def test_a_worker_without_a_store_or_leader_only_off_always_runs(db_url: str) ->
         store.dispose()
 
 
-def test_a_lost_postgresql_connection_loses_the_lease(db_url: str) -> None:
-    store = Store(db_url)
+def test_a_lease_that_went_away_is_no_longer_held(db_url: str) -> None:
+    """PostgreSQL: the lease's session is replaced (the connection died and was reopened);
+    SQLite: ``<db>.leader`` was deleted, so another process locks a new file. Either way the
+    old holder must stop leading while the other one leads."""
+    store, other_store = Store(db_url), Store(db_url)
     try:
-        lease = Leadership(store.engine)
-        assert lease.held()
+        lease, other = Leadership(store.engine), Leadership(other_store.engine)
+        assert lease.held() and not other.held()
         if store.engine.dialect.name == "postgresql":
             conn = lease._conn
             assert conn is not None
             conn.invalidate()  # the server side went away
-            other = Leadership(Store(db_url).engine)
-            assert other.held()  # the dead session's lock is gone
-            assert not lease.held()
-            other.release()
+        else:
+            path = lease._sqlite_path()
+            assert path is not None and path.exists()
+            path.unlink()
+        assert other.held()  # the lock is free to take
+        assert not lease.held()  # and the old holder knows it lost it
+        other.release()
         lease.release()
     finally:
         store.dispose()
+        other_store.dispose()

@@ -120,7 +120,18 @@ class Leadership:
             if not mine:
                 self._drop()
             return bool(mine)
-        return self._file is not None
+        if self._file is None:
+            return False
+        # the lock lives on the file we opened: if <db>.leader was deleted or replaced, another
+        # process can lock the new file, so this one no longer leads
+        path = self._sqlite_path()
+        try:
+            mine = path is not None and os.fstat(self._file.fileno()).st_ino == path.stat().st_ino
+        except OSError:
+            mine = False
+        if not mine:
+            self._drop()
+        return mine
 
     def _acquire(self) -> bool:
         path = self._sqlite_path()
@@ -141,9 +152,13 @@ class Leadership:
         except BaseException:
             handle.close()
             raise
-        handle.truncate(0)
-        handle.write(f"{os.getpid()}\n".encode())
-        handle.flush()
+        try:
+            handle.truncate(0)
+            handle.write(f"{os.getpid()}\n".encode())
+            handle.flush()
+        except BaseException:
+            handle.close()  # closing the descriptor also drops a lock taken above
+            raise
         self._file = handle
         return True
 
