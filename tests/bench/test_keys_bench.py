@@ -31,13 +31,14 @@ def test_bench_keys_quick(tmp_path: Path) -> None:
     assert login["logins"] > 0 and login["runs"] >= 1
     for kind in ("kms", "plaintext"):
         assert 0 < login[kind]["p50_ms"] <= login[kind]["p99_ms"]
-    for delta in ("p50_delta_ms", "p99_delta_ms"):  # a difference: either sign, when noisy
-        assert isinstance(login[delta], int | float)
+    for q in ("p50", "p99"):  # a difference: either sign, when noisy
+        want = login["kms"][f"{q}_ms"] - login["plaintext"][f"{q}_ms"]
+        assert abs(login[f"{q}_delta_ms"] - want) < 0.01, (q, login)
     assert login["seed_open_us"] > 0
     assert data["targets"] == {"local_kms_pairs_per_s": 20_000, "pkcs11_kms_pairs_per_s": 2_000,
                                "login_p99_delta_ms": 1.0}  # fmt: skip
     meets = data["meets"]
-    assert isinstance(meets["local_kms_pairs_per_s"], bool)
+    assert meets["local_kms_pairs_per_s"] is (local["kms_pairs_per_s"] >= 20_000)
     assert meets["pkcs11_kms_pairs_per_s"] is None  # --quick: local only, not measured
-    assert isinstance(meets["login_p99_delta_ms"], bool)
+    assert meets["login_p99_delta_ms"] is (login["p99_delta_ms"] <= 1.0)
     assert isinstance(meets["login_seed_open_ms"], bool)
