@@ -121,6 +121,29 @@ def key_view(session: Session, row: KmsKeyRow) -> KeyView:
                    row.created_at, row.updated_at, row.disabled_at, versions)  # fmt: skip
 
 
+def _record_erase_failure(
+    committed: Session, name: str, version: int, change_id: int | None, exc: Exception
+) -> None:
+    """The destroy committed but the backend still holds the material: say so in the audit
+    log (its own transaction: the destroy's has ended), so an auditor sees what a person
+    must remove by hand. The error's class only: a backend's message may quote a handle."""
+    from proofplane.access import SYSTEM
+    from proofplane.model import Outcome
+
+    bind = committed.get_bind()
+    store = Store(str(bind.engine.url), engine=bind.engine)
+    try:
+        with store.write(SYSTEM) as tx:
+            tx.record("key.destroy", "key", name, outcome=Outcome.FAILURE, details={
+                "version": version, "change_id": change_id, "stage": "backend_erase",
+                "error": type(exc).__name__,
+                "message": "the version is destroyed here; its material is still in the "
+                           "KMS backend and must be removed there by hand",
+            })  # fmt: skip
+    except Exception:
+        log.exception("KMS: recording the failed erase of version %s of key %s", version, name)
+
+
 def check_destroyable(
     name: str, version: int, *, exists: bool, current: int, destroyed: bool
 ) -> None:
@@ -241,12 +264,13 @@ class Kms:
         if handle is not None:
             backend = self.backend
 
-            def erase(_session: Session) -> None:
+            def erase(session: Session) -> None:
                 try:
                     backend.destroy(handle)
-                except Exception:  # the commit stands; the material is removed by hand
+                except Exception as exc:  # the commit stands; the material is removed by hand
                     log.exception("KMS: erasing version %s of key %s failed after the "
                                   "commit", version, name)  # fmt: skip
+                    _record_erase_failure(session, name, version, change_id, exc)
 
             event.listen(tx.session, "after_commit", erase, once=True)
         return key_view(tx.session, row)
