@@ -27,7 +27,7 @@ import os
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -797,7 +797,7 @@ def overdue_reviews(store: Store, now: datetime) -> list[int]:
             if r.review_alerted_at is None or at - r.review_alerted_at >= REALERT
         ]  # fmt: skip
 
-    at = now or datetime.now(UTC)
+    at = now
     with store.read() as session:  # most passes find nothing: no write transaction then
         if not due(session, at):
             return []
