@@ -18,6 +18,7 @@ from proofplane.service.pagination import (
     Page,
     check_limit,
     decode_cursor,
+    decode_text_cursor,
     encode_cursor,
     paginate,
 )
@@ -244,4 +245,8 @@ def test_walking_all_pages_yields_every_item_once(data, limit):
 
 def test_a_cursor_key_holding_nul_is_refused():
     """PostgreSQL refuses NUL in a text parameter: such a key would answer 500, not 422."""
-    bad_cursor("workloads", b64(json.dumps({"k": "workloads", "after": "a\u0000/t1"}).encode()))
+    forged = b64(json.dumps({"k": "workloads", "after": "a\u0000/t1"}).encode())
+    with pytest.raises(ValidationFailed) as err:
+        decode_text_cursor("workloads", forged)
+    assert err.value.code == "invalid_cursor"
+    assert decode_text_cursor("workloads", encode_cursor("workloads", "a/t1")) == "a/t1"

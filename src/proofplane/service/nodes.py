@@ -22,7 +22,12 @@ from proofplane.service import execution
 from proofplane.service.attestation import manual_admission_refused
 from proofplane.service.context import Store, Tx
 from proofplane.service.lifecycle import change_node_state, workloads_on
-from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
+from proofplane.service.pagination import (
+    Page,
+    check_limit,
+    decode_text_cursor,
+    paginate,
+)
 from proofplane.service.scheduling import ClusterView, evict, reschedule_pending
 from proofplane.store.repo import load_node, load_nodes, node_from_row, node_row, node_select
 from proofplane.store.tables import CertificationRow, GpuRow, NodeRow
@@ -261,7 +266,7 @@ def list_nodes(
     """Nodes by name, filtered; ``certification`` keeps nodes holding all the given pairs."""
     authorize(actor, Permission.NODES_READ)
     check_limit(limit)
-    after = decode_cursor("nodes", cursor, str)
+    after = decode_text_cursor("nodes", cursor)
     query = node_select().order_by(NodeRow.name)
     if after is not None:
         query = query.where(NodeRow.name > after)

@@ -45,7 +45,6 @@ def decode_cursor(kind: str, cursor: str | None, expected: type) -> str | int | 
         ok = ok and (not isinstance(after, str) or len(after) <= MAX_KEY)
         if ok and isinstance(after, str):
             after.encode()  # a lone surrogate ("\\ud800") is no text a store can compare
-            ok = "\x00" not in after  # nor is NUL (PostgreSQL refuses it in a text parameter)
     except (binascii.Error, ValueError, TypeError, KeyError, RecursionError):
         ok = False
     if not ok:
@@ -72,3 +71,17 @@ def paginate(kind: str, items: list[T], limit: int, key: str | int | None) -> Pa
     if len(items) > limit and key is not None:
         return Page(items[:limit], encode_cursor(kind, key))
     return Page(items[:limit], None)
+
+
+def decode_text_cursor(kind: str, cursor: str | None) -> str | None:
+    """``decode_cursor`` for a page keyed by a name: a key holding NUL is refused too. No name
+    has one (only a forged cursor can), and PostgreSQL refuses NUL in a text parameter, which
+    would answer 500 instead of 422."""
+    after = decode_cursor(kind, cursor, str)
+    if isinstance(after, str) and "\x00" in after:
+        raise ValidationFailed(
+            "invalid cursor: pass back the 'next' value of a previous page unchanged",
+            code="invalid_cursor",
+            details={"cursor": (cursor or "")[:64]},
+        )
+    return after

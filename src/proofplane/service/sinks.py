@@ -50,7 +50,12 @@ from proofplane.model import Event, Outcome, validate_name
 from proofplane.service.context import Store, Tx
 from proofplane.service.events import event_from_row
 from proofplane.service.keys import kms_for, open_secret, seal_secret, secret_aad
-from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
+from proofplane.service.pagination import (
+    Page,
+    check_limit,
+    decode_text_cursor,
+    paginate,
+)
 from proofplane.service.runbooks import with_runbook
 from proofplane.siem import guard
 from proofplane.siem.sink import Sink, build, deliver
@@ -240,7 +245,7 @@ def list_sinks(
 ) -> Page[SinkView]:
     authorize(actor, Permission.SINKS_READ)
     check_limit(limit)
-    after = decode_cursor("sinks", cursor, str)
+    after = decode_text_cursor("sinks", cursor)
     query = select(SinkRow).order_by(SinkRow.name).limit(limit + 1)
     if after is not None:
         query = query.where(SinkRow.name > after)

@@ -12,7 +12,12 @@ from proofplane.model import ComplianceProfile, Quota, Tenant, validate_name, va
 from proofplane.model.tenant import profile_to_json
 from proofplane.service import execution
 from proofplane.service.context import Store, Tx
-from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
+from proofplane.service.pagination import (
+    Page,
+    check_limit,
+    decode_text_cursor,
+    paginate,
+)
 from proofplane.service.scheduling import ClusterView, reschedule_pending
 from proofplane.store.repo import tenant_from_row, tenant_row
 from proofplane.store.tables import TenantRow
@@ -114,7 +119,7 @@ def list_tenants(
 ) -> Page[Tenant]:
     authorize(actor, Permission.TENANTS_READ)
     check_limit(limit)
-    after = decode_cursor("tenants", cursor, str)
+    after = decode_text_cursor("tenants", cursor)
     query = select(TenantRow).order_by(TenantRow.name).limit(limit + 1)
     visible = actor.visible_tenants(Permission.TENANTS_READ)
     if visible is not None:

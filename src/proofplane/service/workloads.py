@@ -35,7 +35,12 @@ from proofplane.schedule.reasons import CANCELLED, render
 from proofplane.schedule.values import Request
 from proofplane.service import execution, jobs
 from proofplane.service.context import NewEvent, Store, Tx
-from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
+from proofplane.service.pagination import (
+    Page,
+    check_limit,
+    decode_text_cursor,
+    paginate,
+)
 from proofplane.service.scheduling import (
     ClusterView,
     apply_outcome,
@@ -611,7 +616,7 @@ def list_workloads(
     if tenant is not None:
         authorize(actor, Permission.WORKLOADS_READ, tenant=tenant)
     check_limit(limit)
-    after = decode_cursor("workloads", cursor, str)
+    after = decode_text_cursor("workloads", cursor)
     query = workload_select().order_by(WL.name, WL.tenant)
     visible = actor.visible_tenants(Permission.WORKLOADS_READ)
     if visible is not None:

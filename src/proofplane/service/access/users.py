@@ -22,7 +22,12 @@ from proofplane.service.access.common import (
     user_row,
 )
 from proofplane.service.context import Store, Tx
-from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
+from proofplane.service.pagination import (
+    Page,
+    check_limit,
+    decode_text_cursor,
+    paginate,
+)
 from proofplane.store.tables import TenantRow, UserRow
 
 
@@ -185,7 +190,7 @@ def list_users(
 ) -> Page[User]:
     authorize(actor, Permission.USERS_READ)
     check_limit(limit)
-    after = decode_cursor("users", cursor, str)
+    after = decode_text_cursor("users", cursor)
     query = select(UserRow).order_by(UserRow.username)
     if after is not None:
         query = query.where(UserRow.username > after)
