@@ -23,7 +23,7 @@ from proofplane.audit.export.config import SinkPolicy
 from proofplane.errors import Conflict, Unavailable, ValidationFailed
 from proofplane.model import Outcome
 from proofplane.store.audit_log import Appender, sqlite_connection
-from proofplane.store.db import make_engine, read_session, write_session
+from proofplane.store.db import make_engine, read_session, write_session, writer_gate
 from proofplane.store.tables import EventRow
 
 if TYPE_CHECKING:
@@ -206,6 +206,10 @@ class Store:
         if joined is not None and joined[0] is self:
             yield joined[1]  # the outer transaction commits (or rolls back) it all
             return
+        with writer_gate(self.engine):
+            yield from self._write(actor, now)
+
+    def _write(self, actor: Actor, now: datetime | None) -> Iterator[Tx]:
         session = write_session(self.engine)
         try:
             with session.begin():

@@ -2,7 +2,11 @@
 
 Writes are serialized: on SQLite every transaction starts with ``BEGIN IMMEDIATE`` (the writer
 lock is taken up front, so read-then-write never dead-ends in SQLITE_BUSY), and on PostgreSQL a
-write transaction takes one transaction-scoped advisory lock. The control plane makes decisions
+write transaction takes one transaction-scoped advisory lock. On SQLite the writers of all the
+server's processes first queue on ``writer_gate`` (a thread lock, then an exclusive ``flock`` on
+``<database>.writer``): SQLite's own busy handler polls with sleeps of up to 100 ms, so two
+worker processes contending for the file lock lost most of their time asleep; a blocked
+``flock`` is woken by the kernel the moment the holder lets go. The control plane makes decisions
 from what it just read (placement, event sequence numbers), so one writer at a time is the rule;
 reads stay concurrent.
 
@@ -16,8 +20,11 @@ zeroes what a deleted row occupied.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import stat
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import platformdirs
@@ -26,9 +33,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session
 
-from proofplane.errors import ValidationFailed
+from proofplane.errors import Unavailable, ValidationFailed
 
 WRITE_LOCK_KEY = 84700001  # advisory-lock key for PostgreSQL write transactions
+BUSY_TIMEOUT_S = 30  # SQLite busy_timeout, and the longest wait for the writer gate
 
 
 def default_database_url() -> str:
@@ -81,7 +89,7 @@ def _sqlite_engine(url: str, database: str | None) -> Engine:
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute("PRAGMA foreign_keys=ON")
-        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_S * 1000}")
         cur.execute("PRAGMA secure_delete=ON")
         cur.close()
         if not database.startswith("file:"):
@@ -167,6 +175,56 @@ def write_session(engine: Engine) -> Session:
         connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": WRITE_LOCK_KEY})
 
     return session
+
+
+class _Gate:
+    """One SQLite database's writer queue in this process: a thread lock (threads share the
+    process's open file, and a ``flock`` already held by it would not block them) and an
+    exclusive ``flock`` on a file opened by this process (after a fork the child opens its own,
+    so its lock is its own)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.lock = threading.Lock()
+        self.fd: int | None = None
+        self.pid = 0
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        # as long as SQLite's own busy timeout: a writer that waits longer gives up the same way
+        if not self.lock.acquire(timeout=BUSY_TIMEOUT_S):
+            raise Unavailable("the database is busy: no write slot within 30 s")
+        try:
+            if self.fd is None or self.pid != os.getpid():
+                self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_MODE)
+                self.pid = os.getpid()
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+        finally:
+            self.lock.release()
+
+
+_GATES: dict[str, _Gate] = {}
+_GATES_LOCK = threading.Lock()
+
+
+def writer_gate(engine: Engine) -> contextlib.AbstractContextManager[None]:
+    """Hold this around a write transaction (before its ``BEGIN IMMEDIATE``, released after its
+    commit or rollback): on a SQLite file, the writers of every process queue here instead of in
+    SQLite's sleeping busy handler; anything else (PostgreSQL, whose advisory lock already queues
+    in the server) passes at once."""
+    database = engine.url.database if engine.dialect.name == "sqlite" else None
+    if not database or database.startswith("file:") or database == ":memory:":
+        return contextlib.nullcontext()
+    path = f"{os.path.abspath(database)}.writer"
+    gate = _GATES.get(path)
+    if gate is None:
+        with _GATES_LOCK:
+            gate = _GATES.setdefault(path, _Gate(path))
+    return gate.held()
 
 
 def read_session(engine: Engine) -> Session:

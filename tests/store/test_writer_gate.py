@@ -1,0 +1,141 @@
+"""SQLite writers queue on the writer gate (a thread lock, then a ``flock`` on
+``<database>.writer``) instead of polling in SQLite's sleeping busy handler: writes from many
+threads and from two processes all commit, the event log stays gap-free, a writer waits while
+another process holds the gate and goes the moment it is released."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import multiprocessing
+import os
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from proofplane.access import SYSTEM
+from proofplane.errors import Unavailable
+from proofplane.service.context import Store
+from proofplane.store import db as store_db
+from proofplane.store import migrate
+from proofplane.store.tables import EventRow
+
+
+def _store(path: Path) -> Store:
+    store = Store(f"sqlite:///{path}")
+    migrate.upgrade(store.engine)
+    return store
+
+
+def _write_events(url: str, who: str, count: int) -> None:
+    store = Store(url)
+    try:
+        for i in range(count):
+            with store.write(SYSTEM) as tx:
+                tx.record("test.gate", "writer", f"{who}-{i}")
+    finally:
+        store.dispose()
+
+
+def _seqs(store: Store) -> list[int]:
+    with store.read() as session:
+        return list(session.scalars(select(EventRow.seq).order_by(EventRow.seq)))
+
+
+def test_threads_and_processes_all_commit_and_the_log_stays_gap_free(tmp_path: Path) -> None:
+    path = tmp_path / "gate.db"
+    store = _store(path)
+    url = f"sqlite:///{path}"
+    with store.read() as session:
+        before = session.scalar(select(func.count()).select_from(EventRow)) or 0
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_write_events, args=(url, f"p{k}", 40)) for k in range(2)]
+    for p in procs:
+        p.start()
+    threads = [threading.Thread(target=_write_events, args=(url, f"t{k}", 30)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    seqs = _seqs(store)
+    assert len(seqs) == before + 2 * 40 + 4 * 30
+    assert seqs == list(range(1, len(seqs) + 1))  # one writer at a time: no gap, no duplicate
+    gate = Path(f"{path}.writer")
+    assert stat.S_IMODE(gate.stat().st_mode) == 0o600
+
+
+def _hold_gate(path: str, ready: object, release: object) -> None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    ready.set()  # type: ignore[attr-defined]
+    release.wait(30)  # type: ignore[attr-defined]
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+def test_a_writer_waits_for_another_process_and_goes_when_it_lets_go(tmp_path: Path) -> None:
+    path = tmp_path / "gate.db"
+    store = _store(path)
+    ctx = multiprocessing.get_context("spawn")
+    ready, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_gate, args=(f"{path}.writer", ready, release))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        done = threading.Event()
+
+        def write() -> None:
+            with store.write(SYSTEM) as tx:
+                tx.record("test.gate", "writer", "waiting")
+            done.set()
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        assert not done.wait(0.5)  # queued behind the other process
+        released = time.monotonic()
+        release.set()
+        assert done.wait(10)
+        assert time.monotonic() - released < 1.0  # woken by the kernel, not a polling sleep
+        writer.join(10)
+    finally:
+        release.set()
+        holder.join(30)
+
+
+def test_a_writer_that_cannot_get_the_slot_in_time_is_unavailable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = _store(tmp_path / "gate.db")
+    monkeypatch.setattr(store_db, "BUSY_TIMEOUT_S", 0.2)
+    with store.write(SYSTEM) as tx:  # this thread holds the slot: another thread must wait
+        tx.record("test.gate", "writer", "holder")
+        failed: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                with store.write(SYSTEM) as inner:
+                    inner.record("test.gate", "writer", "late")
+            except Unavailable as exc:
+                failed.append(exc)
+
+        t = threading.Thread(target=write)
+        t.start()
+        t.join(10)
+    assert len(failed) == 1 and failed[0].code == "unavailable"
+    seqs = _seqs(store)
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+def test_only_a_sqlite_file_has_a_gate() -> None:
+    from sqlalchemy import create_engine
+
+    for url in ("sqlite://", "postgresql+psycopg://u@127.0.0.1:1/none"):
+        gate = store_db.writer_gate(create_engine(url))
+        assert isinstance(gate, contextlib.nullcontext)  # PostgreSQL queues on its advisory lock
