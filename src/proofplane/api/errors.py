@@ -37,6 +37,9 @@ from proofplane.errors import (
 )
 from proofplane.govern.changes import NotAnApprover, SeparationOfDuties
 from proofplane.hardware.nvml import NvmlError
+from proofplane.network.desired import SubnetExhausted
+from proofplane.network.policy import CrossTenantRule, InvalidNetworkPolicy, UnknownTenant
+from proofplane.network.segments import InvalidSegment, SegmentInUse, SegmentPoolExhausted
 from proofplane.service.access import (
     AccountLocked,
     InvalidOidcState,
@@ -82,6 +85,14 @@ STATUS: dict[type[ProofplaneError], int] = {
     BackendUnavailable: 503,
     JobRejected: 422,
     DrainFailed: 502,
+    # network segmentation
+    SegmentPoolExhausted: 409,
+    SegmentInUse: 409,
+    SubnetExhausted: 409,
+    InvalidSegment: 422,
+    InvalidNetworkPolicy: 422,
+    UnknownTenant: 422,
+    CrossTenantRule: 403,
 }
 
 #: Branches of the tree that are never an answer (see the module docstring): 500.
