@@ -436,10 +436,13 @@ class NetworkIndex:
     # ----------------------------------------------------------------- changing
     def place(self, endpoints: Iterable[Endpoint]) -> frozenset[str]:
         """Add endpoints, or move them (same workload, another node or address): the nodes of
-        their segments (before and after) are affected."""
-        affected: set[str] = set()
-        for ep in endpoints:
+        their segments (before and after) are affected. All or nothing: one endpoint that does
+        not fit (see :meth:`_check`) and none is placed."""
+        batch = list(endpoints)
+        for ep in batch:
             self._check(ep)
+        affected: set[str] = set()
+        for ep in batch:
             old = self._endpoints.get(ep.workload)
             if old == ep:
                 continue
