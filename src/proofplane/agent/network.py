@@ -71,6 +71,7 @@ from proofplane.network.render.nftables import (
 
 __all__ = [
     "NETNS_DIR",
+    "NOTHING_APPLIED",
     "ApplyResult",
     "Host",
     "NetworkAgent",
@@ -82,6 +83,9 @@ __all__ = [
 ]
 
 NETNS_DIR = Path("/run/netns")
+#: The ``applied_sha256`` an agent reports before it has applied any desired state completely
+#: (the SHA-256 of nothing), with generation 0.
+NOTHING_APPLIED = hashlib.sha256(b"").hexdigest()
 MAX_LISTED = 20  # entries per list in a self-check (the report stays small)
 _IFNAME = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
@@ -218,6 +222,19 @@ class Host:
             check=False,
         )
         return None if proc.returncode == 0 else (proc.stderr.strip() or "ip netns add failed")
+
+    def first_ipv4(self, dev: str) -> str | None:
+        """The first IPv4 address on ``dev`` (the VTEP an agent registers), None if none."""
+        ipr = self.netlink()
+        try:
+            found = ipr.link_lookup(ifname=dev)
+            if not found:
+                return None
+            for a in ipr.get_addr(index=found[0], family=2):  # AF_INET
+                return str(a.get("IFA_ADDRESS"))
+            return None
+        finally:
+            ipr.close()
 
     def bridge_nf_call_iptables(self) -> bool | None:
         """The namespace's ``net.bridge.bridge-nf-call-iptables`` (None: no br_netfilter)."""
