@@ -50,6 +50,7 @@ __all__ = [
     "NodeNet",
     "NodeSegment",
     "Segment",
+    "SegmentMembers",
     "SubnetExhausted",
     "allocate_ip",
     "compute_all",
@@ -59,6 +60,7 @@ __all__ = [
     "endpoint_mac",
     "interface_id",
     "normalize_guid",
+    "segment_digest",
 ]
 
 
@@ -160,19 +162,122 @@ class Endpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class SegmentMembers:
+    """A whole segment, shared by the node views of all its nodes: ``entries`` (mac, vtep,
+    node) per endpoint, sorted; ``holders`` (vtep, node) per node carrying it, sorted;
+    ``digest``: :func:`segment_digest` of both."""
+
+    entries: tuple[tuple[str, str, str], ...]
+    holders: tuple[tuple[str, str], ...]
+    digest: str
+
+
+def segment_digest(entries: Iterable[tuple[str, str]], vteps: Iterable[str]) -> str:
+    """SHA-256 (hex) of a segment's membership: its ``(mac, vtep)`` pairs and the VTEPs that
+    carry it (all of them, the node's own included), sorted, as compact JSON
+    ``[[mac, vtep, mac, vtep, ...], [vtep, ...]]``."""
+    return _digest(sorted(entries), sorted(vteps))
+
+
+def _digest(entries: list[tuple[str, str]], vteps: list[str]) -> str:
+    flat = [x for pair in entries for x in pair]
+    doc = json.dumps([flat, vteps], separators=(",", ":"))
+    return hashlib.sha256(doc.encode()).hexdigest()
+
+
 class NodeSegment:
-    """One segment as a node must carry it (see the module docstring).
+    """One segment as a node must carry it (see the module docstring); an immutable value.
 
     ``remote_vteps``: sorted VTEPs of the other nodes holding it; ``local``: endpoints on this
-    node, by workload; ``remote``: ``(mac, vtep)`` per remote endpoint, sorted."""
+    node, by workload; ``remote``: ``(mac, vtep)`` per remote endpoint, sorted.
+
+    Built by :class:`NetworkIndex`, ``remote`` and ``remote_vteps`` are read from the
+    segment's shared :class:`SegmentMembers` when first asked for: a segment of E endpoints
+    on N nodes holds E·N FDB entries in all, and the control plane never needs them at once
+    (the hash uses the segment's digest), only a node's agent or renderer needs its own."""
+
+    __slots__ = ("_members", "_node", "_remote", "_remote_vteps", "local", "pkey", "tenant", "vni",
+                 "workload")  # fmt: skip
 
     vni: int
     pkey: int
     tenant: str
     workload: str | None
-    remote_vteps: tuple[str, ...]
     local: tuple[Endpoint, ...]
-    remote: tuple[tuple[str, str], ...]
+    _remote: tuple[tuple[str, str], ...] | None
+    _remote_vteps: tuple[str, ...] | None
+    _members: SegmentMembers | None
+    _node: str | None
+
+    def __init__(
+        self,
+        vni: int,
+        pkey: int,
+        tenant: str,
+        workload: str | None,
+        remote_vteps: tuple[str, ...],
+        local: tuple[Endpoint, ...],
+        remote: tuple[tuple[str, str], ...],
+    ) -> None:
+        for name, value in (
+            ("vni", vni), ("pkey", pkey), ("tenant", tenant), ("workload", workload),
+            ("local", tuple(local)), ("_remote", tuple(remote)),
+            ("_remote_vteps", tuple(remote_vteps)), ("_members", None), ("_node", None),
+        ):  # fmt: skip
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def of_members(
+        cls,
+        segment: Segment,
+        node: str,
+        local: tuple[Endpoint, ...],
+        members: SegmentMembers,
+    ) -> NodeSegment:
+        """``node``'s view of a segment whose membership is ``members`` (lazy remote parts)."""
+        out = cls.__new__(cls)
+        put = object.__setattr__
+        put(out, "vni", segment.vni)
+        put(out, "pkey", segment.pkey)
+        put(out, "tenant", segment.tenant)
+        put(out, "workload", segment.workload)
+        put(out, "local", local)
+        put(out, "_remote", None)
+        put(out, "_remote_vteps", None)
+        put(out, "_members", members)
+        put(out, "_node", node)
+        return out
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"NodeSegment is immutable: cannot set {name!r}")
+
+    @property
+    def remote(self) -> tuple[tuple[str, str], ...]:
+        if self._remote is None:
+            assert self._members is not None
+            node = self._node
+            remote = tuple((m, v) for m, v, n in self._members.entries if n != node)
+            object.__setattr__(self, "_remote", remote)
+            return remote
+        return self._remote
+
+    @property
+    def remote_vteps(self) -> tuple[str, ...]:
+        if self._remote_vteps is None:
+            assert self._members is not None
+            node = self._node
+            vteps = tuple(v for v, n in self._members.holders if n != node)
+            object.__setattr__(self, "_remote_vteps", vteps)
+            return vteps
+        return self._remote_vteps
+
+    def digest(self, vtep: str) -> str:
+        """:func:`segment_digest` of the segment this view belongs to, the node's own endpoints
+        at ``vtep`` (the remote entries and VTEPs plus the node's own determine it)."""
+        if self._members is not None:
+            return self._members.digest
+        entries = [*self.remote, *((e.mac, vtep) for e in self.local)]
+        return segment_digest(entries, [*self.remote_vteps, vtep])
 
     @property
     def bridge(self) -> str:
@@ -182,20 +287,117 @@ class NodeSegment:
     def vxlan(self) -> str:
         return f"vx{self.vni}"
 
+    def _key(self) -> tuple[Any, ...]:
+        return (self.vni, self.pkey, self.tenant, self.workload, self.local, self.remote_vteps,
+                self.remote)  # fmt: skip
 
-@dataclass(frozen=True, slots=True)
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, NodeSegment):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash((self.vni, self.pkey, self.tenant, self.workload, self.local))
+
+    def __repr__(self) -> str:
+        return (f"NodeSegment(vni={self.vni}, pkey={self.pkey}, tenant={self.tenant!r}, "
+                f"workload={self.workload!r}, local={[e.workload for e in self.local]}, "
+                f"remote_vteps={len(self.remote_vteps)}, remote={len(self.remote)})")  # fmt: skip
+
+
 class NodeDesired:
-    """Everything one node must carry. ``segments`` by VNI; ``policies``: tenant → policy
-    for the tenants of those segments; ``vteps``: the underlay allow-list (the union of the
-    segments' remote VTEPs); ``sha256``: :func:`desired_sha256` of the rest."""
+    """Everything one node must carry; an immutable value. ``segments`` by VNI;
+    ``policies``: tenant → policy for the tenants of those segments; ``vteps``: the underlay
+    allow-list (the union of the segments' remote VTEPs, derived when first asked for);
+    ``sha256``: :func:`desired_sha256` of the rest."""
+
+    __slots__ = ("_vteps", "node", "policies", "segments", "sha256", "underlay_dev", "vtep")
 
     node: str
     vtep: str
     underlay_dev: str
     segments: tuple[NodeSegment, ...]
     policies: Mapping[str, NetworkPolicy]
-    vteps: tuple[str, ...]
     sha256: str
+    _vteps: tuple[str, ...] | None
+
+    def __init__(
+        self,
+        node: str,
+        vtep: str,
+        underlay_dev: str,
+        segments: tuple[NodeSegment, ...],
+        policies: Mapping[str, NetworkPolicy],
+        sha256: str,
+    ) -> None:
+        put = object.__setattr__
+        put(self, "node", node)
+        put(self, "vtep", vtep)
+        put(self, "underlay_dev", underlay_dev)
+        put(self, "segments", tuple(segments))
+        put(self, "policies", dict(policies))
+        put(self, "sha256", sha256)
+        put(self, "_vteps", None)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"NodeDesired is immutable: cannot set {name!r}")
+
+    @property
+    def vteps(self) -> tuple[str, ...]:
+        if self._vteps is None:
+            vteps = tuple(sorted({v for s in self.segments for v in s.remote_vteps}))
+            object.__setattr__(self, "_vteps", vteps)
+            return vteps
+        return self._vteps
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.node, self.vtep, self.underlay_dev, self.segments, self.policies,
+                self.sha256)  # fmt: skip
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, NodeDesired):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self.sha256)
+
+    def __repr__(self) -> str:
+        vnis = [s.vni for s in self.segments]
+        return (f"NodeDesired(node={self.node!r}, vtep={self.vtep!r}, segments={vnis}, "
+                f"sha256={self.sha256[:16]}…)")  # fmt: skip
+
+
+def _by_workload(e: Endpoint) -> str:
+    return e.workload
+
+
+_SEP = (",", ":")
+_DOC_TAG = "proofplane.network.desired/2"
+
+
+def _segment_part(
+    vni: int, pkey: int, tenant: str, workload: str | None, local: Iterable[Endpoint]
+) -> str:
+    """A segment's entry of the hash document without its digest and closing bracket."""
+    locals_ = [[e.workload, e.tenant, e.ip, e.mac] for e in sorted(local, key=_by_workload)]
+    return json.dumps([vni, pkey, tenant, workload, locals_], separators=_SEP)[:-1]
+
+
+def _head(node: str, vtep: str, underlay_dev: str) -> str:
+    return json.dumps([_DOC_TAG, node, vtep, underlay_dev], separators=_SEP)[:-1]
+
+
+def _policy_part(tenant: str, sha: str) -> str:
+    return json.dumps([tenant, sha], separators=_SEP)
+
+
+def _doc(head: str, policy_parts: Iterable[str], segment_parts: Iterable[str]) -> bytes:
+    """The hash document: ``json.dumps([tag, node, vtep, underlay_dev, [[tenant, policy
+    sha256]...], [[vni, pkey, tenant, workload, [[workload, tenant, ip, mac]...], digest]...]],
+    separators=(",", ":"))``, tenants and segments in order, assembled from pre-encoded parts
+    (byte for byte the same)."""
+    return f"{head},[{','.join(policy_parts)}],[{','.join(segment_parts)}]]".encode()
 
 
 def _hash_doc(
@@ -204,29 +406,13 @@ def _hash_doc(
     underlay_dev: str,
     segments: Iterable[NodeSegment],
     policy_hashes: Mapping[str, str],
-    vteps: Iterable[str],
 ) -> bytes:
-    doc = {
-        "node": node,
-        "vtep": vtep,
-        "underlay_dev": underlay_dev,
-        "segments": [
-            [
-                s.vni,
-                s.pkey,
-                s.tenant,
-                s.workload,
-                sorted(s.remote_vteps),
-                sorted([e.workload, e.tenant, e.ip, e.mac] for e in s.local),
-                sorted([m, v] for m, v in s.remote),
-            ]
-            for s in sorted(segments, key=lambda s: s.vni)
-        ],  # fmt: skip
-        "policies": dict(policy_hashes),
-        "vteps": sorted(vteps),
-        "v": 1,
-    }
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    parts = [
+        f'{_segment_part(s.vni, s.pkey, s.tenant, s.workload, s.local)},"{s.digest(vtep)}"]'
+        for s in sorted(segments, key=lambda s: s.vni)
+    ]
+    pols = [_policy_part(t, policy_hashes[t]) for t in sorted(policy_hashes)]
+    return _doc(_head(node, vtep, underlay_dev), pols, parts)
 
 
 def desired_sha256(
@@ -235,13 +421,16 @@ def desired_sha256(
     underlay_dev: str,
     segments: Iterable[NodeSegment],
     policies: Mapping[str, NetworkPolicy],
-    vteps: Iterable[str],
 ) -> str:
-    """SHA-256 (hex) of a canonical encoding of a node's desired state: every list sorted,
-    each policy by its :func:`~proofplane.network.policy.policy_sha256`, compact JSON with
-    sorted keys. Order-independent: equal states hash equal."""
+    """SHA-256 (hex) of a canonical encoding of a node's desired state: compact JSON (a list
+    in a fixed order, lists sorted) of the node, its VTEP and device, each policy's
+    :func:`~proofplane.network.policy.policy_sha256`, and per segment (by VNI) its ids, its
+    local endpoints (sorted) and its :func:`segment_digest`. The digest covers the whole
+    segment; with the node's own endpoints and VTEP it determines the remote FDB entries and
+    VTEPs exactly, so equal states hash equal, whatever the order of the operations that led
+    there, and the hash costs what the node carries, not what its peers carry."""
     hashes = {t: policy_sha256(p) for t, p in policies.items()}
-    return hashlib.sha256(_hash_doc(node, vtep, underlay_dev, segments, hashes, vteps)).hexdigest()
+    return hashlib.sha256(_hash_doc(node, vtep, underlay_dev, segments, hashes)).hexdigest()
 
 
 def desired_to_json(d: NodeDesired) -> dict[str, Any]:
@@ -284,7 +473,8 @@ def desired_to_json(d: NodeDesired) -> dict[str, Any]:
 def desired_from_json(data: Mapping[str, Any]) -> NodeDesired:
     """The value back from :func:`desired_to_json`'s form; the hash is recomputed and must
     match (422 ``desired_state_mismatch`` otherwise: the agent never applies a state whose
-    content is not the one the server hashed)."""
+    content is not the one the server hashed), and ``vteps`` must be the union of the
+    segments' remote VTEPs."""
     try:
         node = str(data["node"])
         segments = tuple(
@@ -319,18 +509,15 @@ def desired_from_json(data: Mapping[str, Any]) -> NodeDesired:
         raise ValidationFailed(
             f"malformed desired network state: {exc!r}", code="invalid_desired_state"
         ) from None
-    sha = desired_sha256(node, vtep, underlay_dev, segments, policies, vteps)
-    if sha != claimed:
+    sha = desired_sha256(node, vtep, underlay_dev, segments, policies)
+    out = NodeDesired(node, vtep, underlay_dev, segments, policies, sha)
+    if sha != claimed or out.vteps != vteps:
         raise ValidationFailed(
             "the desired network state does not match its sha256",
             code="desired_state_mismatch",
             details={"claimed": claimed, "computed": sha},
         )
-    return NodeDesired(node, vtep, underlay_dev, segments, policies, vteps, sha)
-
-
-# (mac, vtep, node) per endpoint of a segment, sorted; (vtep, node) per node holding it, sorted
-_SegView = tuple[list[tuple[str, str, str]], list[tuple[str, str]]]
+    return out
 
 
 class NetworkIndex:
@@ -354,12 +541,16 @@ class NetworkIndex:
         for seg in segments:
             self._add_segment(seg)
         self._policies: dict[str, NetworkPolicy] = dict(policies or {})
-        self._policy_sha: dict[str, str] = {}
+        self._policy_parts: dict[str, str] = {}  # tenant -> its part of the hash doc
+        self._heads: dict[str, str] = {}  # node -> the head of its hash doc
         self._endpoints: dict[str, Endpoint] = {}
         self._members: dict[int, dict[str, dict[str, Endpoint]]] = {}
         self._node_vnis: dict[str, set[int]] = {}
-        self._views: dict[int, _SegView] = {}
+        self._views: dict[int, SegmentMembers] = {}
+        # per (node, vni): the node's endpoints there, sorted, and their part of the hash doc
+        self._frags: dict[tuple[str, int], tuple[tuple[Endpoint, ...], str]] = {}
         self._cache: dict[str, NodeDesired] = {}
+        self._shas: dict[str, str] = {}
         self.place(endpoints)
 
     # ----------------------------------------------------------------- reading
@@ -395,37 +586,40 @@ class NetworkIndex:
         """The overlay addresses taken on segment ``vni`` (for :func:`allocate_ip`)."""
         return frozenset(e.ip for byn in self._members.get(vni, {}).values() for e in byn.values())
 
+    def sha256(self, node: str) -> str:
+        """The sha256 of the node's desired state, without building the state (what a
+        generation bump needs: a change touches many nodes, their agents fetch one each)."""
+        sha = self._shas.get(node)
+        if sha is None:
+            net = self._net(node)
+            parts = []
+            tenants = set()
+            for vni in sorted(self._node_vnis.get(node, ())):
+                seg = self._segments[vni]
+                parts.append(f'{self._frag(node, seg)[1]},"{self._view(vni).digest}"]')
+                tenants.add(seg.tenant)
+            head = self._heads.get(node)
+            if head is None:
+                head = self._heads[node] = _head(node, net.vtep, net.underlay_dev)
+            doc = _doc(head, [self._ppart(t) for t in sorted(tenants)], parts)
+            sha = self._shas[node] = hashlib.sha256(doc).hexdigest()
+        return sha
+
     def desired(self, node: str) -> NodeDesired:
         """The node's desired state (cached until a change touches the node)."""
         hit = self._cache.get(node)
         if hit is not None:
             return hit
-        net = self._nodes.get(node)
-        if net is None:
-            raise NotFound(f"node {node!r} has no network underlay", code="node_not_found",
-                           details={"node": node})  # fmt: skip
+        net = self._net(node)
         segs = []
         for vni in sorted(self._node_vnis.get(node, ())):
             seg = self._segments[vni]
-            entries, holders = self._view(vni)
-            segs.append(
-                NodeSegment(
-                    vni=vni,
-                    pkey=seg.pkey,
-                    tenant=seg.tenant,
-                    workload=seg.workload,
-                    remote_vteps=tuple(v for v, n in holders if n != node),
-                    local=tuple(sorted(self._members[vni][node].values())),
-                    remote=tuple((m, v) for m, v, n in entries if n != node),
-                )
-            )
-        vteps = tuple(sorted({v for s in segs for v in s.remote_vteps}))
-        tenants = sorted({s.tenant for s in segs})
-        policies = {t: self.policy(t) for t in tenants}
-        hashes = {t: self._psha(t) for t in tenants}
-        doc = _hash_doc(node, net.vtep, net.underlay_dev, segs, hashes, vteps)
-        out = NodeDesired(node, net.vtep, net.underlay_dev, tuple(segs), policies, vteps,
-                          hashlib.sha256(doc).hexdigest())  # fmt: skip
+            local = self._frag(node, seg)[0]
+            segs.append(NodeSegment.of_members(seg, node, local, self._view(vni)))
+        pget = self._policies.get
+        policies = {t: pget(t, DEFAULT_POLICY) for t in sorted({s.tenant for s in segs})}
+        out = NodeDesired(node, net.vtep, net.underlay_dev, tuple(segs), policies,
+                          self.sha256(node))  # fmt: skip
         self._cache[node] = out
         return out
 
@@ -442,28 +636,31 @@ class NetworkIndex:
         for ep in batch:
             self._check(ep)
         affected: set[str] = set()
+        touched: set[int] = set()
         for ep in batch:
             old = self._endpoints.get(ep.workload)
             if old == ep:
                 continue
             if old is not None:
-                self._unlink(old, affected)
+                self._unlink(old, affected, touched)
             self._endpoints[ep.workload] = ep
             byn = self._members.setdefault(ep.vni, {})
             if ep.node not in byn:
                 self._node_vnis.setdefault(ep.node, set()).add(ep.vni)
             byn.setdefault(ep.node, {})[ep.workload] = ep
-            self._touch(ep.vni, affected)
-        return self._invalidate(affected)
+            self._frags.pop((ep.node, ep.vni), None)
+            touched.add(ep.vni)
+        return self._settle(touched, affected)
 
     def remove(self, workloads: Iterable[str]) -> frozenset[str]:
         """Remove the workloads' endpoints (ended, evicted); unknown names are ignored."""
         affected: set[str] = set()
+        touched: set[int] = set()
         for w in workloads:
             ep = self._endpoints.get(w)
             if ep is not None:
-                self._unlink(ep, affected)
-        return self._invalidate(affected)
+                self._unlink(ep, affected, touched)
+        return self._settle(touched, affected)
 
     def set_policy(self, tenant: str, policy: NetworkPolicy | None) -> frozenset[str]:
         """Set (None: reset to the default) a tenant's policy: the nodes carrying any of its
@@ -473,7 +670,7 @@ class NetworkIndex:
             self._policies.pop(tenant, None)
         else:
             self._policies[tenant] = policy
-        self._policy_sha.pop(tenant, None)
+        self._policy_parts.pop(tenant, None)
         if self.policy(tenant) == before:
             return frozenset()
         affected = {
@@ -490,11 +687,12 @@ class NetworkIndex:
             raise NotFound(f"node {node!r} has no network underlay", code="node_not_found",
                            details={"node": node})  # fmt: skip
         affected = {node}
+        touched: set[int] = set()
         self._failed.add(node)
         for vni in list(self._node_vnis.get(node, ())):
             for ep in list(self._members[vni][node].values()):
-                self._unlink(ep, affected)
-        return self._invalidate(affected)
+                self._unlink(ep, affected, touched)
+        return self._settle(touched, affected)
 
     def upsert_node(self, node: NodeNet) -> frozenset[str]:
         """Register a node's underlay, change it (a new VTEP), or bring a failed node back:
@@ -502,11 +700,12 @@ class NetworkIndex:
         old = self._nodes.get(node.name)
         self._nodes[node.name] = node
         self._failed.discard(node.name)
+        self._heads.pop(node.name, None)
         affected = {node.name}
+        touched: set[int] = set()
         if old is not None and old.vtep != node.vtep:
-            for vni in self._node_vnis.get(node.name, ()):
-                self._touch(vni, affected)
-        return self._invalidate(affected)
+            touched.update(self._node_vnis.get(node.name, ()))
+        return self._settle(touched, affected)
 
     def add_segment(self, segment: Segment) -> frozenset[str]:
         """A new segment (a tenant created; a per-workload segment): no node carries it yet."""
@@ -548,9 +747,13 @@ class NetworkIndex:
                 details={"workload": ep.workload, "tenant": ep.tenant, "vni": ep.vni},
             )  # fmt: skip
 
-    def _unlink(self, ep: Endpoint, affected: set[str]) -> None:
-        self._touch(ep.vni, affected)  # before: the nodes that hold it now
+    def _unlink(self, ep: Endpoint, affected: set[str], touched: set[int]) -> None:
+        """Take an endpoint out; its node is affected (it may leave the segment), and so are
+        the segment's other nodes (:meth:`_settle`)."""
+        affected.add(ep.node)
+        touched.add(ep.vni)
         del self._endpoints[ep.workload]
+        self._frags.pop((ep.node, ep.vni), None)
         byn = self._members[ep.vni]
         here = byn[ep.node]
         del here[ep.workload]
@@ -562,34 +765,57 @@ class NetworkIndex:
             if not byn:
                 del self._members[ep.vni]
 
-    def _touch(self, vni: int, affected: set[str]) -> None:
-        self._views.pop(vni, None)
-        affected.update(self._members.get(vni, ()))
+    def _settle(self, touched: set[int], affected: set[str]) -> frozenset[str]:
+        """After changes to the segments ``touched``: their views go, the nodes holding them
+        now are affected (with those that left, already in ``affected``)."""
+        for vni in touched:
+            self._views.pop(vni, None)
+            affected.update(self._members.get(vni, ()))
+        return self._invalidate(affected)
 
     def _invalidate(self, affected: set[str]) -> frozenset[str]:
         for n in affected:
             self._cache.pop(n, None)
+            self._shas.pop(n, None)
         return frozenset(affected)
 
-    def _psha(self, tenant: str) -> str:
-        sha = self._policy_sha.get(tenant)
-        if sha is None:
-            sha = self._policy_sha[tenant] = policy_sha256(self.policy(tenant))
-        return sha
+    def _net(self, node: str) -> NodeNet:
+        net = self._nodes.get(node)
+        if net is None:
+            raise NotFound(f"node {node!r} has no network underlay", code="node_not_found",
+                           details={"node": node})  # fmt: skip
+        return net
 
-    def _view(self, vni: int) -> _SegView:
+    def _frag(self, node: str, seg: Segment) -> tuple[tuple[Endpoint, ...], str]:
+        """The node's endpoints on the segment, sorted, and their part of the hash doc."""
+        frag = self._frags.get((node, seg.vni))
+        if frag is None:
+            local = tuple(sorted(self._members[seg.vni][node].values(), key=_by_workload))
+            part = _segment_part(seg.vni, seg.pkey, seg.tenant, seg.workload, local)
+            frag = self._frags[(node, seg.vni)] = (local, part)
+        return frag
+
+    def _ppart(self, tenant: str) -> str:
+        part = self._policy_parts.get(tenant)
+        if part is None:
+            sha = policy_sha256(self.policy(tenant))
+            part = self._policy_parts[tenant] = _policy_part(tenant, sha)
+        return part
+
+    def _view(self, vni: int) -> SegmentMembers:
         view = self._views.get(vni)
         if view is None:
-            byn = self._members.get(vni, {})
             entries: list[tuple[str, str, str]] = []
             holders: list[tuple[str, str]] = []
-            for n, eps in byn.items():
-                vtep = self._nodes[n].vtep
+            nodes = self._nodes
+            for n, eps in self._members.get(vni, {}).items():
+                vtep = nodes[n].vtep
                 holders.append((vtep, n))
-                entries.extend((e.mac, vtep, n) for e in eps.values())
+                entries += [(e.mac, vtep, n) for e in eps.values()]
             entries.sort()
             holders.sort()
-            view = self._views[vni] = (entries, holders)
+            digest = _digest([(m, v) for m, v, _ in entries], [v for v, _ in holders])
+            view = self._views[vni] = SegmentMembers(tuple(entries), tuple(holders), digest)
         return view
 
 
