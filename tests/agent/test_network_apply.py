@@ -12,16 +12,25 @@ from __future__ import annotations
 import dataclasses
 import secrets
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import netns
-from proofplane.agent.network import NOTHING_APPLIED, NetworkAgent, check_desired, report_body
+from proofplane.agent.network import (
+    NOTHING_APPLIED,
+    Host,
+    NetworkAgent,
+    check_desired,
+    read_running,
+    report_body,
+)
 from proofplane.network.desired import (
     Endpoint,
     NetworkIndex,
     NodeDesired,
     NodeNet,
+    NodeSegment,
     Segment,
     desired_to_json,
     endpoint_mac,
@@ -66,10 +75,23 @@ def test_check_desired_accepts_a_computed_state() -> None:
     assert check_desired(index.desired("gpu-2")) == []
 
 
+def _segment(seg: NodeSegment, **change: Any) -> NodeSegment:
+    fields = ("vni", "pkey", "tenant", "workload", "remote_vteps", "local", "remote")
+    return NodeSegment(**{f: change.get(f, getattr(seg, f)) for f in fields})
+
+
+def _desired(d: NodeDesired, **change: Any) -> NodeDesired:
+    fields = ("node", "vtep", "underlay_dev", "segments", "policies", "sha256")
+    return NodeDesired(**{f: change.get(f, getattr(d, f)) for f in fields})
+
+
+def _first_segment(d: NodeDesired, **change: Any) -> NodeDesired:
+    return _desired(d, segments=(_segment(d.segments[0], **change), *d.segments[1:]))
+
+
 def _with_endpoint(d: NodeDesired, **change: str) -> NodeDesired:
     seg = d.segments[0]
-    local = (dataclasses.replace(seg.local[0], **change), *seg.local[1:])
-    return dataclasses.replace(d, segments=(dataclasses.replace(seg, local=local), *d.segments[1:]))
+    return _first_segment(d, local=(dataclasses.replace(seg.local[0], **change), *seg.local[1:]))
 
 
 @pytest.mark.parametrize(
@@ -89,15 +111,12 @@ def test_check_desired_refuses_bad_endpoints(change: dict[str, str], says: str) 
 
 def test_check_desired_refuses_bad_node_facts() -> None:
     d = scenario("t").desired("gpu-1")
-    assert "not an IPv4 address" in check_desired(dataclasses.replace(d, vtep="fd00::1"))[0]
-    assert "usable interface" in check_desired(dataclasses.replace(d, underlay_dev="br10100"))[0]
-    assert "usable interface" in check_desired(dataclasses.replace(d, underlay_dev="a/b"))[0]
-    seg = dataclasses.replace(d.segments[0], remote_vteps=("10.250.0.1",))  # its own VTEP
-    bad = dataclasses.replace(d, segments=(seg, *d.segments[1:]))
+    assert "not an IPv4 address" in check_desired(_desired(d, vtep="fd00::1"))[0]
+    assert "usable interface" in check_desired(_desired(d, underlay_dev="br10100"))[0]
+    assert "usable interface" in check_desired(_desired(d, underlay_dev="a/b"))[0]
+    bad = _first_segment(d, remote_vteps=("10.250.0.1",))  # its own VTEP
     assert "another node" in check_desired(bad)[0]
-    seg = dataclasses.replace(d.segments[0], vni=1 << 24)
-    bad = dataclasses.replace(d, segments=(seg, *d.segments[1:]))
-    assert "outside" in check_desired(bad)[0]
+    assert "outside" in check_desired(_first_segment(d, vni=1 << 24))[0]
 
 
 def test_a_document_that_is_not_a_desired_state_is_refused_with_a_reason() -> None:
@@ -134,16 +153,20 @@ def _adopt_workloads(lab: netns.Lab, index: NetworkIndex) -> None:
         lab.adopt(e.netns)
 
 
-def test_apply_self_check_idempotence_and_drift(lab: netns.Lab, tmp_path: Path) -> None:
+@pytest.mark.parametrize("method", ["netlink", "batch"])
+def test_apply_self_check_idempotence_and_drift(
+    lab: netns.Lab, tmp_path: Path, method: str
+) -> None:
     index = scenario(lab.tag)
     _adopt_workloads(lab, index)
     n1, n2 = lab.underlay(2)
     d1, d2 = index.desired("gpu-1"), index.desired("gpu-2")
-    agent1 = NetworkAgent(n1.netns, state_dir=tmp_path)
-    agent2 = NetworkAgent(n2.netns, state_dir=tmp_path)
+    agent1 = NetworkAgent(n1.netns, state_dir=tmp_path, method=method)
+    agent2 = NetworkAgent(n2.netns, state_dir=tmp_path, method=method)
 
     first = agent1.apply(d1)
     assert first.ok, first.self_check
+    assert first.self_check["method"] == method
     assert first.changes["add_links"] == 2 + 2 + 2  # 2 bridges, 2 vxlans, 2 workload veths
     assert first.changes["add_fdb"] == 2 * 2  # per segment: BUM to gpu-2, the remote MAC
     assert first.changes["ruleset"] == 1
@@ -154,7 +177,7 @@ def test_apply_self_check_idempotence_and_drift(lab: netns.Lab, tmp_path: Path) 
     again = agent1.apply(d1)
     assert again.ok and not again.changed, again.changes
     # a new agent run (one-shot) with the same state directory: nothing to do either
-    fresh = NetworkAgent(n1.netns, state_dir=tmp_path).apply(d1)
+    fresh = NetworkAgent(n1.netns, state_dir=tmp_path, method=method).apply(d1)
     assert fresh.ok and not fresh.changed, fresh.changes
 
     # drift: a port off its bridge, a lost FDB entry, a flushed ruleset: repaired
@@ -198,6 +221,30 @@ def test_apply_self_check_idempotence_and_drift(lab: netns.Lab, tmp_path: Path) 
     assert any("ICMP echo request" in line for line in seen.stop())
 
 
+def test_both_readers_read_the_same_state(lab: netns.Lab, tmp_path: Path) -> None:
+    index = scenario(lab.tag)
+    _adopt_workloads(lab, index)
+    (n1,) = lab.underlay(1)
+    d1 = index.desired("gpu-1")
+    assert NetworkAgent(n1.netns, state_dir=tmp_path, reader="netlink").apply(d1).ok
+    netns.run(["ip", "-n", n1.netns, "link", "set", d1.segments[0].bridge, "down"])
+    netns.run(["ip", "-n", n1.netns, "link", "add", "vx77", "type", "bridge"])  # not a VXLAN
+    host = Host(n1.netns)
+    ipr = host.netlink()
+    try:
+        by_json = read_running(host, ipr, via="json")
+        by_netlink = read_running(host, ipr, via="netlink")
+    finally:
+        ipr.close()
+    assert by_json == by_netlink
+    assert by_json.foreign == ("vx77",)
+    assert len(by_json.state.links) == 6 and len(by_json.state.fdb) == 4
+    assert not by_json.state.links[d1.segments[0].bridge].up
+    # the next round removes the stranger and brings the bridge up again
+    result = NetworkAgent(n1.netns, state_dir=tmp_path).apply(d1)
+    assert result.ok and result.changes["remove_foreign"] == 1 and result.changes["set_links"] == 1
+
+
 def test_a_self_check_that_finds_drift_says_what(lab: netns.Lab, tmp_path: Path) -> None:
     index = scenario(lab.tag)
     _adopt_workloads(lab, index)
@@ -209,7 +256,7 @@ def test_a_self_check_that_finds_drift_says_what(lab: netns.Lab, tmp_path: Path)
     assert result.self_check["segments"]["present"] == 2  # the rest was applied
 
     # an underlay device that does not exist: the VXLANs cannot be made, and it says so
-    bad = dataclasses.replace(d1, underlay_dev="nosuchdev0")
+    bad = _desired(d1, underlay_dev="nosuchdev0")
     result = NetworkAgent(n1.netns, state_dir=tmp_path).apply(bad)
     assert not result.ok
     assert {"segment_missing", "apply_errors", "underlay_missing"} <= set(
@@ -218,12 +265,13 @@ def test_a_self_check_that_finds_drift_says_what(lab: netns.Lab, tmp_path: Path)
     assert any("nosuchdev0" in e for e in result.self_check["errors"])
 
 
-def test_workloads_leaving_and_moving(lab: netns.Lab, tmp_path: Path) -> None:
+@pytest.mark.parametrize("method", ["netlink", "batch"])
+def test_workloads_leaving_and_moving(lab: netns.Lab, tmp_path: Path, method: str) -> None:
     index = scenario(lab.tag)
     _adopt_workloads(lab, index)
     n1, n2 = lab.underlay(2)
-    agent1 = NetworkAgent(n1.netns, state_dir=tmp_path)
-    agent2 = NetworkAgent(n2.netns, state_dir=tmp_path)
+    agent1 = NetworkAgent(n1.netns, state_dir=tmp_path, method=method)
+    agent2 = NetworkAgent(n2.netns, state_dir=tmp_path, method=method)
     assert agent1.apply(index.desired("gpu-1")).ok and agent2.apply(index.desired("gpu-2")).ok
 
     # g1 ends: gpu-1 drops globex's segment entirely, gpu-2 its FDB entries towards gpu-1
