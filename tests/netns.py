@@ -179,9 +179,23 @@ class Lab:
         stream: str = "stdout",
         timeout: float = 10,
         env: dict[str, str] | None = None,
+        log: Path | None = None,
     ) -> subprocess.Popen[str]:
         """Start a process the lab stops; with ``ready``, wait until that text appears on its
-        ``stream`` (stdout or stderr)."""
+        ``stream`` (stdout or stderr); with ``log``, its output goes to that file instead (a
+        long-running process nobody reads must not fill a pipe)."""
+        if log is not None:
+            with open(log, "w") as out:
+                proc = subprocess.Popen(
+                    list(argv),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    start_new_session=True,
+                    env=env,
+                )
+            self.procs.append(proc)
+            return proc
         proc = subprocess.Popen(
             list(argv),
             stdout=subprocess.PIPE,
@@ -197,8 +211,8 @@ class Lab:
             seen = _wait_line(pipe, ready, timeout)
             if not seen:
                 proc.kill()
-                out, err = proc.communicate(timeout=5)
-                raise AssertionError(f"{' '.join(argv)} not ready: {out[-500:]} {err[-500:]}")
+                out_text, err = proc.communicate(timeout=5)
+                raise AssertionError(f"{' '.join(argv)} not ready: {out_text[-500:]} {err[-500:]}")
         return proc
 
     def listen(self, ns: str, port: int) -> subprocess.Popen[str]:
