@@ -55,6 +55,7 @@ from proofplane.network.desired import Endpoint, NodeDesired, desired_from_json
 from proofplane.network.render.iproute2 import (
     OVERLAY_MTU,
     VXLAN_PORT,
+    Batch,
     Fdb,
     Link,
     NetworkDiff,
@@ -922,12 +923,22 @@ class NetworkAgent:
             if err:
                 errors.append(f"workload namespaces: {err}")
         batches = render_diff(plan)
-        for batch in batches:
-            proc = self.host.tool([batch.tool, "-force", "-batch", "-"], stdin=batch.text)
-            if proc.returncode != 0:
-                lines = (proc.stderr or proc.stdout).strip().splitlines()
-                errors.extend(f"{batch.tool} -batch: {line}" for line in lines[:MAX_LISTED])
-        failed = self._workload_ends([endpoints[x.name] for x in veths], errors)
+        # links first (in order); then the FDB appends, the workload ends and the ruleset
+        # side by side: they are independent of each other
+        last_ip = max((i for i, x in enumerate(batches) if x.tool == "ip"), default=-1)
+        for batch in batches[: last_ip + 1]:
+            self._batch(batch, errors)
+        with ThreadPoolExecutor(max_workers=WORKLOAD_PARALLEL) as pool:
+            fdb = [pool.submit(self._batch, x, errors) for x in batches[last_ip + 1 :]]
+            ruleset = (
+                None
+                if plan.ruleset is None
+                else pool.submit(self._load_ruleset, plan.ruleset, ruleset_errors)
+            )
+            failed = self._workload_ends([endpoints[x.name] for x in veths], errors, pool)
+            for f in fdb:
+                f.result()
+            loaded = None if ruleset is None else ruleset.result()
         if failed:  # the next round creates these pairs again
             self.host.tool(
                 ["ip", "-force", "-batch", "-"],
@@ -937,16 +948,22 @@ class NetworkAgent:
             "remove_foreign": len(running.foreign),
             **{k: v for k, v in plan.counts.items() if k != "ruleset"},
             "remove_links": len(plan.remove_links) - len(running.foreign),
-            "ruleset": 0,
+            "ruleset": int(bool(loaded)),
             "batches": len(batches),
         }
-        if plan.ruleset is not None:
-            changes["ruleset"] = int(self._load_ruleset(plan.ruleset, ruleset_errors))
         return changes
 
-    def _workload_ends(self, ends: list[tuple[Endpoint, str]], errors: list[str]) -> list[Endpoint]:
+    def _batch(self, batch: Batch, errors: list[str]) -> None:
+        proc = self.host.tool([batch.tool, "-force", "-batch", "-"], stdin=batch.text)
+        if proc.returncode != 0:
+            lines = (proc.stderr or proc.stdout).strip().splitlines()
+            errors.extend(f"{batch.tool} -batch: {line}" for line in lines[:MAX_LISTED])
+
+    def _workload_ends(
+        self, ends: list[tuple[Endpoint, str]], errors: list[str], pool: ThreadPoolExecutor
+    ) -> list[Endpoint]:
         """Each new veth's workload end up with its address (``ip -n ppw-<8> -batch``, a few
-        at a time); the endpoints that failed."""
+        at a time in ``pool``); the endpoints that failed."""
 
         def one(item: tuple[Endpoint, str]) -> Endpoint | None:
             e, subnet = item
@@ -960,10 +977,7 @@ class NetworkAgent:
             errors.append(f"workload end {e.peer_if} in {e.netns}: {proc.stderr.strip()[:300]}")
             return e
 
-        if not ends:
-            return []
-        with ThreadPoolExecutor(max_workers=WORKLOAD_PARALLEL) as pool:
-            return [e for e in pool.map(one, ends) if e is not None]
+        return [e for e in pool.map(one, ends) if e is not None]
 
     def _load_ruleset(self, text: str, errors: list[str]) -> bool:
         proc = self.host.run(["nft", "-f", "-"], stdin=text)
