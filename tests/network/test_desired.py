@@ -262,3 +262,58 @@ def test_incremental_equals_full_recompute(steps: list[tuple]) -> None:  # type:
         changed = {n for n in after if after[n].sha256 != before[n].sha256}
         assert changed <= affected, (step, changed, affected)
         before = after
+
+
+def test_what_reaches_a_script_is_checked() -> None:
+    """A name or address with a space or newline would be a command of its own in a batch."""
+    ix = sc.index()
+    bad_nodes = [
+        (NodeNet("gpu-d", "10.250.0.4", "ul0\nlink del dev eth0"), "invalid_underlay_dev"),
+        (NodeNet("gpu-d", "10.250.0.4", "a-very-long-ifname"), "invalid_underlay_dev"),
+        (NodeNet("gpu-d", "fd00::4"), "invalid_vtep"),
+        (NodeNet("gpu-d", "10.250.0.256"), "invalid_vtep"),
+        (NodeNet("gpu-d", "10.250.0.4 "), "invalid_vtep"),
+        (NodeNet("GPU D", "10.250.0.4"), "invalid_name"),
+        (NodeNet("gpu-d", "10.250.0.4", hca_guids=("0xnothex",)), "invalid_guid"),
+    ]
+    for node, code in bad_nodes:
+        with pytest.raises(ValidationFailed) as err:
+            ix.upsert_node(node)
+        assert err.value.code == code, node
+    assert "gpu-d" not in ix.nodes
+    ix.upsert_node(NodeNet("gpu-d", "10.250.0.4", hca_guids=("0002:c903:00a1:b2c4",)))
+    assert ix.nodes["gpu-d"].hca_guids == ("0x0002c90300a1b2c4",)  # normalised
+    bad_segments = [
+        Segment("acme corp", 10010, 9),
+        Segment("acme", 10011, 10, workload="w\n1"),
+        Segment("acme", 10011, 10, workload="acme/w1; drop"),
+        Segment("acme", 0, 11),
+        Segment("acme", 1 << 24, 12),
+        Segment("acme", 10012, 0x7FFF),
+        Segment("acme", 10013, 0),
+    ]
+    for seg in bad_segments:
+        with pytest.raises(ValidationFailed) as err:
+            ix.add_segment(seg)
+        assert err.value.code in ("invalid_name", "invalid_segment", "invalid_workload_key"), seg
+    good = Endpoint("x1", "acme", "gpu-a", 10000, "10.10.0.7", endpoint_mac("acme", "x1"))
+    for bad in (
+        dataclasses.replace(good, ip="10.10.0.7/24"),
+        dataclasses.replace(good, ip="10.10.0.7\nlink del dev ul0"),
+        dataclasses.replace(good, mac="02:00:00:00:00"),
+        dataclasses.replace(good, mac="02:00:00:00:00:0G"),
+        dataclasses.replace(good, workload="x 1"),
+        dataclasses.replace(good, workload=""),
+    ):
+        with pytest.raises(ValidationFailed) as err:
+            ix.place([bad])
+        assert err.value.code in ("invalid_endpoint", "invalid_workload_key")
+    # the services' keys: tenant/workload[#member]
+    key = "acme/train-7#3"
+    assert ix.place([dataclasses.replace(good, workload=key, mac=endpoint_mac("acme", key))])
+    # the agent's side: a desired state whose fields would inject is refused before its hash
+    data = desired_to_json(ix.desired("gpu-a"))
+    data["segments"][0]["remote"][0]["vtep"] = "10.250.0.2 self\nfdb flush"
+    with pytest.raises(ValidationFailed) as err:
+        desired_from_json(data)
+    assert err.value.code == "invalid_desired_state"

@@ -42,6 +42,15 @@ def test_the_fabric_partitions() -> None:
     )
 
 
+def test_a_per_workload_partition_name_is_safe() -> None:
+    from proofplane.network.render.partitions import partition_name
+
+    assert partition_name("acme") == "tenant_acme"
+    assert partition_name("acme", "acme/train-7#3") == "tenant_acme__acme.train-7.3"
+    text = render_partitions([Partition(partition_name("acme", "acme/x#1"), 5, ("ipoib",))])
+    assert parse_partitions(text)[0].name == "tenant_acme__acme.x.1"
+
+
 def test_round_trip_with_continuations_and_empty_lists() -> None:
     nodes = [NodeNet(f"n{i}", f"10.250.0.{i}", hca_guids=(f"0x{i:016x}",)) for i in range(1, 12)]
     segs = [Segment("big", 100, 0x10), Segment("idle", 101, 0x11)]

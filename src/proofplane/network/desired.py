@@ -28,12 +28,14 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import re
 from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proofplane.errors import Conflict, InvalidState, NotFound, ValidationFailed
+from proofplane.model.tags import validate_name
 from proofplane.network.policy import (
     DEFAULT_POLICY,
     NetworkPolicy,
@@ -41,7 +43,7 @@ from proofplane.network.policy import (
     policy_sha256,
     policy_to_json,
 )
-from proofplane.network.segments import SegmentInUse
+from proofplane.network.segments import PKEY_MAX, PKEY_MIN, VNI_MAX, VNI_MIN, SegmentInUse
 
 __all__ = [
     "Endpoint",
@@ -53,6 +55,10 @@ __all__ = [
     "SegmentMembers",
     "SubnetExhausted",
     "allocate_ip",
+    "check_endpoint",
+    "check_node",
+    "check_segment",
+    "check_workload_key",
     "compute_all",
     "desired_from_json",
     "desired_sha256",
@@ -68,6 +74,65 @@ class SubnetExhausted(Conflict):
     """409: the tenant's overlay subnet has no free host address left."""
 
     code = "subnet_exhausted"
+
+
+# What reaches a rendered script is checked on the way in: a name or address that could carry
+# a space or a newline would be a command of its own in an `ip -batch` or `nft -f` file.
+_IFNAME = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
+_MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+# a workload's key in the desired state (the services use "tenant/workload[#member]")
+_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/#:-]{0,199}$")
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_IPV4 = re.compile(rf"^{_OCTET}(\.{_OCTET}){{3}}$")
+
+
+def _invalid(what: str, value: Any, code: str) -> ValidationFailed:
+    return ValidationFailed(f"invalid {what} {value!r}", code=code, details={what: value})
+
+
+def check_node(node: NodeNet) -> NodeNet:
+    """A node's underlay, checked: its name, an IPv4 VTEP, an interface name for the device,
+    HCA GUIDs (returned in ``0x`` + 16 hex form; 422 ``invalid_name`` / ``invalid_vtep`` /
+    ``invalid_underlay_dev`` / ``invalid_guid``)."""
+    validate_name(node.name, "node")
+    if not isinstance(node.vtep, str) or not _IPV4.fullmatch(node.vtep):
+        raise _invalid("vtep", node.vtep, "invalid_vtep")
+    if not isinstance(node.underlay_dev, str) or not _IFNAME.fullmatch(node.underlay_dev):
+        raise _invalid("underlay_dev", node.underlay_dev, "invalid_underlay_dev")
+    guids = tuple(normalize_guid(g) for g in node.hca_guids)
+    return node if guids == node.hca_guids else replace(node, hca_guids=guids)
+
+
+def check_workload_key(key: str) -> str:
+    """A workload's key (``Endpoint.workload``, ``Segment.workload``): letters, digits and
+    ``. _ / # : -``, at most 200 characters (422 ``invalid_workload_key``)."""
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        raise _invalid("workload", key, "invalid_workload_key")
+    return key
+
+
+def check_segment(segment: Segment) -> Segment:
+    """A segment, checked: tenant name (and workload key), VNI 1..2^24-1, PKey
+    0x0001..0x7ffe (422 ``invalid_name`` / ``invalid_workload_key`` / ``invalid_segment``)."""
+    validate_name(segment.tenant, "tenant")
+    if segment.workload is not None:
+        check_workload_key(segment.workload)
+    for kind, value, lo, hi in (("vni", segment.vni, VNI_MIN, VNI_MAX),
+                                ("pkey", segment.pkey, PKEY_MIN, PKEY_MAX)):  # fmt: skip
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise _invalid(kind, value, "invalid_segment")
+    return segment
+
+
+def check_endpoint(endpoint: Endpoint) -> Endpoint:
+    """An endpoint's key, address and MAC, checked (422 ``invalid_workload_key`` /
+    ``invalid_endpoint``); its tenant and node are its segment's and node's, checked there."""
+    check_workload_key(endpoint.workload)
+    if not isinstance(endpoint.ip, str) or not _IPV4.fullmatch(endpoint.ip):
+        raise _invalid("ip", endpoint.ip, "invalid_endpoint")
+    if not isinstance(endpoint.mac, str) or not _MAC.fullmatch(endpoint.mac):
+        raise _invalid("mac", endpoint.mac, "invalid_endpoint")
+    return endpoint
 
 
 def interface_id(workload: str) -> str:
@@ -509,6 +574,24 @@ def desired_from_json(data: Mapping[str, Any]) -> NodeDesired:
         raise ValidationFailed(
             f"malformed desired network state: {exc!r}", code="invalid_desired_state"
         ) from None
+    try:
+        check_node(NodeNet(node, vtep, underlay_dev))
+        for s in segments:
+            check_segment(Segment(s.tenant, s.vni, s.pkey, s.workload))
+            for e in s.local:
+                if e.tenant != s.tenant:
+                    raise _invalid("tenant", e.tenant, "invalid_desired_state")
+                check_endpoint(e)
+            for m, v in s.remote:
+                check_endpoint(Endpoint("remote", s.tenant, node, s.vni, v, m))
+            for v in s.remote_vteps:
+                check_endpoint(Endpoint("remote", s.tenant, node, s.vni, v, "02:00:00:00:00:00"))
+    except ValidationFailed as exc:
+        raise ValidationFailed(
+            f"malformed desired network state: {exc.message}",
+            code="invalid_desired_state",
+            details=exc.details,
+        ) from None
     sha = desired_sha256(node, vtep, underlay_dev, segments, policies)
     out = NodeDesired(node, vtep, underlay_dev, segments, policies, sha)
     if sha != claimed or out.vteps != vteps:
@@ -535,7 +618,7 @@ class NetworkIndex:
         policies: Mapping[str, NetworkPolicy] | None = None,
         endpoints: Iterable[Endpoint] = (),
     ) -> None:
-        self._nodes: dict[str, NodeNet] = {n.name: n for n in nodes}
+        self._nodes: dict[str, NodeNet] = {n.name: check_node(n) for n in nodes}
         self._failed: set[str] = set()
         self._segments: dict[int, Segment] = {}
         for seg in segments:
@@ -698,7 +781,7 @@ class NetworkIndex:
         """Register a node's underlay, change it (a new VTEP), or bring a failed node back:
         the node and, if its VTEP or device changed, the peers of its segments."""
         old = self._nodes.get(node.name)
-        self._nodes[node.name] = node
+        self._nodes[node.name] = check_node(node)
         self._failed.discard(node.name)
         self._heads.pop(node.name, None)
         affected = {node.name}
@@ -722,6 +805,7 @@ class NetworkIndex:
 
     # ----------------------------------------------------------------- internals
     def _add_segment(self, seg: Segment) -> None:
+        check_segment(seg)
         old = self._segments.get(seg.vni)
         if old is not None and old != seg:
             raise SegmentInUse(f"VNI {seg.vni} already belongs to tenant {old.tenant!r}",
@@ -729,6 +813,7 @@ class NetworkIndex:
         self._segments[seg.vni] = seg
 
     def _check(self, ep: Endpoint) -> None:
+        check_endpoint(ep)
         if ep.node not in self._nodes:
             raise NotFound(f"node {ep.node!r} has no network underlay", code="node_not_found",
                            details={"node": ep.node})  # fmt: skip

@@ -56,6 +56,7 @@ KEYWORDS = ("ALL", "ALL_CAS", "ALL_SWITCHES", "ALL_ROUTERS", "SELF", "NONE")
 MEMBERSHIPS = ("full", "limited", "both")
 _VALUE_FLAGS = ("mtu", "rate", "sl", "scope", "Q_Key", "TClass", "FlowLabel")
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 _HEX = re.compile(r"^0[xX][0-9a-fA-F]{1,16}$")
 _DEC = re.compile(r"^[0-9]{1,20}$")
 MEMBERS_PER_LINE = 4
@@ -88,7 +89,11 @@ class Partition:
 
 
 def partition_name(tenant: str, workload: str | None = None) -> str:
-    return f"tenant_{tenant}" + (f"__{workload}" if workload else "")
+    """``tenant_<tenant>``, or ``tenant_<tenant>__<workload key>`` with every character the
+    grammar does not allow in a name as ``.`` (a name need not be unique: the PKey is)."""
+    if not workload:
+        return f"tenant_{tenant}"
+    return f"tenant_{tenant}__{_UNSAFE.sub('.', workload)}"
 
 
 def default_partition(management_guids: Iterable[str] = ()) -> Partition:
