@@ -47,6 +47,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -339,7 +340,7 @@ class Running:
 class _Raw(NamedTuple):
     """A link as either reader sees it."""
 
-    index: int
+    ifindex: int
     name: str
     kind: str | None
     master: str | None
@@ -391,7 +392,7 @@ def _raw_netlink(ipr: Any) -> tuple[list[_Raw], list[tuple[str, str, str]]]:
                 nf_call_iptables=bool(_val(data, "IFLA_BR_NF_CALL_IPTABLES")),
             )
         )
-    vxlans = {x.index: x.name for x in out if x.kind == "vxlan" and owned(x.name)}
+    vxlans = {x.ifindex: x.name for x in out if x.kind == "vxlan" and owned(x.name)}
     fdb = []
     for n in ipr.fdb("dump"):
         dev = vxlans.get(n["ifindex"])
@@ -471,23 +472,22 @@ def read_running(
     foreign: list[str] = []
     nf_off: list[str] = []
     for x in raw:
-        index[x.name] = x.index
+        index[x.name] = x.ifindex
         if not owned(x.name):
             continue
         if x.kind != _KINDS[x.name[:2]]:
             foreign.append(x.name)
             continue
-        common = {"master": x.master, "mtu": x.mtu, "up": x.up}
         if x.kind == "vxlan":
             # learning on, or another port: not a VXLAN of ours (no VNI: the diff recreates it)
             vni = None if x.learning or x.port != VXLAN_PORT else x.vni
-            links.append(Link(x.name, "vxlan", vni=vni, local=x.local, dev=x.dev, **common))
+            links.append(Link(x.name, "vxlan", x.master, x.mtu, x.up, vni, x.local, x.dev))
         elif x.kind == "bridge":
             if not x.nf_call_iptables:
                 nf_off.append(x.name)
-            links.append(Link(x.name, "bridge", **common))
+            links.append(Link(x.name, "bridge", x.master, x.mtu, x.up))
         else:
-            links.append(Link(x.name, "veth", **common))
+            links.append(Link(x.name, "veth", x.master, x.mtu, x.up))
     fdb = {Fdb(dev, str(mac).lower(), str(dst)) for dev, mac, dst in raw_fdb if mac and dst}
     listing = nft.stdout if nft.returncode == 0 else None
     loaded = None if listing is None else loaded_sha256(listing)
@@ -803,8 +803,8 @@ class NetworkAgent:
             result = self._apply(ipr, desired)
         except ProofplaneError as exc:  # the node's state could not be read
             result = self.refused(exc.code, exc.message)
-        except (OSError, ValueError) as exc:
-            result = self.refused("network_apply_failed", f"reading the node: {_short(exc)}")
+        except Exception as exc:  # the agent goes on and reports; the reason is in the report
+            result = self.refused("network_apply_failed", f"{type(exc).__name__}: {_short(exc)}")
         finally:
             ipr.close()
         result.seconds = time.perf_counter() - t0
@@ -866,13 +866,13 @@ class NetworkAgent:
             0,
         )
         for name in running.foreign:
-            changes["remove_foreign"] += ops.do(f"remove {name}", lambda n=name: ops.delete(n))
+            changes["remove_foreign"] += ops.do(f"remove {name}", partial(ops.delete, name))
         for f in plan.remove_fdb:
             changes["remove_fdb"] += ops.do(
-                f"fdb del {f.mac} {f.dev} {f.dst}", lambda f=f: ops.fdb("del", f)
+                f"fdb del {f.mac} {f.dev} {f.dst}", partial(ops.fdb, "del", f)
             )
         for x in plan.remove_links:
-            changes["remove_links"] += ops.do(f"remove {x.name}", lambda n=x.name: ops.delete(n))
+            changes["remove_links"] += ops.do(f"remove {x.name}", partial(ops.delete, x.name))
         veths = [x for x in plan.add_links if x.kind == "veth"]
         if veths:
             err = self.host.create_namespaces(sorted({endpoints[x.name].netns for x in veths}))
@@ -880,20 +880,18 @@ class NetworkAgent:
                 ops.errors.append(f"workload namespaces: {err}")
         for x in plan.add_links:
             e, p = endpoints.get(x.name), prefixes.get(x.name)
-            changes["add_links"] += ops.do(
-                f"add {x.kind} {x.name}", lambda x=x, e=e, p=p: ops.add(x, e, p)
-            )
+            changes["add_links"] += ops.do(f"add {x.kind} {x.name}", partial(ops.add, x, e, p))
         for x in plan.set_links:
-            changes["set_links"] += ops.do(f"set {x.name}", lambda x=x: ops.set(x))
+            changes["set_links"] += ops.do(f"set {x.name}", partial(ops.set, x))
         if nf is not True:  # the namespace does not send bridged IPv4 to inet: each bridge must
             wanted = {s.bridge for s in d.segments}
             for name in (n for n in running.bridges_nf_off if n in wanted):
                 changes["bridge_nf"] += ops.do(
-                    f"br_netfilter on {name}", lambda n=name: ops.bridge_nf(n)
+                    f"br_netfilter on {name}", partial(ops.bridge_nf, name)
                 )
         for f in plan.add_fdb:
             changes["add_fdb"] += ops.do(
-                f"fdb append {f.mac} {f.dev} {f.dst}", lambda f=f: ops.fdb("append", f)
+                f"fdb append {f.mac} {f.dev} {f.dst}", partial(ops.fdb, "append", f)
             )
         if plan.ruleset is not None:
             changes["ruleset"] = int(self._load_ruleset(plan.ruleset, ops.errors))
