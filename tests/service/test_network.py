@@ -632,3 +632,21 @@ def test_demo_cluster_file_underlay(store: Store) -> None:
     load_cluster(store, SYSTEM, spec)
     st = network.node_status(store, SYSTEM, spec.nodes[0].node.name)
     assert st["simulated"] and st["source"] == "simulated" and st["desired_generation"] >= 1
+
+
+def test_network_settings_from_the_environment() -> None:
+    from proofplane.config import network_from_env
+
+    s = network_from_env({})
+    assert (s.vni_pool, s.pkey_pool, s.cooldown) == ((10000, 16_000_000), (1, 0x7FFE),
+                                                     timedelta(days=30))  # fmt: skip
+    s = network_from_env({"PROOFPLANE_VNI_POOL": "100-200", "PROOFPLANE_PKEY_POOL": "0x10-0x20",
+                          "PROOFPLANE_SEGMENT_COOLDOWN_DAYS": "0.5"})  # fmt: skip
+    assert (s.vni_pool, s.pkey_pool, s.cooldown) == ((100, 200), (16, 32), timedelta(hours=12))
+    for env in (
+        {"PROOFPLANE_VNI_POOL": "0-5"}, {"PROOFPLANE_VNI_POOL": "200-100"},
+        {"PROOFPLANE_VNI_POOL": "1-16777216"}, {"PROOFPLANE_VNI_POOL": "lots"},
+        {"PROOFPLANE_PKEY_POOL": "1-0x7fff"}, {"PROOFPLANE_SEGMENT_COOLDOWN_DAYS": "-1"},
+        {"PROOFPLANE_SEGMENT_COOLDOWN_DAYS": "nan"}, {"PROOFPLANE_SEGMENT_COOLDOWN_DAYS": "9999"},
+    ):  # fmt: skip
+        refused(lambda e=env: network_from_env(e), "invalid_setting")
