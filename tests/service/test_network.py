@@ -650,3 +650,38 @@ def test_network_settings_from_the_environment() -> None:
         {"PROOFPLANE_SEGMENT_COOLDOWN_DAYS": "nan"}, {"PROOFPLANE_SEGMENT_COOLDOWN_DAYS": "9999"},
     ):  # fmt: skip
         refused(lambda e=env: network_from_env(e), "invalid_setting")
+
+
+def test_work_placed_before_the_underlay_gets_its_endpoints_with_it(store: Store) -> None:
+    """An existing cluster (before segments, or before its nodes reported underlay facts):
+    registering a node's underlay brings its running work into the desired state."""
+    nodes_svc.register_node(store, SYSTEM, node("n1"))
+    nodes_svc.set_node_state(store, SYSTEM, "n1", NodeState.ADMITTED)
+    tenants_svc.create_tenant(store, SYSTEM, Tenant("a"))
+    submit(store, "w", "a")
+    with store.write(SYSTEM) as tx:  # as if it had been placed before segments existed
+        tx.session.execute(EndpointRow.__table__.delete())
+    assert endpoints(store) == {}
+    network.set_underlay(store, SYSTEM, "n1", vtep="10.250.0.1")
+    assert endpoints(store)["a/w"][2] == "n1"
+    d = network.node_network(store, SYSTEM, "n1").desired
+    assert [e.workload for s in d.segments for e in s.local] == ["a/w"]
+    consistent(store)
+
+
+def test_migration_0015_downgrades_and_upgrades_again(demo: Store) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    from proofplane.store import migrate
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrate.MIGRATIONS_DIR))
+    cfg.attributes["engine"] = demo.engine
+    command.downgrade(cfg, "0014")
+    assert migrate.current_revision(demo.engine) == "0014"
+    command.upgrade(cfg, "head")
+    assert migrate.is_current(demo.engine)
+    assert network.list_segments(demo, SYSTEM).items == []  # the network state starts again
+    tenants_svc.create_tenant(demo, SYSTEM, Tenant("after"))
+    assert segments(demo, "after") == [("after", None, 10000, 1, "active")]

@@ -79,6 +79,7 @@ log = logging.getLogger(__name__)
 
 ACTIVE, RELEASED = "active", "released"
 _KEY = "network"
+_IN_CHUNK = 500  # ids per "IN (...)" query
 
 
 def settings_of(tx: Tx) -> NetworkSettings:
@@ -394,30 +395,35 @@ def _sync_endpoints(tx: Tx, st: _NetTx) -> tuple[dict[str, _Ep | None], bool]:
     if not ids:
         return out, False
     session.flush()
-    rows = session.execute(
-        select(
-            WorkloadRow.id,
-            WorkloadRow.name,
-            WorkloadRow.status,
-            TenantRow.name,
-            TenantRow.profile,
-            NodeRow.name,
-            PlacementRow.members,
-        )
-        .join(TenantRow, TenantRow.id == WorkloadRow.tenant_id)
-        .outerjoin(PlacementRow, PlacementRow.workload_id == WorkloadRow.id)
-        .outerjoin(NodeRow, NodeRow.id == PlacementRow.node_id)
-        .where(WorkloadRow.id.in_(ids))
-    ).all()
+    rows: list[Any] = []
     existing: dict[int, dict[int, EndpointRow]] = {}
-    for ep in session.scalars(select(EndpointRow).where(EndpointRow.workload_id.in_(ids))):
-        existing.setdefault(ep.workload_id, {})[ep.member] = ep
-    own_segments = {
-        s.workload_id: s
-        for s in session.scalars(
-            select(SegmentRow).where(SegmentRow.workload_id.in_(ids), SegmentRow.state == ACTIVE)
+    own_segments: dict[int | None, SegmentRow] = {}
+    for at in range(0, len(ids), _IN_CHUNK):
+        chunk = ids[at : at + _IN_CHUNK]
+        rows.extend(
+            session.execute(
+                select(
+                    WorkloadRow.id,
+                    WorkloadRow.name,
+                    WorkloadRow.status,
+                    TenantRow.name,
+                    TenantRow.profile,
+                    NodeRow.name,
+                    PlacementRow.members,
+                )
+                .join(TenantRow, TenantRow.id == WorkloadRow.tenant_id)
+                .outerjoin(PlacementRow, PlacementRow.workload_id == WorkloadRow.id)
+                .outerjoin(NodeRow, NodeRow.id == PlacementRow.node_id)
+                .where(WorkloadRow.id.in_(chunk))
+                .order_by(WorkloadRow.id)
+            ).all()
         )
-    }
+        for ep in session.scalars(select(EndpointRow).where(EndpointRow.workload_id.in_(chunk))):
+            existing.setdefault(ep.workload_id, {})[ep.member] = ep
+        for seg in session.scalars(
+            select(SegmentRow).where(SegmentRow.workload_id.in_(chunk), SegmentRow.state == ACTIVE)
+        ):
+            own_segments[seg.workload_id] = seg
     allocated: dict[str, list[dict[str, Any]]] = {}
     released: dict[str, list[dict[str, Any]]] = {}
     failed: dict[str, list[dict[str, Any]]] = {}
@@ -728,9 +734,6 @@ def _listen(tx: Tx, cache: NetworkCache, st: _NetTx) -> None:
     sa_event.listen(session, "before_commit", before_commit)
     sa_event.listen(session, "after_commit", after_commit)
     sa_event.listen(session, "after_rollback", after_rollback)
-
-
-_IN_CHUNK = 500
 
 
 def _bump(tx: Tx, index: NetworkIndex, affected: Iterable[str]) -> None:

@@ -51,8 +51,10 @@ from proofplane.store.tables import (
     EndpointRow,
     NodeNetworkRow,
     NodeRow,
+    PlacementRow,
     SegmentRow,
     TenantRow,
+    placement_nodes,
 )
 
 ACTIVE, RELEASED = netstate.ACTIVE, netstate.RELEASED
@@ -491,7 +493,15 @@ def put_underlay(
             "before": before,
         },
     )
-    netstate.rebuild(tx)  # the node's endpoints (and its peers) come into the desired state
+    # the node's endpoints (and its peers) come into the desired state; work placed on it before
+    # it had underlay facts (or before segments existed) gets its endpoints now
+    placed = tx.session.scalars(
+        select(PlacementRow.workload_id)
+        .join(placement_nodes, placement_nodes.c.placement_id == PlacementRow.id)
+        .where(placement_nodes.c.node_id == node.id)
+    )
+    netstate.touch(tx, placed)
+    netstate.rebuild(tx)
     return True
 
 

@@ -29,8 +29,7 @@ ACTIVE = sa.text("state = 'active'")
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("tenants") as batch:
-        batch.add_column(sa.Column("deleted_at", sa.DateTime(), nullable=True))
+    op.add_column("tenants", sa.Column("deleted_at", sa.DateTime(), nullable=True))
     op.create_table(
         "network_segments",
         sa.Column("id", BigId, autoincrement=True, nullable=False),
@@ -127,5 +126,6 @@ def downgrade() -> None:
     op.drop_index("uq_network_segments_active_pkey", table_name="network_segments")
     op.drop_index("uq_network_segments_active_vni", table_name="network_segments")
     op.drop_table("network_segments")
-    with op.batch_alter_table("tenants") as batch:
-        batch.drop_column("deleted_at")
+    # ALTER TABLE … DROP COLUMN in place (SQLite 3.35+): a batch copy of tenants would trip
+    # the workloads' foreign key
+    op.drop_column("tenants", "deleted_at")
