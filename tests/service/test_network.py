@@ -685,3 +685,15 @@ def test_migration_0015_downgrades_and_upgrades_again(demo: Store) -> None:
     assert network.list_segments(demo, SYSTEM).items == []  # the network state starts again
     tenants_svc.create_tenant(demo, SYSTEM, Tenant("after"))
     assert segments(demo, "after") == [("after", None, 10000, 1, "active")]
+
+
+def test_a_new_per_workload_segment_is_not_held_back(store: Store) -> None:
+    cluster(store, ("n1",), gpus=8)
+    tenants_svc.create_tenant(
+        store, SYSTEM, Tenant("iso", profile=ComplianceProfile(segment="per-workload"))
+    )
+    report(store, "n1")
+    assert submit(store, "w1", "iso").status is WorkloadStatus.PLACED
+    # its own new segment: not held back by w1's, which n1 has not applied yet
+    out = workloads_svc.submit_workloads(store, SYSTEM, [WorkloadSpec("w2", "iso")])
+    assert out[0].status is WorkloadStatus.PLACED

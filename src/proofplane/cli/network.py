@@ -144,8 +144,8 @@ def policy(
     as_json: bool = JsonOpt,
 ) -> None:
     """Show a tenant's network policy, or set it (--file) or reset it (--default). Setting is
-    a governed change (network.policy): under change control, ask with `proofplane changes
-    request network.policy`."""
+    a governed change: under change control, ask with `proofplane changes create network.policy
+    --payload '{"tenant": "T", "policy": {...}}'`."""
     if file is not None and default:
         raise typer.BadParameter("--file or --default, not both", param_hint="--file")
     if file is None and not default:

@@ -820,9 +820,12 @@ class Readiness:
     by_vni: Mapping[int, frozenset[str]]
     tenant_vni: Mapping[str, int]
     workload_vni: Mapping[int, int]
+    per_workload: frozenset[str] = frozenset()  # tenants whose new work gets its own segment
 
     def unready(self, tenant: str, workload_id: Any) -> frozenset[str]:
         vni = self.workload_vni.get(workload_id) if isinstance(workload_id, int) else None
+        if vni is None and tenant in self.per_workload:
+            return self.blocked_all  # a segment allocated since: no node carries it yet
         if vni is None:
             vni = self.tenant_vni.get(tenant)
         blocked = self.by_vni.get(vni, frozenset()) if vni is not None else frozenset()
@@ -859,9 +862,17 @@ def load_readiness(session: Session) -> Readiness | None:
             tenant_vni[tenant] = vni
         else:
             workload_vni[wid] = vni
+    per_workload = frozenset(
+        name
+        for name, profile in session.execute(
+            select(TenantRow.name, TenantRow.profile).where(TenantRow.deleted_at.is_(None))
+        )
+        if is_per_workload(profile or {})
+    )
     return Readiness(
         frozenset(blocked_all),
         {v: frozenset(n) for v, n in by_vni.items()},
         tenant_vni,
         workload_vni,
+        per_workload,
     )
