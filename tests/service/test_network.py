@@ -398,6 +398,8 @@ def test_bad_reports_are_refused(store: Store) -> None:
         {**good, "applied_generation": 2**63}, {**good, "applied_sha256": "A" * 64},
         {**good, "ruleset_sha256": "x"}, {**good, "self_check": {}},
         {**good, "self_check": {"ok": "yes"}}, {**good, "self_check": []},
+        {**good, "self_check": {"ok": True, "log": "x" * 70_000}},
+        {**good, "self_check": {"ok": True, "n": float("nan")}},
     ):  # fmt: skip
         refused(lambda b=bad: network.report(store, SYSTEM, "n1", b), "invalid_report")
     nodes_svc.register_node(store, SYSTEM, node("bare"))

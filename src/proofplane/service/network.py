@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import io
 import ipaddress
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -577,6 +578,7 @@ def list_node_status(
 
 
 MAX_GENERATION = 2**62
+MAX_SELF_CHECK = 64 << 10
 
 
 def _check_report(body: Any) -> tuple[int, str, str | None, dict[str, Any]]:
@@ -607,6 +609,16 @@ def _check_report(body: Any) -> tuple[int, str, str | None, dict[str, Any]]:
     if not isinstance(check, dict) or not isinstance(check.get("ok"), bool):
         raise ValidationFailed(
             'self_check is an object with "ok": true|false',
+            code="invalid_report",
+        )
+    try:
+        size = len(json.dumps(check, allow_nan=False))
+    except (TypeError, ValueError):
+        size = -1
+    if not 0 < size <= MAX_SELF_CHECK:
+        raise ValidationFailed(
+            f"self_check is JSON of at most {MAX_SELF_CHECK} bytes (list what failed, not "
+            "everything)",
             code="invalid_report",
         )
     return gen, sha, ruleset, check
