@@ -241,3 +241,13 @@ def test_change_control_governs_policy_and_deletion(store: Store) -> None:
         assert ok(c.get(f"{API}/tenants/t/segments"))["default"] is True
         change = ok(c.post(f"{API}/changes", json=err["details"]["change"]), 201)
         assert change["type"] == "tenant.delete" and change["tenant"] == "t"
+
+
+def test_a_cursor_holding_nul_is_a_422_on_both_stores(demo_client: TestClient) -> None:
+    from proofplane.service.pagination import encode_cursor
+
+    forged = encode_cursor("network-nodes", "a\x00b")
+    error(demo_client.get(f"{API}/network/nodes", params={"cursor": forged}), 422,
+          "invalid_cursor")  # fmt: skip
+    r = demo_client.get(f"{API}/network/segments", params={"tenant": "a\x00b"})
+    assert r.status_code < 500, r.text  # SQLite: no such tenant; PostgreSQL: 422 invalid_value

@@ -45,7 +45,13 @@ from proofplane.network.policy import parse_policy, policy_sha256, policy_to_jso
 from proofplane.network.segments import format_pkey
 from proofplane.service import execution, netstate, render_support
 from proofplane.service.context import Store, Tx
-from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
+from proofplane.service.pagination import (
+    Page,
+    check_limit,
+    decode_cursor,
+    decode_text_cursor,
+    paginate,
+)
 from proofplane.service.scheduling import ClusterView, reschedule_pending
 from proofplane.store.repo import node_row, tenant_row
 from proofplane.store.tables import (
@@ -551,7 +557,7 @@ def list_node_status(
     """Every node with underlay facts, by name: generations, hashes, its last report, drift."""
     authorize(actor, Permission.AUDIT_READ)
     check_limit(limit)
-    after = decode_cursor("network-nodes", cursor, str)
+    after = decode_text_cursor("network-nodes", cursor)
     query = (
         select(NodeNetworkRow, NodeRow.name)
         .join(NodeRow, NodeRow.id == NodeNetworkRow.node_id)
