@@ -113,7 +113,6 @@ class _NetTx:
     new_segments: list[Segment] = field(default_factory=list)
     released: list[int] = field(default_factory=list)  # VNIs released in this transaction
     policies: dict[str, NetworkPolicy] = field(default_factory=dict)
-    underlay: list[NodeNet] = field(default_factory=list)
     rebuild: bool = False
     pools: _Pools | None = None
     used_ips: dict[int, set[str]] = field(default_factory=dict)
@@ -122,12 +121,7 @@ class _NetTx:
 
     def idle(self) -> bool:
         return not (
-            self.touched
-            or self.new_segments
-            or self.released
-            or self.policies
-            or self.underlay
-            or self.rebuild
+            self.touched or self.new_segments or self.released or self.policies or self.rebuild
         )
 
     def reset(self) -> None:
@@ -135,7 +129,6 @@ class _NetTx:
         self.new_segments.clear()
         self.released.clear()
         self.policies.clear()
-        self.underlay.clear()
         self.rebuild = False
 
 
@@ -156,10 +149,6 @@ def touch(tx: Tx, workload_ids: Iterable[int]) -> None:
 
 def policy_changed(tx: Tx, tenant: str, policy: NetworkPolicy) -> None:
     _state(tx).policies[tenant] = policy
-
-
-def underlay_changed(tx: Tx, node: NodeNet) -> None:
-    _state(tx).underlay.append(node)
 
 
 def rebuild(tx: Tx) -> None:
@@ -663,8 +652,6 @@ def place_endpoints(index: NetworkIndex, endpoints: list[Endpoint]) -> frozenset
 def _apply(index: NetworkIndex, st: _NetTx, changes: Mapping[str, _Ep | None]) -> set[str]:
     """This transaction's changes, applied to the index; the nodes they affect."""
     affected: set[str] = set()
-    for node in st.underlay:
-        affected |= index.upsert_node(node)
     for seg in st.new_segments:
         index.add_segment(seg)
     for tenant, policy in st.policies.items():
