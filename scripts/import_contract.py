@@ -97,6 +97,11 @@ PURE: tuple[str, ...] = (
     "govern.changes",
     "govern.runbooks",
     "network.desired",
+    "network.segments",
+    "network.policy",
+    "network.render.iproute2",
+    "network.render.nftables",
+    "network.render.partitions",
 )
 
 # What a pure module may not import (the module or anything below it).

@@ -429,3 +429,52 @@ def sink_settings_from_env(env: dict[str, str] | None = None) -> SinkSettings:
         tls_dir=os.path.normpath(tls_dir),
         ocsf_version=ocsf_version,
     )
+
+
+# --- network segmentation (issue 14) ------------------------------------------------------------
+
+VNI_LIMITS = (1, (1 << 24) - 1)  # RFC 7348: 24 bits
+PKEY_LIMITS = (0x0001, 0x7FFE)  # 15 bits; 0x7FFF is the default partition, never a tenant's
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkSettings:
+    """Where tenant segments come from: ``PROOFPLANE_VNI_POOL`` (``LO-HI``, default
+    10000-16000000), ``PROOFPLANE_PKEY_POOL`` (default 0x0001-0x7ffe) and
+    ``PROOFPLANE_SEGMENT_COOLDOWN_DAYS`` (default 30; 0..3650): a released VNI or PKey is not
+    handed out again for that long, so a late packet never reaches its next owner."""
+
+    vni_pool: tuple[int, int] = (10_000, 16_000_000)
+    pkey_pool: tuple[int, int] = PKEY_LIMITS
+    cooldown: timedelta = timedelta(days=30)
+
+
+def _pool(
+    env: dict[str, str], name: str, default: tuple[int, int], limits: tuple[int, int]
+) -> tuple[int, int]:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    lo_text, sep, hi_text = raw.partition("-")
+    try:
+        lo, hi = (int(t.strip(), 0) for t in (lo_text, hi_text))
+    except ValueError:
+        lo, hi = 1, 0
+    if not sep or not limits[0] <= lo <= hi <= limits[1]:
+        raise ValidationFailed(
+            f"{name} must be LO-HI within {limits[0]}..{limits[1]} "
+            f"(e.g. {default[0]}-{default[1]})",
+            code="invalid_setting",
+        )
+    return (lo, hi)
+
+
+def network_from_env(env: dict[str, str] | None = None) -> NetworkSettings:
+    """``NetworkSettings`` from ``PROOFPLANE_*``; a malformed value is an error, not a default."""
+    env = dict(os.environ if env is None else env)
+    days = _seconds(env, "PROOFPLANE_SEGMENT_COOLDOWN_DAYS", "30", 0, 3650)
+    return NetworkSettings(
+        vni_pool=_pool(env, "PROOFPLANE_VNI_POOL", (10_000, 16_000_000), VNI_LIMITS),
+        pkey_pool=_pool(env, "PROOFPLANE_PKEY_POOL", PKEY_LIMITS, PKEY_LIMITS),
+        cooldown=timedelta(days=days),
+    )

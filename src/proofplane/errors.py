@@ -48,6 +48,16 @@ the whole transaction back, so a refused request leaves neither state nor event 
     ├── DestinationRefused         forbidden_sink_destination  siem.guard
     ├── Unresolvable               unresolvable_sink_host  siem.guard
     ├── DeliveryFailed             delivery_failed         service.sinks
+    │   network segmentation (network/, pure)
+    ├── SegmentPoolExhausted       segment_pool_exhausted  network.segments  (a Conflict)
+    ├── SegmentInUse               segment_in_use          network.segments  (a Conflict)
+    ├── SubnetExhausted            subnet_exhausted        network.desired   (a Conflict)
+    ├── InvalidSegment             invalid_segment         network.segments  (a ValidationFailed)
+    ├── InvalidNetworkPolicy       invalid_network_policy  network.policy    (a ValidationFailed)
+    ├── UnknownTenant              unknown_tenant          network.policy    (a ValidationFailed)
+    ├── CrossTenantRule            cross_tenant_rule       network.policy    (403)
+    ├── PartitionsSyntaxError      invalid_partitions      network.render.partitions
+    │                                                      (a ValidationFailed, also ValueError)
     │   hardware and the node agent's tools
     ├── NvmlError                  nvml_error              hardware.nvml
     │   └── NvmlUnavailable        nvml_unavailable

@@ -404,14 +404,17 @@ def test_every_mutation_writes_its_event(client: TestClient) -> None:
         "user.create",  # the bootstrap admin and its token
         "token.issue",
         "tenant.create",
+        "network.segment.allocate",  # its VXLAN VNI and InfiniBand PKey (issue 14)
         "node.register",
         "node.state",
         "node.certification.grant",
         "workload.submit",
         "workload.place",
+        "network.endpoints",  # its overlay IP and MAC, at the end of the transaction
         "workload.cancel",
+        "network.endpoints",  # released
     ]
-    place = events[7]
+    place = events[8]
     assert place["target_id"] == "w" and place["outcome"] == "success"
     assert place["details"]["tags"] == {"zone-ok": "yes"} and place["details"]["node"] == "n1"
     assert place["actor"] == "admin" and place["ts"].endswith("Z")
@@ -485,11 +488,13 @@ def test_values_the_database_cannot_hold_are_422_not_500(client: TestClient, sto
 def test_events_newest_first_with_cursor(client: TestClient) -> None:
     for i in range(5):
         tenant(client, f"t{i}")
-    page = client.get("/api/v1/events", params={"order": "desc", "limit": 2}).json()
-    assert [e["target_id"] for e in page["items"]] == ["t4", "t3"]
+    # each tenant: tenant.create, then network.segment.allocate (its segment, issue 14)
+    page = client.get("/api/v1/events", params={"order": "desc", "limit": 4}).json()
+    assert [e["target_id"] for e in page["items"]] == ["t4", "t4", "t3", "t3"]
+    assert [e["action"] for e in page["items"]][:2] == ["network.segment.allocate", "tenant.create"]
     rest = client.get("/api/v1/events", params={"order": "desc", "cursor": page["next"]}).json()
-    assert [e["target_id"] for e in rest["items"]][:3] == ["t2", "t1", "t0"]
-    assert [e["action"] for e in rest["items"]][3:] == ["token.issue", "user.create"]
+    assert [e["target_id"] for e in rest["items"]][:6] == ["t2", "t2", "t1", "t1", "t0", "t0"]
+    assert [e["action"] for e in rest["items"]][6:] == ["token.issue", "user.create"]
     # A cursor from one order is not accepted by the other.
     error(client.get("/api/v1/events", params={"cursor": page["next"]}), 422, "invalid_cursor")
 

@@ -210,6 +210,28 @@ EXAMPLES: dict[tuple[str, str], Any] = {
         "policy": {"node_class": "fuzz", "pcrs": {"sha256": {"0": "00" * 32}}},
         "enforce": False,
     },
+    # network segmentation (issue 14)
+    ("PUT", f"{API}/nodes/{{name}}/network/underlay"): {
+        "vtep": "10.250.9.1",
+        "underlay_dev": "ul0",
+        "hca_guids": ["0x0002c90300a1b2c3", "0002:c903:00a1:b2c4"],
+    },
+    ("POST", f"{API}/nodes/{{name}}/network/report"): {
+        "applied_generation": 1,
+        "applied_sha256": "0" * 64,
+        "ruleset_sha256": "1" * 64,
+        "self_check": {"ok": True, "segments": {"10000": True}, "errors": []},
+    },
+    ("PUT", f"{API}/tenants/{{name}}/network-policy"): {
+        "policy": {
+            "subnet": "10.10.0.0/24",
+            "allow": [
+                {"proto": "tcp", "ports": 29500, "source": "tenant"},
+                {"proto": "tcp", "ports": "22", "source": "10.10.0.250/32"},
+            ],
+            "egress": [{"proto": "tcp", "ports": [443, 443], "destination": "192.0.2.0/24"}],
+        }
+    },  # fmt: skip
 }
 
 

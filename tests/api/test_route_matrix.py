@@ -284,6 +284,51 @@ MATRIX: dict[tuple[str, str], Entry] = {
         200,
         tenant_target=True,
     ),
+    # deleting a tenant with unfinished work is refused (both tenants have a placed workload)
+    ("DELETE", f"{API}/tenants/{{name}}"): Entry(
+        P.TENANTS_WRITE, lambda _w, v, _i: Req(f"{API}/tenants/{v}"), 409, tenant_target=True
+    ),
+    # network segmentation (issue 14): segments are tenant objects; a node's desired state and
+    # the segmentation map name every tenant (audit:read); n1 has underlay facts
+    ("GET", f"{API}/tenants/{{name}}/segments"): Entry(
+        P.TENANTS_READ,
+        lambda _w, v, _i: Req(f"{API}/tenants/{v}/segments"),
+        200,
+        tenant_target=True,
+    ),
+    ("PUT", f"{API}/tenants/{{name}}/network-policy"): Entry(
+        P.TENANTS_WRITE,
+        lambda _w, v, _i: Req(
+            f"{API}/tenants/{v}/network-policy",
+            json={"policy": {"allow": [{"proto": "tcp", "ports": 29500}]}},
+        ),
+        200,
+        tenant_target=True,
+    ),
+    ("GET", f"{API}/network/segments"): Entry(
+        P.TENANTS_READ,
+        lambda _w, v, _i: Req(f"{API}/network/segments", params={"tenant": v}),
+        200,
+        tenant_target=True,
+    ),
+    ("GET", f"{API}/network/nodes"): Entry(P.AUDIT_READ, fixed(f"{API}/network/nodes"), 200),
+    ("GET", f"{API}/network/export"): Entry(
+        P.AUDIT_READ, fixed(f"{API}/network/export", params={"format": "csv"}), 200
+    ),
+    ("GET", f"{API}/nodes/{{name}}/network"): Entry(
+        P.AUDIT_READ, fixed(f"{API}/nodes/n1/network", params={"format": "nftables"}), 200
+    ),
+    ("PUT", f"{API}/nodes/{{name}}/network/underlay"): Entry(
+        P.NODES_WRITE, fixed(f"{API}/nodes/n1/network/underlay", json={"vtep": "10.250.0.9"}), 200
+    ),
+    ("POST", f"{API}/nodes/{{name}}/network/report"): Entry(
+        P.NODES_WRITE,
+        fixed(
+            f"{API}/nodes/n1/network/report",
+            json={"applied_generation": 1, "applied_sha256": "a" * 64, "self_check": {"ok": True}},
+        ),
+        200,
+    ),
     ("PUT", f"{API}/tenants/{{name}}/quota"): Entry(
         P.QUOTAS_WRITE,
         lambda _w, v, _i: Req(f"{API}/tenants/{v}/quota", json={"gpus": 4, "mig_slices": None}),
@@ -684,6 +729,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
         _ok(admin.post(f"{API}/nodes/n1/state", json={"state": "admitted"}), 200)
         cert = {"key": "tier", "value": "gold"}
         _ok(admin.post(f"{API}/nodes/n1/certifications", json=cert), 200)
+        _ok(admin.put(f"{API}/nodes/n1/network/underlay", json={"vtep": "10.250.0.1"}), 200)
         sink = {"name": "s1", "type": "ocsf-file", "config": {"path": world.sink_path()}}
         _ok(admin.post(f"{API}/sinks", json=sink), 201)
         for name in VARIANTS:

@@ -319,6 +319,8 @@ def test_tenants_list_and_create(server: str) -> None:
         "min_isolation": "exclusive-gpu",
         "isolation_rules": {"pci-dss=isolated": "dedicated-node"},
         "co_residency": False,
+        "segment": "per-tenant",
+        "network_policy": None,
     }
     shown = ok(cli(server, "tenants", "show", "cli-bank")).stdout
     assert "a bank" in shown and "exclusive-gpu" in shown

@@ -128,6 +128,7 @@ def test_filter_codes_are_in_pipeline_order() -> None:
     assert FILTER_CODES == (
         "node_not_admitted",
         "missing_certification",
+        "network_not_applied",
         "node_dedicated_to_other_tenant",
         "node_shared_with_other_tenant",
         "gpu_model_unavailable",
@@ -214,6 +215,10 @@ def observed_codes() -> tuple[Counter[str], Counter[str]]:
     note(Decision(out.placement, out.reason, out.message, out.rejections))
     s = Scheduler([node("a", 2), node("b", 1)])
     out = s.schedule(Job("g", request(count=4, nodes=2)))
+    note(Decision(out.placement, out.reason, out.message, out.rejections))
+    # the engine: a node that has not applied the job's network segment (issue 14)
+    s = Scheduler([node("a"), node("b", certs={"hipaa": "true"})])
+    out = s.schedule(Job("n", request(tags={"hipaa": "true"})), unready=frozenset({"b"}))
     note(Decision(out.placement, out.reason, out.message, out.rejections))
     # the explainer counts nodes per filter with the same codes
     s = Scheduler([node("a", state=NodeState.FAILED), node("b")], quotas={"t": Quota(gpus=0)})

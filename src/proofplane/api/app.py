@@ -22,6 +22,7 @@ from proofplane.api import (
     routes_changes,
     routes_incidents,
     routes_keys,
+    routes_network,
     routes_oidc,
     routes_runbooks,
     routes_sinks,
@@ -141,6 +142,7 @@ def create_app(
     app.include_router(routes_attest.router)
     app.include_router(routes_incidents.router)
     app.include_router(routes_runbooks.router)
+    app.include_router(routes_network.router)
     app.include_router(routes_changes.router)
     # Request bodies: settings.max_body_bytes, a node's evidence its own (issue 19, §3);
     # security headers on every answer, the 413 included (§6).

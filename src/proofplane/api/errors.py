@@ -12,6 +12,7 @@ exception is (500 ``internal_error``, the details in the server log).
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -37,6 +38,9 @@ from proofplane.errors import (
 )
 from proofplane.govern.changes import NotAnApprover, SeparationOfDuties
 from proofplane.hardware.nvml import NvmlError
+from proofplane.network.desired import SubnetExhausted
+from proofplane.network.policy import CrossTenantRule, InvalidNetworkPolicy, UnknownTenant
+from proofplane.network.segments import InvalidSegment, SegmentInUse, SegmentPoolExhausted
 from proofplane.service.access import (
     AccountLocked,
     InvalidOidcState,
@@ -82,6 +86,14 @@ STATUS: dict[type[ProofplaneError], int] = {
     BackendUnavailable: 503,
     JobRejected: 422,
     DrainFailed: 502,
+    # network segmentation
+    SegmentPoolExhausted: 409,
+    SegmentInUse: 409,
+    SubnetExhausted: 409,
+    InvalidSegment: 422,
+    InvalidNetworkPolicy: 422,
+    UnknownTenant: 422,
+    CrossTenantRule: 403,
 }
 
 #: Branches of the tree that are never an answer (see the module docstring): 500.
@@ -140,8 +152,20 @@ _HTTP_CODES = {
 def error_response(status: int, code: str, message: str, details: Any = None) -> JSONResponse:
     return JSONResponse(
         status_code=status,
-        content={"error": {"code": code, "message": message, "details": details}},
+        content={"error": {"code": code, "message": message, "details": _json_safe(details)}},
     )
+
+
+def _json_safe(value: Any) -> Any:
+    """``details`` as JSON can hold them: an error that echoes the input it refuses (a NaN
+    or an infinity in a request body) must not fail to render as a 500."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 def _clean(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:

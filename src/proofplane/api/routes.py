@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from starlette.concurrency import run_in_threadpool
@@ -121,7 +121,12 @@ TenantQuery = Annotated[
 
 def _profile(p: ProfileIn) -> ComplianceProfile:
     return ComplianceProfile(
-        dict(p.required_tags), p.min_isolation, dict(p.isolation_rules), p.co_residency
+        dict(p.required_tags),
+        p.min_isolation,
+        dict(p.isolation_rules),
+        p.co_residency,
+        p.segment,
+        p.network_policy,
     )
 
 
@@ -147,7 +152,11 @@ def create_tenant(
     response: Response,
 ) -> TenantOut:
     t = tenants_svc.create_tenant(
-        store, actor, Tenant(body.name, body.description, _profile(body.profile))
+        store,
+        actor,
+        Tenant(body.name, body.description, _profile(body.profile)),
+        vni=body.vni,
+        pkey=body.pkey,
     )
     response.headers["Location"] = f"/api/v1/tenants/{t.name}"
     return TenantOut.of(t)
@@ -179,6 +188,19 @@ def update_tenant(
     return TenantOut.of(
         tenants_svc.update_tenant(store, actor, name, description=body.description, profile=profile)
     )
+
+
+@router.delete("/tenants/{name}", tags=["tenants"])
+def delete_tenant(
+    name: str,
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.TENANTS_WRITE))],
+    request: Request,
+) -> dict[str, Any]:
+    """Delete a tenant with no unfinished work: its network segments are released into the
+    cool-down; its name is never used again. A governed change (``tenant.delete``)."""
+    changes_svc.gate(get_settings(request).change_control, "tenant.delete", {"tenant": name})
+    return tenants_svc.delete_tenant(store, actor, name)
 
 
 @router.put("/tenants/{name}/quota", tags=["tenants"])

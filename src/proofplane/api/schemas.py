@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from fastapi import Response
 from pydantic import (
@@ -150,12 +150,33 @@ class ProfileIn(BodyIn):
         description="false: the tenant's MIG slices and GPU shares never share a physical GPU "
         "with another tenant's",
     )
+    segment: Literal["per-tenant", "per-workload"] = Field(
+        "per-tenant",
+        description="per-workload: each workload gets its own network segment (VNI + PKey)",
+    )
+    network_policy: dict[str, Any] | None = Field(
+        None,
+        description="subnet, allow, egress (see PUT /tenants/{name}/network-policy); null: the "
+        "default, or on an update the tenant's current policy",
+    )
 
 
 class TenantIn(BodyIn):
     name: Name
     description: str = Field("", max_length=1000)
     profile: ProfileIn = ProfileIn()
+    vni: int | None = Field(
+        None,
+        ge=-(2**31),
+        le=2**31 - 1,
+        description="a VXLAN VNI from the pool (default: the lowest free)",
+    )
+    pkey: int | None = Field(
+        None,
+        ge=-(2**31),
+        le=2**31 - 1,
+        description="an InfiniBand PKey from the pool (default: the lowest free)",
+    )
 
 
 class TenantPatch(BodyIn):
@@ -257,6 +278,11 @@ class NodeOut(BaseModel):
     gpus: list[GpuOut]
     created_at: datetime | None
     updated_at: datetime | None
+    network_drift: bool | None = Field(
+        None,
+        description="null: not under network management; true: its agent's last report "
+        "differs from the desired network state (GET /api/v1/network/nodes says how)",
+    )
 
     @classmethod
     def of(cls, n: Node) -> NodeOut:
@@ -286,6 +312,7 @@ class NodeOut(BaseModel):
             ],
             created_at=n.created_at,
             updated_at=n.updated_at,
+            network_drift=n.network_drift,
         )
 
 
@@ -317,6 +344,7 @@ def node_json(n: Node) -> dict[str, Any]:
         ],
         "created_at": n.created_at,
         "updated_at": n.updated_at,
+        "network_drift": n.network_drift,
     }
 
 

@@ -12,6 +12,13 @@ The GPU inventory is read through NVML every round (:mod:`proofplane.hardware.nv
 replayed from a recording with ``--inventory FILE``; ``--collect-inventory`` prints what NVML
 reads, to record one. Without NVML the agent sends no inventory and says why on stderr: the
 server then rejects the round if its policy needs one (``inventory_missing``).
+
+``--apply-network`` runs the network rounds instead (issue 14): fetch the node's desired
+network state (``GET /api/v1/nodes/{name}/network``), apply it (:mod:`proofplane.agent.network`;
+``--netns NAME``: inside that network namespace), and report the applied generation, the
+hashes and the self-check (``POST …/network/report``). With ``--underlay-dev`` (and ``--vtep``,
+default the device's first IPv4 address) the agent registers its underlay first. ``--once``
+exits 0 when the self-check passed, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -172,11 +179,38 @@ def agent(
         "one (its key never leaves this directory) and then connects with it instead of the "
         "bearer credential.",
     ),
+    apply_network: bool = typer.Option(
+        False,
+        "--apply-network",
+        help="Apply this node's desired network state (segments, FDB, ruleset) and report it, "
+        "instead of attesting.",
+    ),
+    netns: str | None = typer.Option(
+        None, "--netns", help="With --apply-network: apply inside this network namespace."
+    ),
+    underlay_dev: str | None = typer.Option(
+        None,
+        "--underlay-dev",
+        help="With --apply-network: register this node's underlay device (and --vtep) first.",
+    ),
+    vtep: str | None = typer.Option(
+        None, "--vtep", help="The VTEP address (default: the underlay device's first IPv4)."
+    ),
+    hca_guid: list[str] = typer.Option(
+        [], "--hca-guid", help="An HCA port GUID to register with the underlay (repeatable)."
+    ),
+    state_dir: Path = typer.Option(
+        Path("/run/proofplane-agent"),
+        "--state-dir",
+        help="With --apply-network: where the agent keeps what it applied (the ruleset's "
+        "listing hash, the generation) between runs.",
+    ),
     once: bool = typer.Option(False, "--once", help="One round, then exit 0 (pass) or 1."),
-    interval: float = typer.Option(60.0, "--interval", min=1.0, help="Seconds between rounds."),
+    interval: float = typer.Option(60.0, "--interval", min=0.2, help="Seconds between rounds."),
     as_json: bool = typer.Option(False, "--json", help="Print the server's answer as JSON."),
 ) -> None:
-    """Run the node agent: attest this node's TPM, event log and GPU inventory to the server."""
+    """Run the node agent: attest this node's TPM, event log and GPU inventory to the server
+    (or, with --apply-network, apply its desired network state)."""
     if collect_inventory:
         try:
             print_json(nvml.collect())
@@ -187,6 +221,16 @@ def agent(
     if missing:
         raise CliError(f"proofplane agent: missing {', '.join(missing)}", exit_code=2)
     assert server is not None and token is not None and node is not None
+    if apply_network:
+        underlay = None
+        if underlay_dev is not None:
+            underlay = {"underlay_dev": underlay_dev, "vtep": vtep, "hca_guids": hca_guid}
+        run_network(
+            server, token, node, cert_dir,
+            netns=netns, state_dir=state_dir, underlay=underlay,
+            once=once, interval=interval, as_json=as_json,
+        )  # fmt: skip
+        return
     recorded = _read_inventory(inventory)
     with tempfile.TemporaryDirectory(prefix="proofplane-agent-") as tmp:
         tpm = Tpm(tcti, Path(tmp))
@@ -302,3 +346,110 @@ def _transient(exc: Exception) -> bool:
     if isinstance(exc, ApiError):
         return exc.status >= 500 or exc.status == 429
     return True
+
+
+# --------------------------------------------------------------------------- network (issue 14)
+
+NETWORK_UNKNOWN = "network_underlay_unknown"
+
+
+def network_round(api: ApiClient, node: str, net: Any) -> dict[str, Any]:
+    """One network round on ``api``: fetch, apply (``net``: an agent.network.NetworkAgent),
+    report. What it did, with the server's answer (the node's network status)."""
+    from proofplane.agent.network import NOTHING_APPLIED, report_body
+
+    base = f"/api/v1/nodes/{segment(node)}/network"
+    doc = api.get(base, params={"format": "json"})
+    generation, result = net.apply_document(doc)
+    if generation is not None and result.desired_sha256 is not None:
+        net.remember(generation, result)
+        applied = (generation, result.desired_sha256)
+    else:  # nothing applied: say what the node last applied
+        last_gen, last_sha = net.applied
+        applied = (last_gen or 0, last_sha or NOTHING_APPLIED)
+    status = api.post(f"{base}/report", report_body(applied[0], applied[1], result))
+    return {
+        "node": node,
+        "generation": applied[0],
+        "applied_sha256": applied[1],
+        "changes": result.changes,
+        "seconds": round(result.seconds, 4),
+        "self_check": result.self_check,
+        "status": status,
+    }
+
+
+def register_underlay(
+    api: ApiClient, node: str, netns: str | None, underlay: dict[str, Any]
+) -> Any:
+    """``PUT /nodes/{name}/network/underlay`` with the device, its VTEP (read from the device
+    when not given) and the HCA GUIDs."""
+    from proofplane.agent.network import Host
+
+    body = dict(underlay)
+    if not body.get("vtep"):
+        body["vtep"] = Host(netns).first_ipv4(str(body["underlay_dev"]))
+        if body["vtep"] is None:
+            raise CliError(
+                f"proofplane agent: {body['underlay_dev']} has no IPv4 address: pass --vtep",
+                exit_code=2,
+            )
+    return api.request("PUT", f"/api/v1/nodes/{segment(node)}/network/underlay", body=body)
+
+
+def run_network(
+    server: str,
+    token: str,
+    node: str,
+    cert_dir: Path | None,
+    *,
+    netns: str | None,
+    state_dir: Path | None,
+    underlay: dict[str, Any] | None,
+    once: bool,
+    interval: float,
+    as_json: bool,
+) -> None:
+    """The network rounds: one with ``once`` (exit 1 when the self-check failed), else one
+    every ``interval`` seconds, riding out a server that is away or busy and a node whose
+    underlay is not registered yet."""
+    from proofplane.agent.network import NetworkAgent
+
+    net = NetworkAgent(netns, state_dir=state_dir)
+    registered = underlay is None
+    while True:
+        try:
+            with _client(server, token, cert_dir) as api:
+                if not registered:
+                    assert underlay is not None
+                    register_underlay(api, node, netns, underlay)
+                    registered = True
+                out = network_round(api, node, net)
+        except (ServerUnreachable, ApiError) as exc:
+            if isinstance(exc, ApiError) and exc.code == NETWORK_UNKNOWN and underlay:
+                registered = False
+            waiting = isinstance(exc, ApiError) and exc.code == NETWORK_UNKNOWN
+            if once or not (waiting or _transient(exc)):
+                raise
+            typer.echo(f"{exc.message}; next round in {interval:g} s", err=True)
+            time.sleep(interval)
+            continue
+        if as_json:
+            print_json(out)
+        else:
+            print_line(_network_line(out))
+        if once:
+            if not out["self_check"].get("ok"):
+                raise typer.Exit(1)
+            return
+        time.sleep(interval)
+
+
+def _network_line(out: dict[str, Any]) -> str:
+    changed = ", ".join(f"{k} {v}" for k, v in out["changes"].items() if v) or "no change"
+    check = out["self_check"]
+    verdict = "ok" if check.get("ok") else "FAILED " + ",".join(check.get("reasons", []))
+    return (
+        f"node {out['node']}: network generation {out['generation']} "
+        f"({changed}; {out['seconds']:.2f} s); self-check {verdict}"
+    )

@@ -23,6 +23,7 @@ from proofplane.cli import (
     events,
     incidents,
     keys,
+    network,
     nodes,
     pki,
     runbooks,
@@ -117,6 +118,7 @@ app.add_typer(users.app, name="users", rich_help_panel="Access")
 app.add_typer(tokens.app, name="tokens", rich_help_panel="Access")
 app.add_typer(nodes.app, name="nodes", rich_help_panel="Client")
 app.add_typer(tenants.app, name="tenants", rich_help_panel="Client")
+app.add_typer(network.app, name="network", rich_help_panel="Client")
 app.add_typer(workloads.app, name="workloads", rich_help_panel="Client")
 app.add_typer(events.app, name="events", rich_help_panel="Client")
 app.add_typer(backends.app, name="backends", rich_help_panel="Client")

@@ -611,3 +611,49 @@ def show_me(me: dict[str, Any], server: str) -> None:
             ("note", Text("MFA enrollment required: run 'proofplane mfa enroll'", style="yellow"))
         )
     console().print(_kv(f"User {me['username']}", rows))
+
+
+# --- network segmentation (issue 14) -----------------------------------------------------------
+
+
+def segments_table(segments: Sequence[dict[str, Any]]) -> Table:
+    table = _table("TENANT", "WORKLOAD", "VNI", "PKEY", "STATE", "NODES", wrap=("NODES",))
+    for s in segments:
+        state = s["state"] + (f" until {timestamp(s['reusable_after'])}"
+                              if s.get("reusable_after") else "")  # fmt: skip
+        table.add_row(
+            text(s["tenant"]),
+            text(s.get("workload") or "-"),
+            text(str(s["vni"])),
+            text(s["pkey"]),
+            text(state, "green" if s["state"] == "active" else "dim"),
+            text(", ".join(s.get("nodes") or []) or "-"),
+        )
+    return table
+
+
+def network_drift(status: dict[str, Any]) -> Text:
+    if not status.get("managed"):
+        return text("not reporting", "dim")
+    if status.get("network_drift"):
+        return text("drift: " + ", ".join(status.get("drift") or []), "bold red")
+    return text("in sync", "green")
+
+
+def network_nodes_table(nodes: Sequence[dict[str, Any]]) -> Table:
+    table = _table(
+        "NODE", "VTEP", "SEGMENTS", "DESIRED", "APPLIED", "REPORTED", "NETWORK", wrap=("NETWORK",)
+    )
+    for n in nodes:
+        vtep = n["vtep"] + (" (simulated)" if n.get("simulated") else "")
+        applied = n.get("applied_generation")
+        table.add_row(
+            text(n["node"]),
+            text(vtep),
+            text(str(len(n.get("segments") or []))),
+            text(str(n["desired_generation"])),
+            text("-" if applied is None else str(applied)),
+            text(timestamp(n.get("reported_at"))),
+            network_drift(n),
+        )
+    return table

@@ -463,6 +463,8 @@ def _welcome(
         "proofplane workloads list",
         "proofplane workloads show radiology-triage",
         "proofplane workloads logs radiology-triage",
+        "proofplane network segments",
+        "proofplane network render fra-h100-01 --format nftables",
         f'curl -s {cacert}-H "Authorization: Bearer $PROOFPLANE_TOKEN" {url}/api/v1/nodes',
         'proofplane nodes state fra-h100-01 failed --reason "PSU fault"',
         "proofplane events list --newest --action 'workload.*'",

@@ -215,7 +215,9 @@ def load_attested_demo(
 
     registered = dataclasses.replace(
         spec,
-        nodes=tuple(NodeSpec(labelled(ns.node), NodeState.REGISTERED, {}) for ns in spec.nodes),
+        nodes=tuple(
+            NodeSpec(labelled(ns.node), NodeState.REGISTERED, {}, ns.underlay) for ns in spec.nodes
+        ),
         workloads=(),
     )
     counts = load_cluster(store, SYSTEM, registered)

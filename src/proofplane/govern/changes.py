@@ -72,6 +72,10 @@ DEFAULT_RULES: dict[str, Rule] = {
     "key.destroy": TWO,
     # a retired endorsement key (a decommissioned board or TPM) coming back
     "node.reenroll": TWO,
+    # issue 14: what passes inside a tenant's segments (never between tenants); deleting a
+    # tenant releases its segments
+    "network.policy": ONE,
+    "tenant.delete": TWO,
 }
 MAX_APPROVALS = 10
 

@@ -11,8 +11,9 @@ UUIDs are derived from the node name and index, so a file always yields the same
 
 from __future__ import annotations
 
+import ipaddress
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import yaml
@@ -42,12 +43,28 @@ class _Profile(_Strict):
     min_isolation: IsolationLevel = IsolationLevel.SHARED
     isolation_rules: dict[str, IsolationLevel] = {}
     co_residency: StrictBool = True
+    segment: Literal["per-tenant", "per-workload"] = "per-tenant"
+    network_policy: dict[str, Any] | None = None
 
 
 class _Tenant(_Strict):
     name: str
     description: str = ""
     profile: _Profile = _Profile()
+    vni: int | None = None  # a manual segment assignment (default: the pools' lowest free)
+    pkey: int | None = None
+
+
+class _Underlay(_Strict):
+    vtep: str
+    underlay_dev: str = "ul0"
+    hca_guids: list[str] = []
+
+
+class _Network(_Strict):
+    # The demo: every node without its own `network` gets a VTEP from this range (in file
+    # order), underlay device ul0 and one made-up HCA port GUID, marked simulated.
+    simulated_underlay: str | None = None
 
 
 class _GpuGroup(_Strict):
@@ -69,6 +86,7 @@ class _Node(_Strict):
     state: Literal["registered", "admitted", "cordoned"] = "admitted"
     certifications: dict[str, str] = {}
     gpus: list[_GpuGroup] = []
+    network: _Underlay | None = None
 
 
 class _Gpus(_Strict):
@@ -90,9 +108,20 @@ class _Workload(_Strict):
 
 class _Cluster(_Strict):
     cluster: str = "proofplane"
+    network: _Network | None = None
     tenants: list[_Tenant] = []
     nodes: list[_Node] = []
     workloads: list[_Workload] = []
+
+
+@dataclass(frozen=True, slots=True)
+class Underlay:
+    """A node's underlay facts (issue 14): checked by the service that stores them."""
+
+    vtep: str
+    underlay_dev: str = "ul0"
+    hca_guids: tuple[str, ...] = ()
+    simulated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +129,7 @@ class NodeSpec:
     node: Node  # without certifications: those are granted after admission
     state: NodeState
     certifications: dict[str, str]
+    underlay: Underlay | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +149,45 @@ class ClusterSpec:
     tenants: tuple[Tenant, ...]
     nodes: tuple[NodeSpec, ...]
     workloads: tuple[WorkloadEntry, ...]
+    # tenant → (vni, pkey) given in the file (None: the pools' lowest free)
+    segments: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
+
+
+def simulated_guid(node: str) -> str:
+    """A made-up HCA port GUID for a simulated node (stable per name)."""
+    return "0x" + uuid.uuid5(_UUID_NS, f"{node}/hca0").hex[:16]
+
+
+def _underlays(c: _Cluster) -> list[Underlay | None]:
+    """Each node's underlay: its own ``network``, else one from ``network.simulated_underlay``
+    (the next free host address, in file order), else none."""
+    given = {n.network.vtep for n in c.nodes if n.network is not None}
+    pool: Any = iter(())
+    cidr = c.network.simulated_underlay if c.network is not None else None
+    if cidr is not None:
+        try:
+            pool = (str(h) for h in ipaddress.IPv4Network(cidr, strict=True).hosts())
+        except ValueError as exc:
+            raise ValidationFailed(
+                f"network.simulated_underlay: {exc}", code="invalid_cluster_file"
+            ) from None
+    out: list[Underlay | None] = []
+    for n in c.nodes:
+        if n.network is not None:
+            u = n.network
+            out.append(Underlay(u.vtep, u.underlay_dev, tuple(u.hca_guids)))
+            continue
+        if cidr is None:
+            out.append(None)
+            continue
+        vtep = next((h for h in pool if h not in given), None)
+        if vtep is None:
+            raise ValidationFailed(
+                f"network.simulated_underlay {cidr} has fewer addresses than nodes",
+                code="invalid_cluster_file",
+            )
+        out.append(Underlay(vtep, "ul0", (simulated_guid(n.name),), simulated=True))
+    return out
 
 
 def gpu_uuid(node: str, index: int) -> str:
@@ -207,6 +276,8 @@ def parse_cluster(text: str) -> ClusterSpec:
                     t.profile.min_isolation,
                     dict(t.profile.isolation_rules),
                     t.profile.co_residency,
+                    t.profile.segment,
+                    t.profile.network_policy,
                 ),
             )
             for t in c.tenants
@@ -216,8 +287,9 @@ def parse_cluster(text: str) -> ClusterSpec:
                 Node(n.name, n.region, n.zone, n.rack, dict(n.labels), gpus=_gpus(n)),
                 NodeState(n.state),
                 dict(n.certifications),
+                underlay,
             )
-            for n in c.nodes
+            for n, underlay in zip(c.nodes, _underlays(c), strict=True)
         ),
         workloads=tuple(
             WorkloadEntry(
@@ -231,4 +303,7 @@ def parse_cluster(text: str) -> ClusterSpec:
             )
             for w in c.workloads
         ),
+        segments={
+            t.name: (t.vni, t.pkey) for t in c.tenants if t.vni is not None or t.pkey is not None
+        },
     )

@@ -78,3 +78,6 @@ class Node:
     gpus: tuple[Gpu, ...] = ()
     created_at: datetime | None = None
     updated_at: datetime | None = None
+    # Issue 14: whether its network state differs from the desired one (its agent's last
+    # report); None while it is not under network management. Set by the reads that serve it.
+    network_drift: bool | None = None

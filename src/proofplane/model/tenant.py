@@ -49,6 +49,12 @@ class ComplianceProfile:
     min_isolation: IsolationLevel = IsolationLevel.SHARED
     isolation_rules: dict[str, IsolationLevel] = field(default_factory=dict)
     co_residency: bool = True
+    # Network segmentation (issue 14): ``per-tenant`` (one VXLAN VNI + IB PKey for all its
+    # workloads) or ``per-workload`` (each workload its own); ``network_policy``: the allow-list
+    # inside the tenant's segments and its egress (canonical JSON of
+    # ``proofplane.network.policy``; None: the default policy).
+    segment: str = "per-tenant"
+    network_policy: dict[str, Any] | None = None
 
     def minimum_for(self, tags: dict[str, str]) -> IsolationLevel:
         """The isolation floor for a workload carrying ``tags``."""
@@ -60,6 +66,10 @@ class ComplianceProfile:
         return floor
 
 
+PER_TENANT, PER_WORKLOAD = "per-tenant", "per-workload"
+SEGMENT_MODES = (PER_TENANT, PER_WORKLOAD)
+
+
 def profile_to_json(profile: ComplianceProfile) -> dict[str, Any]:
     """The profile as JSON: how it is stored, recorded in events and served."""
     return {
@@ -67,15 +77,25 @@ def profile_to_json(profile: ComplianceProfile) -> dict[str, Any]:
         "min_isolation": profile.min_isolation.value,
         "isolation_rules": {k: v.value for k, v in profile.isolation_rules.items()},
         "co_residency": profile.co_residency,
+        "segment": profile.segment,
+        "network_policy": profile.network_policy,
     }
 
 
 def profile_from_json(data: dict[str, Any]) -> ComplianceProfile:
+    segment = data.get("segment") or PER_TENANT
+    if segment not in SEGMENT_MODES:
+        raise ValueError(f"segment must be one of {', '.join(SEGMENT_MODES)}, not {segment!r}")
+    policy = data.get("network_policy")
+    if policy is not None and not isinstance(policy, dict):
+        raise ValueError("network_policy must be an object or null")
     return ComplianceProfile(
         required_tags=dict(data.get("required_tags", {})),
         min_isolation=IsolationLevel(data.get("min_isolation", "shared")),
         isolation_rules={k: IsolationLevel(v) for k, v in data.get("isolation_rules", {}).items()},
         co_residency=bool(data.get("co_residency", True)),
+        segment=segment,
+        network_policy=policy,
     )
 
 

@@ -34,6 +34,7 @@ are evicted only when the whole gang then fits; a gang victim loses every member
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -52,12 +53,18 @@ from proofplane.schedule.mig import layout_for
 from proofplane.schedule.quota import Cost, device_cost, quota_check, request_cost
 from proofplane.schedule.reasons import (
     CO_RESIDENCY_NOTE,
+    FILTER_CODES,
     GANG_NODE_TAKEN,
     GANG_TEMPLATE,
     INSUFFICIENT_CAPACITY,
+    MISSING_CERTIFICATION,
+    NETWORK_NOT_APPLIED,
+    NETWORK_NOTE,
+    NO_COMPLIANT_CAPACITY,
     NODE_NOT_ADMITTED,
     QUOTA_EXCEEDED,
     QUOTA_ITEM,
+    blocking,
     render,
 )
 from proofplane.schedule.snapshot import ClusterSnapshot
@@ -258,8 +265,71 @@ class Scheduler:
         placement = Placement.of_parts(tuple(parts))
         return placement, Decision(placement, None, f"placed on {', '.join(placement.nodes)}")
 
-    def schedule(self, job: Job, *, preempt: bool = True, repartition: bool = True) -> Outcome:
-        """Decide for one pending job; when it is placed, its capacity is held at once."""
+    def schedule(
+        self,
+        job: Job,
+        *,
+        preempt: bool = True,
+        repartition: bool = True,
+        unready: AbstractSet[str] = frozenset(),
+    ) -> Outcome:
+        """Decide for one pending job; when it is placed, its capacity is held at once.
+
+        ``unready``: nodes that have not applied the network segment of the job (issue 14):
+        none of them takes it, and a node that passes the compliance filters but is in this
+        set counts under ``network_not_applied`` (the filter after ``missing_certification``).
+        They are hidden for the decision as the gang search hides its taken nodes (marked
+        cordoned), so repartitioning and preemption never pick them either."""
+        masked = [
+            node
+            for name in sorted(unready)
+            if (node := self.snapshot.node(name)) is not None and node.state is NodeState.ADMITTED
+        ]
+        if not masked:
+            return self._schedule(job, preempt=preempt, repartition=repartition)
+        for node in masked:
+            self.snapshot.upsert_node(replace(node, state=NodeState.CORDONED))
+        try:
+            out = self._schedule(job, preempt=preempt, repartition=repartition)
+        finally:
+            for node in masked:
+                self.snapshot.upsert_node(node)
+        if out.placement is not None or NODE_NOT_ADMITTED not in out.rejections:
+            return out
+        return self._network_outcome(out, job.request, masked)
+
+    def _network_outcome(self, out: Outcome, req: Request, masked: list[Node]) -> Outcome:
+        """``out`` with the hidden nodes counted under the filter that really refused them."""
+        rejections = dict(out.rejections)
+        uncertified = sum(1 for n in masked if missing_tags(req.tags, n.certifications))
+        waiting = len(masked) - uncertified
+        left = rejections[NODE_NOT_ADMITTED] - len(masked)
+        if left > 0:
+            rejections[NODE_NOT_ADMITTED] = left
+        else:
+            del rejections[NODE_NOT_ADMITTED]
+        if uncertified:
+            rejections[MISSING_CERTIFICATION] = (
+                rejections.get(MISSING_CERTIFICATION, 0) + uncertified
+            )
+        if not waiting:
+            return replace(out, rejections=rejections)
+        rejections[NETWORK_NOT_APPLIED] = waiting
+        ordered = {c: rejections[c] for c in FILTER_CODES if c in rejections}
+        if out.reason == NO_COMPLIANT_CAPACITY:  # compliant nodes exist: they wait for the network
+            compliant = sum(1 for n in self.snapshot.nodes() if _admitted_for(n, req.tags))
+            return replace(
+                out,
+                reason=INSUFFICIENT_CAPACITY,
+                message=render(INSUFFICIENT_CAPACITY, compliant=compliant,
+                               blocking=blocking(ordered)),
+                rejections=ordered,
+            )  # fmt: skip
+        return replace(
+            out, message=NETWORK_NOTE.format(message=out.message, nodes=waiting), rejections=ordered
+        )
+
+    def _schedule(self, job: Job, *, preempt: bool, repartition: bool) -> Outcome:
         req = job.request
         over = self.quota_excess(req.tenant, req.gpus)
         if over is not None:

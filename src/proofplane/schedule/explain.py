@@ -4,32 +4,45 @@ itself).
 ``explain_job`` evaluates a job against every node as the cluster stands now, with the job's
 own capacity counted as free (so a placed workload is judged as if it were being placed again):
 each node is either rejected by the first filter that fails, in the pipeline's order
-(``node_not_admitted``, ``missing_certification``, tenancy, ``gpu_model_unavailable``,
-``insufficient_gpu_capacity``), or is a candidate with its best-fit score (idle GPUs left on
-the node after placing: fewer is better, ties broken by node name). The quota PreFilter is
+(``node_not_admitted``, ``missing_certification``, ``network_not_applied``, tenancy,
+``gpu_model_unavailable``, ``insufficient_gpu_capacity``), or is a candidate with its
+best-fit score (idle GPUs left on the node after placing: fewer is better, ties broken by node
+name). The quota PreFilter is
 reported on its own. Pure: it reads the scheduler and leaves it as it found it.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Set as AbstractSet
 from typing import Any
 
+from proofplane.model import NodeState, missing_tags
 from proofplane.schedule.engine import Held, Job, Scheduler, member_request
 from proofplane.schedule.quota import Cost
-from proofplane.schedule.reasons import INSUFFICIENT_GPU_CAPACITY, QUOTA_EXCEEDED
+from proofplane.schedule.reasons import (
+    INSUFFICIENT_GPU_CAPACITY,
+    NETWORK_NOT_APPLIED,
+    QUOTA_EXCEEDED,
+)
 from proofplane.schedule.reference import reference_place
 
 MAX_CANDIDATES = 5
 
 
-def explain_job(scheduler: Scheduler, job: Job, placed_on: tuple[str, ...] = ()) -> dict[str, Any]:
+def explain_job(
+    scheduler: Scheduler,
+    job: Job,
+    placed_on: tuple[str, ...] = (),
+    unready: AbstractSet[str] = frozenset(),
+) -> dict[str, Any]:
     """Per-filter rejection counts, the best candidate nodes with their scores, and the quota
     check for ``job`` (see the module docstring). ``placed_on``: the nodes the job holds now,
-    whose rank among the candidates is reported under ``placed_on``."""
+    whose rank among the candidates is reported under ``placed_on``. ``unready``: nodes that
+    have not applied the job's network segment (``Scheduler.schedule``'s)."""
     own: Held | None = scheduler.release(job.key)
     try:
-        out = _explain(scheduler, job)
+        out = _explain(scheduler, job, unready)
         ranked = out.pop("_ranked")
         out["placed_on"] = [
             {"node": name, **ranked.get(name, {"rank": None, "idle_gpus_after": None})}
@@ -41,13 +54,20 @@ def explain_job(scheduler: Scheduler, job: Job, placed_on: tuple[str, ...] = ())
             scheduler.hold(own)
 
 
-def _explain(scheduler: Scheduler, job: Job) -> dict[str, Any]:
+def _explain(scheduler: Scheduler, job: Job, unready: AbstractSet[str]) -> dict[str, Any]:
     req = member_request(job.request)
     snap = scheduler.snapshot
     allocs = snap.allocations
     filters: Counter[str] = Counter()
     candidates: list[tuple[int, str]] = []
     for node in snap.nodes():
+        if (
+            node.name in unready
+            and node.state is NodeState.ADMITTED
+            and not missing_tags(req.tags, node.certifications)
+        ):
+            filters[NETWORK_NOT_APPLIED] += 1
+            continue
         on_node = [allocs[k] for k in snap.allocations_on(node.name)]
         d = reference_place(req, [node], on_node)
         if d.placement is None:

@@ -13,7 +13,7 @@ Three kinds of codes:
 
 * ``filter``: a per-node rejection. A pending workload's ``rejections`` (and the explainer's
   ``filters``) count the nodes under the first filter that rejected each, in the pipeline's
-  order: ``node_not_admitted``, ``missing_certification``, tenancy
+  order: ``node_not_admitted``, ``missing_certification``, ``network_not_applied``, tenancy
   (``node_dedicated_to_other_tenant``, ``node_shared_with_other_tenant``),
   ``gpu_model_unavailable``, ``insufficient_gpu_capacity``; plus ``gang_node_taken`` (a node an
   earlier member of the same gang took) and the quota PreFilter's ``quota_exceeded`` (every
@@ -42,6 +42,7 @@ Kind = Literal["filter", "pending", "evicted", "ended"]
 # --- per-node filters, in the pipeline's order --------------------------------------------------
 NODE_NOT_ADMITTED = "node_not_admitted"
 MISSING_CERTIFICATION = "missing_certification"
+NETWORK_NOT_APPLIED = "network_not_applied"
 NODE_DEDICATED_TO_OTHER_TENANT = "node_dedicated_to_other_tenant"
 NODE_SHARED_WITH_OTHER_TENANT = "node_shared_with_other_tenant"
 GPU_MODEL_UNAVAILABLE = "gpu_model_unavailable"
@@ -93,6 +94,13 @@ _ENTRIES = (
         "filter",
         "the node is not certified for every compliance tag the workload carries",
         filter="certified",
+    ),
+    Reason(
+        NETWORK_NOT_APPLIED,
+        "filter",
+        "the node's agent has not yet applied the network segment of the workload (issue 14: a "
+        "node under network management takes new work of a segment only once it applied it)",
+        filter="network",
     ),
     Reason(
         NODE_DEDICATED_TO_OTHER_TENANT,
@@ -216,6 +224,9 @@ QUOTA_ITEM = "{kind}: {used:g} used + {requested:g} asked > {limit}"
 GANG_TEMPLATE = (
     "a gang of {nodes} nodes x {per_node} GPUs: only {placed} node(s) can take a member ({message})"
 )
+
+#: Added to a pending message when nodes that would take the workload wait for its network.
+NETWORK_NOTE = "{message}; {nodes} more node(s) wait for their agent to apply its network segment"
 
 #: Added to a capacity message when the workload's tenant refuses GPU co-residency.
 CO_RESIDENCY_NOTE = (

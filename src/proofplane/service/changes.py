@@ -124,6 +124,15 @@ class NodeReenroll(Payload):
     reason: str = Field(min_length=1, max_length=MAX_REASON)
 
 
+class NetworkPolicy(Payload):
+    tenant: str = Field(min_length=1, max_length=63)
+    policy: dict[str, Any] | None = Field(description="subnet, allow, egress; null: the default")
+
+
+class TenantDelete(Payload):
+    tenant: str = Field(min_length=1, max_length=63)
+
+
 # apply(store, actor, payload, *, change_id): the direct call's function; change_id links its
 # events to the request (None for a direct call)
 Apply = Callable[..., Any]
@@ -274,6 +283,28 @@ def _check_reenroll(store: Store, p: NodeReenroll) -> None:
                                code="invalid_payload")  # fmt: skip
 
 
+def _network_policy(
+    store: Store, actor: Actor, p: NetworkPolicy, *, change_id: int | None = None
+) -> Any:
+    from proofplane.service.network import set_network_policy
+
+    return set_network_policy(store, actor, p.tenant, p.policy, change_id=change_id)
+
+
+def _check_network_policy(store: Store, p: NetworkPolicy) -> None:
+    from proofplane.service.network import check_policy_change
+
+    check_policy_change(store, p.tenant, p.policy)
+
+
+def _tenant_delete(
+    store: Store, actor: Actor, p: TenantDelete, *, change_id: int | None = None
+) -> Any:
+    from proofplane.service.tenants import delete_tenant
+
+    return delete_tenant(store, actor, p.tenant, change_id=change_id)
+
+
 for _t in (
     ChangeType("certification.grant", CertificationGrant, Permission.CERTIFY, _grant,
                summary=lambda p: f"certify node {p.node} {p.key}={p.value}"),
@@ -303,6 +334,12 @@ for _t in (
     ChangeType("node.reenroll", NodeReenroll, Permission.NODES_WRITE, _reenroll,
                check=_check_reenroll,
                summary=lambda p: f"let the retired EK of {p.node or p.ek_sha256} enroll again"),
+    ChangeType("network.policy", NetworkPolicy, Permission.TENANTS_WRITE, _network_policy,
+               scope=lambda p: p.tenant, check=_check_network_policy,
+               summary=lambda p: f"set tenant {p.tenant}'s network policy"),
+    ChangeType("tenant.delete", TenantDelete, Permission.TENANTS_WRITE, _tenant_delete,
+               scope=lambda p: p.tenant,
+               summary=lambda p: f"delete tenant {p.tenant} (its segments cool down)"),
 ):  # fmt: skip
     register(_t)
 

@@ -6,8 +6,9 @@ from sqlalchemy import func, insert, select
 
 from proofplane.access import Actor, Permission, authorize
 from proofplane.errors import Conflict, ProofplaneError, ValidationFailed
-from proofplane.hardware.cluster_file import ClusterSpec
+from proofplane.hardware.cluster_file import ClusterSpec, Underlay
 from proofplane.model import Node, NodeState, validate_name
+from proofplane.service import network
 from proofplane.service.context import NewEvent, Store, Tx
 from proofplane.service.lifecycle import change_node_state
 from proofplane.service.nodes import check_node, insert_node, issue_certification
@@ -31,7 +32,9 @@ def load_cluster(store: Store, actor: Actor, spec: ClusterSpec) -> dict[str, int
         for tenant in spec.tenants:
             _in(f"tenants.{tenant.name}", lambda t=tenant: validate_profile(t.profile))
             validate_name(tenant.name, "tenant")
-            insert_tenant(tx, tenant)
+            vni, pkey = spec.segments.get(tenant.name, (None, None))
+            _in(f"tenants.{tenant.name}", lambda t=tenant, v=vni, p=pkey: insert_tenant(
+                tx, t, vni=v, pkey=p))  # fmt: skip
         checked = [
             _in(f"nodes.{ns.node.name}", lambda n=ns.node: check_node(n)) for ns in spec.nodes
         ]
@@ -39,6 +42,7 @@ def load_cluster(store: Store, actor: Actor, spec: ClusterSpec) -> dict[str, int
             _insert_nodes(tx, spec, checked)
         else:
             _insert_nodes_one_by_one(tx, spec, checked)
+        _put_underlays(tx, spec)
 
         for w in spec.workloads:
             ws = WorkloadSpec(w.name, w.tenant, w.tags, w.isolation, w.gpus, w.priority, w.command)
@@ -60,6 +64,22 @@ def load_cluster(store: Store, actor: Actor, spec: ClusterSpec) -> dict[str, int
         "nodes": len(spec.nodes),
         "workloads": len(spec.workloads),
     }
+
+
+def _put_underlays(tx: Tx, spec: ClusterSpec) -> None:
+    """The nodes' underlay facts the file gives (issue 14; the demo's are simulated)."""
+    wanted = {ns.node.name: ns.underlay for ns in spec.nodes if ns.underlay is not None}
+    if not wanted:
+        return
+    rows = {r.name: r for r in tx.session.scalars(select(NodeRow).where(NodeRow.name.in_(wanted)))}
+    for name, u in wanted.items():
+        _in(f"nodes.{name}.network", lambda r=rows[name], u=u: _put_underlay(tx, r, u))
+
+
+def _put_underlay(tx: Tx, row: NodeRow, u: Underlay) -> None:
+    vtep, dev, guids = network.check_underlay(u.vtep, u.underlay_dev, list(u.hca_guids))
+    source = "simulated" if u.simulated else "cluster-file"
+    network.put_underlay(tx, row, vtep, dev, guids, simulated=u.simulated, source=source)
 
 
 def _admitted_reason(spec: ClusterSpec) -> str:

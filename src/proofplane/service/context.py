@@ -7,7 +7,7 @@ gap-free sequence numbers, and commits state and events together, or neither.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from proofplane.access import Actor
 from proofplane.audit.canonical import entry_leaf_hashes, format_ts, stored_details
 from proofplane.audit.export.config import SinkPolicy
+from proofplane.config import NetworkSettings
 from proofplane.errors import Conflict, Unavailable, ValidationFailed
 from proofplane.model import Outcome
 from proofplane.store.audit_log import Appender, sqlite_connection
@@ -54,6 +55,8 @@ class Tx:
     """A write transaction in progress: the session, who acts, and when."""
 
     backend: Backend | None = None  # the store's execution engine (service/execution.py)
+    # the store's network settings (issue 14; None: read from PROOFPLANE_* when needed)
+    network_settings: NetworkSettings | None = None
 
     def __init__(self, session: Session, actor: Actor, now: datetime) -> None:
         self.session = session
@@ -61,6 +64,14 @@ class Tx:
         self.now = now
         self._next_seq: int | None = None
         self._audit: Appender | None = None  # the Merkle log's right edge, loaded on first use
+        # The newest event before this transaction wrote its first one (None: none written
+        # yet): the state a per-store cache must be current at to be reused by this one.
+        self.base_seq: int | None = None
+        # Per-transaction state a service keeps (by its own key), and what runs just before
+        # the commit (``on_finish``): a service that batches work to the end of the
+        # transaction (the network's desired state, issue 14) writes it there, events and all.
+        self.extras: dict[str, Any] = {}
+        self._finishers: list[Callable[[Tx], None]] = []
 
     def record(
         self,
@@ -122,6 +133,7 @@ class Tx:
         if self._next_seq is None:
             last = session.scalar(select(func.max(EventRow.seq)))
             self._next_seq = (last or 0) + 1
+            self.base_seq = last or 0
         if self._audit is None:
             self._audit = Appender.load(session, self._next_seq - 1)
         raw = sqlite_connection(session)
@@ -152,8 +164,22 @@ class Tx:
         self._audit.append_leaves(leaves)
         return list(range(seq - len(leaves), seq))
 
+    @property
+    def last_seq(self) -> int | None:
+        """The newest event this transaction wrote (None: none)."""
+        return None if self._next_seq is None else self._next_seq - 1
+
+    def on_finish(self, fn: Callable[[Tx], None]) -> None:
+        """Run ``fn(tx)`` once, just before the commit (in the order they were added); it may
+        change state and record events, which commit with the rest or not at all."""
+        if fn not in self._finishers:
+            self._finishers.append(fn)
+
     def finish(self) -> None:
-        """Write the Merkle log hashes of this transaction's events (just before commit)."""
+        """Run the ``on_finish`` work, then write the Merkle log hashes of this transaction's
+        events (just before commit)."""
+        for fn in self._finishers:
+            fn(self)
         if self._audit is not None:
             self._audit.flush(self.session)
 
@@ -180,6 +206,8 @@ class Store:
     # The KMS sealing its secrets and signing its checkpoints (service/keys.py ``kms_for``);
     # None: built from PROOFPLANE_KMS on first use.
     kms: Any = None
+    # Segment pools and their cool-down (issue 14); None: read from PROOFPLANE_* when needed.
+    network: NetworkSettings | None = None
 
     def __init__(
         self, url: str, engine: Engine | None = None, backend: Backend | None = None
@@ -215,6 +243,7 @@ class Store:
             with session.begin():
                 tx = Tx(session, actor, now or datetime.now(UTC))
                 tx.backend = self.backend
+                tx.network_settings = self.network
                 yield tx
                 tx.finish()
         except IntegrityError as exc:

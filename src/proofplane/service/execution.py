@@ -49,6 +49,7 @@ from proofplane.backends.base import (
 from proofplane.config import ExecutionSettings
 from proofplane.errors import InvalidState
 from proofplane.model import NodeState, Outcome, WorkloadStatus
+from proofplane.service import netstate
 from proofplane.service.context import Store, Tx
 from proofplane.service.jobs import LIVE_STATES, live_job
 from proofplane.service.scheduling import ClusterView, evict, reschedule_pending
@@ -121,6 +122,7 @@ def finish(
     had_capacity = row.placement is not None
     if had_capacity and view is not None:
         view.scheduler.release(row.id)
+    netstate.touch(tx, [row.id])  # its endpoints (and a per-workload segment) end with it
     row.placement = None
     row.status = status.value
     row.reason = reason

@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from proofplane.access import Actor, Permission, authorize
 from proofplane.errors import Conflict, InvalidState, NotFound, ValidationFailed
@@ -30,7 +31,7 @@ from proofplane.service.pagination import (
 )
 from proofplane.service.scheduling import ClusterView, evict, reschedule_pending
 from proofplane.store.repo import load_node, load_nodes, node_from_row, node_row, node_select
-from proofplane.store.tables import CertificationRow, GpuRow, NodeRow
+from proofplane.store.tables import CertificationRow, GpuRow, NodeNetworkRow, NodeRow
 
 CERTIFIABLE_STATES = frozenset({NodeState.ADMITTED, NodeState.CORDONED})
 
@@ -58,7 +59,7 @@ def register_node(store: Store, actor: Actor, node: Node) -> Node:
     node = check_node(node)
     with store.write(actor) as tx:
         row = insert_node(tx, node)
-        return node_from_row(row)
+        return _out(tx.session, row)
 
 
 def insert_node(tx: Tx, node: Node) -> NodeRow:
@@ -139,7 +140,7 @@ def update_node(
         if changes:
             row.updated_at = tx.now
             tx.record("node.update", "node", name, details=changes)
-        return node_from_row(row)
+        return _out(tx.session, row)
 
 
 def set_node_state(
@@ -160,7 +161,7 @@ def set_node_state(
         if refused is not None:
             raise InvalidState(refused, code="attestation_required", details={"node": name})
         change_node_state(tx, row, state, reason)
-        return node_from_row(row)
+        return _out(tx.session, row)
 
 
 def grant_certification(store: Store, actor: Actor, name: str, key: str, value: str) -> Node:
@@ -171,7 +172,7 @@ def grant_certification(store: Store, actor: Actor, name: str, key: str, value: 
     with store.write(actor) as tx:
         row = node_row(tx.session, name)
         issue_certification(tx, row, key, value)
-        return node_from_row(row)
+        return _out(tx.session, row)
 
 
 def issue_certification(tx: Tx, row: NodeRow, key: str, value: str) -> None:
@@ -225,7 +226,7 @@ def revoke_certification(store: Store, actor: Actor, name: str, key: str) -> Nod
             details={"key": key, "value": existing.value},
         )
         _recheck_workloads(tx, row)
-        return node_from_row(row)
+        return _out(tx.session, row)
 
 
 def _recheck_workloads(tx: Tx, row: NodeRow) -> None:
@@ -250,6 +251,12 @@ def get_node(store: Store, actor: Actor, name: str) -> Node:
     authorize(actor, Permission.NODES_READ)
     with store.read() as session:
         return load_node(session, name)
+
+
+def _out(session: Session, row: NodeRow) -> Node:
+    """The node as a write answers it, with its network drift (issue 14)."""
+    nn = session.get(NodeNetworkRow, row.id)
+    return replace(node_from_row(row), network_drift=None if nn is None else nn.drift)
 
 
 def list_nodes(

@@ -22,6 +22,7 @@ from proofplane.schedule.engine import Held, Job, Repartition, Scheduler, pool_o
 from proofplane.schedule.engine import Outcome as Decision
 from proofplane.schedule.reasons import PREEMPTED, render
 from proofplane.schedule.values import Request
+from proofplane.service import netstate
 from proofplane.service.context import Tx
 from proofplane.service.jobs import cancel_engine_job
 from proofplane.store.repo import (
@@ -52,6 +53,18 @@ class ClusterView:
         self.session = session
         self._scheduler: Scheduler | None = None
         self._node_rows: NodeRows | None = None
+        self._readiness: netstate.Readiness | None = None
+        self._readiness_loaded = False
+
+    def unready(self, tenant: str, workload_id: Any) -> frozenset[str]:
+        """The nodes that may not take new work of this workload's segment now (issue 14):
+        read once per transaction, as it stood when the transaction began to place."""
+        if not self._readiness_loaded:
+            self._readiness = netstate.load_readiness(self.session)
+            self._readiness_loaded = True
+        if self._readiness is None:
+            return frozenset()
+        return self._readiness.unready(tenant, workload_id)
 
     @property
     def scheduler(self) -> Scheduler:
@@ -127,6 +140,7 @@ UNPLACED_TARGETS = frozenset(
         "change_rule",
         "incident",
         "key",
+        "network",
         "pki_ca",
         "runbook",
         "sink",
@@ -358,6 +372,7 @@ def placement_json(p: Placement) -> dict[str, Any]:
 
 
 def _set_placement(tx: Tx, row: WorkloadRow, view: ClusterView, p: Placement) -> None:
+    netstate.touch(tx, [row.id])
     row.placement = PlacementRow(
         node=view.node_rows[p.node],
         devices=devices_to_json(p.devices),
@@ -390,7 +405,8 @@ def _apply_repartition(tx: Tx, view: ClusterView, change: Repartition, row: Work
 def schedule(tx: Tx, row: WorkloadRow, view: ClusterView, *, preempt: bool = True) -> bool:
     """Try to place one pending workload; record the placement (with any repartitioning and
     preemption it took) or why it waits. Preempted workloads are offered capacity again."""
-    outcome = view.scheduler.schedule(job_of(row), preempt=preempt)
+    unready = view.unready(row.tenant.name, row.id)
+    outcome = view.scheduler.schedule(job_of(row), preempt=preempt, unready=unready)
     return apply_outcome(tx, row, view, outcome, preempt=preempt)
 
 
@@ -476,6 +492,7 @@ def _evict_row(
 ) -> None:
     assert row.placement is not None
     cancel_engine_job(tx, row)  # an evicted workload's engine job stops with its placement
+    netstate.touch(tx, [row.id])
     nodes = list(placement_from_row(row.placement).nodes)
     row.placement = None
     row.status = WorkloadStatus.PENDING.value

@@ -23,6 +23,7 @@ from proofplane.model import (
     validate_name,
     validate_tags,
 )
+from proofplane.model.tenant import PER_WORKLOAD
 from proofplane.model.workload import (
     MAX_BATCH,
     MAX_COMMAND_ARG_CHARS,
@@ -33,7 +34,7 @@ from proofplane.schedule.engine import Job
 from proofplane.schedule.explain import explain_job
 from proofplane.schedule.reasons import CANCELLED, render
 from proofplane.schedule.values import Request
-from proofplane.service import execution, jobs
+from proofplane.service import execution, jobs, netstate
 from proofplane.service.context import NewEvent, Store, Tx
 from proofplane.service.pagination import (
     Page,
@@ -201,7 +202,10 @@ def submit_workload(store: Store, actor: Actor, spec: WorkloadSpec) -> Workload:
     authorize(actor, Permission.WORKLOADS_WRITE)
     authorize(actor, Permission.WORKLOADS_WRITE, tenant=spec.tenant)
     gpus = _check_spec(spec)
-    with store.write(actor) as tx:
+    with (
+        netstate.exhaustion_recorded(store, actor, spec.tenant, spec.name),
+        store.write(actor) as tx,
+    ):
         return workload_from_row(insert_workload(tx, spec, gpus))
 
 
@@ -282,7 +286,7 @@ def submit_workloads(store: Store, actor: Actor, specs: Sequence[WorkloadSpec]) 
         items.append((spec, gpus))
     if not items:
         return []
-    with store.write(actor) as tx:
+    with netstate.exhaustion_recorded(store, actor, None, None), store.write(actor) as tx:
         return insert_workloads(tx, items)
 
 
@@ -293,11 +297,16 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
     pending) through ``Tx.record_many``, their placements and placement-node links as bulk
     inserts. Any other outcome (preemption, repartitioning, an execution engine to dispatch
     to) first writes what is buffered, then takes the one-workload path, so the events keep
-    the order and content that one ``insert_workload`` per spec would write."""
+    the order and content that one ``insert_workload`` per spec would write (the network
+    bookkeeping aside: endpoints and desired state are settled once, at the end of the
+    transaction, by ``service.netstate``)."""
     view = ClusterView.cached(tx)  # before anything is written (see ClusterView.cached)
     session = tx.session
     names = sorted({spec.tenant for spec, _ in items})
-    trows = {r.name: r for r in session.scalars(select(TenantRow).where(TenantRow.name.in_(names)))}
+    live = TenantRow.deleted_at.is_(None)
+    trows = {
+        r.name: r for r in session.scalars(select(TenantRow).where(TenantRow.name.in_(names), live))
+    }
     tenants = {name: tenant_from_row(r) for name, r in trows.items()}
     by_id = {r.id: name for name, r in trows.items()}
     wanted = {(spec.tenant, spec.name) for spec, _ in items}
@@ -357,17 +366,22 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
             placed.clear()
 
     plain = tx.backend is None
-    for wid, v, note, (spec, gpus) in zip(ids, values, notes, items, strict=True):
+    for i, (wid, v, note, (spec, gpus)) in enumerate(zip(ids, values, notes, items, strict=True)):
         name = v["name"]
         fields = decision_fields(spec.tenant, v["tags"], v["isolation"], gpus, v["co_residency"])
         details = {**fields, "priority": spec.priority, "command": v["command"]}
         if note:
             details["isolation_note"] = note
         events.append(NewEvent("workload.submit", "workload", name, details))
+        if netstate.is_per_workload(trows[spec.tenant].profile):
+            write_buffered()  # its segment's event after its submission, as one by one
+            with _item(i):
+                netstate.allocate_segment(tx, spec.tenant, workload=name, workload_id=wid)
         request = Request(
             name, spec.tenant, v["tags"], IsolationLevel(v["isolation"]), gpus, v["co_residency"]
         )
-        outcome = view.scheduler.schedule(Job(wid, request, spec.priority))
+        unready = view.unready(spec.tenant, wid)
+        outcome = view.scheduler.schedule(Job(wid, request, spec.priority), unready=unready)
         if plain and not outcome.preempted and not outcome.repartitions:
             if outcome.placement is not None:
                 change = {"b_id": wid, "b_status": WorkloadStatus.PLACED.value,
@@ -466,6 +480,7 @@ def _insert_placements(tx: Tx, view: ClusterView, placed: list[tuple[int, Placem
     """The placements and their node links in two bulk inserts (no ORM objects: linking a
     placement to its nodes must not load the node rows)."""
     ids = view.node_rows.ids
+    netstate.touch(tx, (wid for wid, _p in placed))
     table = PlacementRow.__table__
     params = [
         {
@@ -533,6 +548,8 @@ def insert_workload(tx: Tx, spec: WorkloadSpec, gpus: GpuRequest) -> WorkloadRow
     if note:
         details["isolation_note"] = note
     tx.record("workload.submit", "workload", spec.name, details=details)
+    if tenant.profile.segment == PER_WORKLOAD:  # its own segment (issue 14)
+        netstate.allocate_segment(tx, spec.tenant, workload=spec.name, workload_id=row.id)
     schedule(tx, row, view)
     execution.dispatch_new(tx, view)  # the row, and victims of a preemption placed elsewhere
     return row
@@ -554,6 +571,7 @@ def cancel_workload(
             )
         node = row.placement.node.name if row.placement else None
         jobs.cancel_engine_job(tx, row)
+        netstate.touch(tx, [row.id])  # its endpoints (and its own segment) end with it
         row.placement = None
         row.status = WorkloadStatus.CANCELLED.value
         row.reason = CANCELLED
@@ -659,7 +677,9 @@ def explain_workload(
         analysis: dict[str, Any] = {}
         if not wl.status.is_terminal:
             placed_on = wl.placement.nodes if wl.placement else ()
-            analysis = explain_job(ClusterView(session).scheduler, job_of(row), placed_on)
+            view = ClusterView(session)
+            unready = view.unready(wl.tenant, row.id)
+            analysis = explain_job(view.scheduler, job_of(row), placed_on, unready)
     return {
         "workload": wl.name,
         "tenant": wl.tenant,

@@ -29,6 +29,7 @@ from proofplane.model.workload import devices_json
 from proofplane.store.tables import (
     CertificationRow,
     GpuRow,
+    NodeNetworkRow,
     NodeRow,
     PlacementRow,
     TenantRow,
@@ -90,10 +91,13 @@ def node_from_row(row: NodeRow) -> Node:
 _N = NodeRow.__table__.c
 _G = GpuRow.__table__.c
 _C = CertificationRow.__table__.c
+_NN = NodeNetworkRow.__table__.c
+# the last column: the node's network drift (issue 14), from an outer join on node_network
 NODE_COLUMNS = (
     _N.id, _N.name, _N.region, _N.zone, _N.rack, _N.labels, _N.state, _N.state_reason,
-    _N.created_at, _N.updated_at,
+    _N.created_at, _N.updated_at, _NN.drift,
 )  # fmt: skip
+_NODES_FROM = NodeRow.__table__.outerjoin(NodeNetworkRow.__table__, _NN.node_id == _N.id)
 # mig_instances as its JSON text: most GPUs have none ("[]"), which then costs no decoding
 _GPU_COLUMNS = (
     _G.node_id, _G.index, _G.uuid, _G.model, _G.memory_mb, _G.mig_enabled,
@@ -113,13 +117,13 @@ _CERTS_OF = (
     .where(_C.node_id.in_(bindparam("ids", expanding=True)))
     .order_by(_C.node_id, _C.key)
 )
-_NODE_NAMED = select(*NODE_COLUMNS).where(_N.name == bindparam("name"))
+_NODE_NAMED = select(*NODE_COLUMNS).select_from(_NODES_FROM).where(_N.name == bindparam("name"))
 
 
 def node_select() -> Select[Any]:
     """``SELECT`` of a node's own columns (what ``load_nodes`` takes): add filters, order and
     limit; filters on ``NodeRow`` attributes work as they do on the ORM query."""
-    return select(*NODE_COLUMNS)
+    return select(*NODE_COLUMNS).select_from(_NODES_FROM)
 
 
 def load_nodes(
@@ -161,7 +165,7 @@ def _mig_instances(text: str | None) -> tuple[MigInstance, ...]:
 
 
 def _node(row: Sequence[Any], gpus: list[Gpu], certs: dict[str, str]) -> Node:
-    _id, name, region, zone, rack, labels, state, reason, created, updated = row
+    _id, name, region, zone, rack, labels, state, reason, created, updated, drift = row
     return Node(
         name=name,
         region=region,
@@ -174,6 +178,7 @@ def _node(row: Sequence[Any], gpus: list[Gpu], certs: dict[str, str]) -> Node:
         gpus=tuple(gpus),
         created_at=created,
         updated_at=updated,
+        network_drift=drift,
     )
 
 
@@ -321,8 +326,10 @@ def load_workloads(session: Session, query: Select[Any]) -> list[Workload]:
 
 
 def tenant_row(session: Session, name: str) -> TenantRow:
-    row = session.scalar(select(TenantRow).where(TenantRow.name == name))
-    if row is None:
+    row = session.scalar(
+        select(TenantRow).where(TenantRow.name == name, TenantRow.deleted_at.is_(None))
+    )
+    if row is None:  # a deleted tenant is gone for every use case
         raise NotFound(f"tenant {name!r} not found", details={"tenant": name})
     return row
 

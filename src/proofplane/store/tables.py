@@ -22,6 +22,7 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
     false,
+    text,
     true,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -64,6 +65,9 @@ class TenantRow(Base):
     # Quotas (NULL: no limit): whole GPUs (shares count as fractions), MIG compute slices.
     quota_gpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
     quota_mig_slices: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Deleted tenants stay as rows (issue 14): their name is never handed out again, so no user
+    # binding, token or policy rule written for the old tenant can reach a new one.
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class NodeRow(Base):
@@ -549,3 +553,95 @@ class RetiredEkRow(Base):
     retired_at: Mapped[datetime] = mapped_column(UTCDateTime)
     change_id: Mapped[int | None] = mapped_column(BigId, nullable=True)
     reason: Mapped[str] = mapped_column(Text, default="")
+
+
+class SegmentRow(Base):
+    """A tenant's network segment (issue 14): a VXLAN VNI and an InfiniBand PKey. One per
+    tenant (``workload`` NULL), plus one per workload for a tenant whose profile asks for
+    ``segment: per-workload``. Released rows stay: a released VNI or PKey cools down
+    (``PROOFPLANE_SEGMENT_COOLDOWN_DAYS``) before it is handed out again. At most one active
+    segment holds a VNI, and one a PKey (partial unique indexes)."""
+
+    __tablename__ = "network_segments"
+    __table_args__ = (
+        Index(
+            "uq_network_segments_active_vni",
+            "vni",
+            unique=True,
+            sqlite_where=text("state = 'active'"),
+            postgresql_where=text("state = 'active'"),
+        ),
+        Index(
+            "uq_network_segments_active_pkey",
+            "pkey",
+            unique=True,
+            sqlite_where=text("state = 'active'"),
+            postgresql_where=text("state = 'active'"),
+        ),
+        Index("ix_network_segments_tenant", "tenant", "state"),
+    )
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(63))
+    workload: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    workload_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    vni: Mapped[int] = mapped_column(Integer)
+    pkey: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))  # active | released
+    manual: Mapped[bool] = mapped_column(Boolean, default=False)
+    allocated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    released_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True, index=True)
+
+
+class EndpointRow(Base):
+    """A workload's interface on its segment: a stable overlay IP and MAC, kept while the
+    workload lives (it keeps them when it is evicted and placed again), removed when it ends.
+    ``member``: the gang member (one endpoint per node of a gang); ``node``: where that member
+    runs now (NULL while the workload waits)."""
+
+    __tablename__ = "network_endpoints"
+    __table_args__ = (
+        UniqueConstraint("workload_id", "member", name="uq_network_endpoints_member"),
+        UniqueConstraint("vni", "ip", name="uq_network_endpoints_vni_ip"),
+    )
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    workload_id: Mapped[int] = mapped_column(
+        ForeignKey("workloads.id", ondelete="CASCADE"), index=True
+    )
+    member: Mapped[int] = mapped_column(Integer)
+    key: Mapped[str] = mapped_column(String(140))  # the pure core's Endpoint.workload
+    tenant: Mapped[str] = mapped_column(String(63))
+    vni: Mapped[int] = mapped_column(Integer, index=True)
+    ip: Mapped[str] = mapped_column(String(45))
+    mac: Mapped[str] = mapped_column(String(17))
+    node: Mapped[str | None] = mapped_column(String(63), nullable=True, index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class NodeNetworkRow(Base):
+    """A node's underlay (VTEP address, underlay device, HCA port GUIDs; ``simulated`` for the
+    demo's made-up ones), the desired network state's generation and hashes, and what its
+    agent last reported having applied."""
+
+    __tablename__ = "node_network"
+    node_id: Mapped[int] = mapped_column(
+        ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True
+    )
+    vtep: Mapped[str] = mapped_column(String(45), unique=True)
+    underlay_dev: Mapped[str] = mapped_column(String(15))
+    hca_guids: Mapped[list[str]] = mapped_column(JsonType)
+    simulated: Mapped[bool] = mapped_column(Boolean, default=False)
+    source: Mapped[str] = mapped_column(String(16))  # cluster-file | agent | api
+    desired_generation: Mapped[int] = mapped_column(BigInteger, default=0)
+    desired_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    expected_ruleset_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # VNI (as text) → the desired generation that added the segment to the node
+    segment_since: Mapped[dict[str, int]] = mapped_column(JsonType)
+    applied_generation: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    applied_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    ruleset_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    self_check: Mapped[dict[str, Any] | None] = mapped_column(JsonType, nullable=True)
+    reported_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # whether the report differs from the desired state (service.netstate.drift_reasons), kept
+    # with every report and every new desired generation; NULL: the agent never reported
+    drift: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)

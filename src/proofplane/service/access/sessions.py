@@ -293,7 +293,13 @@ def login_federated(
     where = client_details(source)
     role_set = parse_roles(roles)
     with store.write(Actor(username)) as tx:
-        known = set(tx.session.scalars(select(TenantRow.name).where(TenantRow.name.in_(tenants))))
+        known = set(
+            tx.session.scalars(
+                select(TenantRow.name).where(
+                    TenantRow.name.in_(tenants), TenantRow.deleted_at.is_(None)
+                )
+            )
+        )
         tenants = sorted(t for t in tenants if t in known)
         if role_set & SCOPED_ROLES and not tenants:
             role_set = role_set - SCOPED_ROLES

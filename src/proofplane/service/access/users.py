@@ -38,7 +38,13 @@ def _check_grant(tx: Tx, actor: Actor, roles: frozenset[Role], tenants: frozense
         raise ValidationFailed(
             "developer and tenant-admin need at least one tenant", code="tenant_required"
         )
-    known = set(tx.session.scalars(select(TenantRow.name).where(TenantRow.name.in_(tenants))))
+    known = set(
+        tx.session.scalars(
+            select(TenantRow.name).where(
+                TenantRow.name.in_(tenants), TenantRow.deleted_at.is_(None)
+            )
+        )
+    )
     visible = actor.visible_tenants(Permission.USERS_WRITE)
     for t in sorted(tenants):
         if t not in known or (visible is not None and t not in visible):

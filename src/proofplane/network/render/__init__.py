@@ -1,0 +1,1 @@
+"""Renderers of a node's desired network state (pure): iproute2, nftables, OpenSM."""

@@ -1,0 +1,865 @@
+"""Network segmentation inside the write transaction (issue 14): segment pools, workload
+endpoints, each node's desired network state, and what placement needs to know about it.
+
+The services that move capacity call in here from inside their transaction; nothing here opens
+one. Three jobs:
+
+* **Segments** (``allocate_segment``, ``release_segment``): a VXLAN VNI and an InfiniBand PKey
+  from the pools of ``NetworkSettings``, lowest free, a released one cooling down before it is
+  handed out again (``proofplane.network.segments``). Every tenant gets one at creation; a tenant
+  whose profile says ``segment: per-workload`` also gets one per workload at submission,
+  released when the workload ends.
+* **Endpoints and desired state** (``touch`` → ``_finish``): a service that placed, evicted or
+  ended workloads names them; just before the commit (``Tx.on_finish``) their endpoints are
+  brought in line with their placements (a stable overlay IP and MAC per workload, per gang
+  member, kept while the workload lives) and the desired state of the nodes this changes is
+  recomputed with the pure ``NetworkIndex``: a node whose desired SHA-256 changed gets the next
+  generation, and one ``network.desired`` event says which. The index is kept per store between
+  transactions (``NetworkCache``, current at an event ``seq`` like the scheduler cache), so a
+  placement costs what it changes; when another writer changed something the index does not
+  know, it is rebuilt from the database (every node compared).
+* **Readiness** (``load_readiness``): a node under network management (its agent has reported)
+  that has not applied the generation that brought a segment gets no new work of that segment
+  (``network_not_applied``); one whose ruleset differs from the expected one or whose self-check
+  failed gets no new work at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import event as sa_event
+from sqlalchemy import func, or_, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import Pool
+
+from proofplane.access import Actor
+from proofplane.config import NetworkSettings, network_from_env
+from proofplane.errors import ProofplaneError
+from proofplane.model import Outcome, WorkloadStatus
+from proofplane.model.tenant import PER_WORKLOAD
+from proofplane.network.desired import (
+    Endpoint,
+    NetworkIndex,
+    NodeDesired,
+    NodeNet,
+    Segment,
+    SubnetExhausted,
+    allocate_ip,
+    endpoint_mac,
+)
+from proofplane.network.policy import NetworkPolicy, parse_policy
+from proofplane.network.segments import (
+    SegmentPoolExhausted,
+    check_manual,
+    format_pkey,
+    next_free,
+)
+from proofplane.service import render_support
+from proofplane.service.context import Store, Tx
+from proofplane.store.tables import (
+    EndpointRow,
+    EventRow,
+    NodeNetworkRow,
+    NodeRow,
+    PlacementRow,
+    SegmentRow,
+    TenantRow,
+    WorkloadRow,
+)
+
+log = logging.getLogger(__name__)
+
+ACTIVE, RELEASED = "active", "released"
+_KEY = "network"
+_IN_CHUNK = 500  # ids per "IN (...)" query
+
+
+def settings_of(tx: Tx) -> NetworkSettings:
+    """The store's network settings, or ``PROOFPLANE_*``'s."""
+    return tx.network_settings if tx.network_settings is not None else network_from_env()
+
+
+def endpoint_key(tenant: str, workload: str, member: int = 0) -> str:
+    """The endpoint's name in the desired state (``Endpoint.workload``): unique in the cluster
+    (workload names are unique per tenant), one per gang member."""
+    base = f"{tenant}/{workload}"
+    return base if member == 0 else f"{base}#{member}"
+
+
+def tenant_policy(tenant: str, profile_json: Mapping[str, Any]) -> NetworkPolicy:
+    """A tenant's policy from its stored profile (kept canonical, so it parses as stored)."""
+    data = profile_json.get("network_policy")
+    return parse_policy(data, tenant=tenant, known_tenants=frozenset({tenant}))
+
+
+def is_per_workload(profile_json: Mapping[str, Any]) -> bool:
+    return profile_json.get("segment") == PER_WORKLOAD
+
+
+# --- per-transaction state -----------------------------------------------------------------------
+
+
+@dataclass
+class _NetTx:
+    touched: set[int] = field(default_factory=set)  # workload ids whose placement may have moved
+    new_segments: list[Segment] = field(default_factory=list)
+    released: list[int] = field(default_factory=list)  # VNIs released in this transaction
+    policies: dict[str, NetworkPolicy] = field(default_factory=dict)
+    rebuild: bool = False
+    pools: _Pools | None = None
+    used_ips: dict[int, set[str]] = field(default_factory=dict)
+    index: NetworkIndex | None = None  # the index this transaction changed (kept on re-runs)
+    listening: bool = False
+
+    def idle(self) -> bool:
+        return not (
+            self.touched or self.new_segments or self.released or self.policies or self.rebuild
+        )
+
+    def reset(self) -> None:
+        self.touched.clear()
+        self.new_segments.clear()
+        self.released.clear()
+        self.policies.clear()
+        self.rebuild = False
+
+
+def _state(tx: Tx) -> _NetTx:
+    st = tx.extras.get(_KEY)
+    if st is None:
+        st = tx.extras[_KEY] = _NetTx()
+        tx.on_finish(_finish)
+    assert isinstance(st, _NetTx)
+    return st
+
+
+def touch(tx: Tx, workload_ids: Iterable[int]) -> None:
+    """These workloads' placements may have changed in this transaction (placed, evicted,
+    ended): their endpoints and the nodes' desired state follow before the commit."""
+    _state(tx).touched.update(workload_ids)
+
+
+def policy_changed(tx: Tx, tenant: str, policy: NetworkPolicy) -> None:
+    _state(tx).policies[tenant] = policy
+
+
+def rebuild(tx: Tx) -> None:
+    """Something changed that the cached index cannot follow: recompute every node."""
+    _state(tx).rebuild = True
+
+
+# --- segment pools -------------------------------------------------------------------------------
+
+
+class _Pools:
+    """The identifiers in use and cooling down, read once per transaction and kept current as
+    it allocates and releases (writers are serialized: nobody else allocates meanwhile)."""
+
+    def __init__(self, tx: Tx, settings: NetworkSettings) -> None:
+        self.settings = settings
+        self.now = tx.now
+        horizon = tx.now - settings.cooldown
+        rows = tx.session.execute(
+            select(SegmentRow.vni, SegmentRow.pkey, SegmentRow.state, SegmentRow.released_at).where(
+                or_(SegmentRow.state == ACTIVE, SegmentRow.released_at > horizon)
+            )
+        )
+        self.used: dict[str, set[int]] = {"vni": set(), "pkey": set()}
+        self.cooling: dict[str, dict[int, datetime]] = {"vni": {}, "pkey": {}}
+        for vni, pkey, state, released_at in rows:
+            if state == ACTIVE:
+                self.used["vni"].add(vni)
+                self.used["pkey"].add(pkey)
+            elif released_at is not None:
+                for kind, value in (("vni", vni), ("pkey", pkey)):
+                    before = self.cooling[kind].get(value)
+                    if before is None or released_at > before:
+                        self.cooling[kind][value] = released_at
+
+    def pool(self, kind: str) -> tuple[int, int]:
+        return self.settings.vni_pool if kind == "vni" else self.settings.pkey_pool
+
+    def take(self, kind: str, manual: int | None) -> int:
+        lo, hi = self.pool(kind)
+        used, cooling, cooldown = self.used[kind], self.cooling[kind], self.settings.cooldown
+        k = "vni" if kind == "vni" else "pkey"
+        if manual is not None:
+            value = check_manual(manual, lo, hi, used, cooling, self.now, cooldown, kind=k)
+        else:
+            value = next_free(lo, hi, used, cooling, self.now, cooldown, kind=k)
+        return value
+
+    def hold(self, vni: int, pkey: int) -> None:
+        self.used["vni"].add(vni)
+        self.used["pkey"].add(pkey)
+
+    def release(self, vni: int, pkey: int) -> None:
+        for kind, value in (("vni", vni), ("pkey", pkey)):
+            self.used[kind].discard(value)
+            self.cooling[kind][value] = self.now
+
+
+def _pools(tx: Tx) -> _Pools:
+    st = _state(tx)
+    if st.pools is None:
+        st.pools = _Pools(tx, settings_of(tx))
+    return st.pools
+
+
+def segment_json(row: SegmentRow, cooldown: timedelta | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "tenant": row.tenant,
+        "workload": row.workload,
+        "vni": row.vni,
+        "pkey": format_pkey(row.pkey),
+        "state": row.state,
+        "manual": row.manual,
+        "allocated_at": row.allocated_at.isoformat(),
+        "released_at": row.released_at.isoformat() if row.released_at else None,
+    }
+    if row.released_at is not None and cooldown is not None:
+        out["reusable_after"] = (row.released_at + cooldown).isoformat()
+    return out
+
+
+def allocate_segment(
+    tx: Tx,
+    tenant: str,
+    *,
+    workload: str | None = None,
+    workload_id: int | None = None,
+    vni: int | None = None,
+    pkey: int | None = None,
+) -> SegmentRow:
+    """A new active segment for ``tenant`` (or for one of its workloads), recorded. A manual
+    ``vni``/``pkey`` outside its pool is 422 ``invalid_segment``, one held or cooling down 409
+    ``segment_in_use``; no free one is 409 ``segment_pool_exhausted`` (nothing is written: the
+    caller's transaction rolls back; ``record_exhaustion`` then writes the event)."""
+    pools = _pools(tx)
+    try:
+        v = pools.take("vni", vni)
+        p = pools.take("pkey", pkey)
+    except SegmentPoolExhausted as exc:
+        d = exc.details if isinstance(exc.details, dict) else {}
+        exc.details = {**d, "tenant": tenant, "workload": workload}
+        raise
+    row = SegmentRow(
+        tenant=tenant,
+        workload=workload,
+        workload_id=workload_id,
+        vni=v,
+        pkey=p,
+        state=ACTIVE,
+        manual=vni is not None or pkey is not None,
+        allocated_at=tx.now,
+    )
+    tx.session.add(row)
+    tx.session.flush()
+    pools.hold(v, p)
+    key = endpoint_key(tenant, workload) if workload is not None else None
+    _state(tx).new_segments.append(Segment(tenant, v, p, key))
+    tx.record(
+        "network.segment.allocate",
+        "tenant",
+        tenant,
+        details={
+            "tenant": tenant,
+            "workload": workload,
+            "vni": v,
+            "pkey": format_pkey(p),
+            "manual": row.manual,
+        },
+    )
+    return row
+
+
+def release_segment(tx: Tx, row: SegmentRow, why: str) -> None:
+    """Release an active segment: its VNI and PKey cool down before anyone gets them again."""
+    if row.state != ACTIVE:
+        return
+    settings = settings_of(tx)
+    row.state = RELEASED
+    row.released_at = tx.now
+    tx.session.flush()
+    _pools(tx).release(row.vni, row.pkey)
+    _state(tx).released.append(row.vni)
+    tx.record(
+        "network.segment.release",
+        "tenant",
+        row.tenant,
+        details={
+            "tenant": row.tenant,
+            "workload": row.workload,
+            "vni": row.vni,
+            "pkey": format_pkey(row.pkey),
+            "why": why,
+            "reusable_after": (tx.now + settings.cooldown).isoformat(),
+        },
+    )
+
+
+def exhaustion_details(
+    exc: SegmentPoolExhausted, tenant: str | None = None, workload: str | None = None
+) -> dict[str, Any]:
+    d = exc.details if isinstance(exc.details, dict) else {}
+    return {
+        "tenant": d.get("tenant", tenant),
+        "workload": d.get("workload", workload),
+        "kind": d.get("kind"),
+        "pool": d.get("pool"),
+        "blocked": d.get("blocked"),
+        "message": exc.message,
+    }
+
+
+@contextmanager
+def exhaustion_recorded(
+    store: Store, actor: Actor, tenant: str | None, workload: str | None
+) -> Iterator[None]:
+    """Around a use case's transaction: when it fails with ``segment_pool_exhausted`` (and so
+    wrote nothing), record the exhaustion in a transaction of its own, then let the error go
+    on (409). Inside a joined transaction (an approved change) the event joins it and goes
+    with it."""
+    try:
+        yield
+    except SegmentPoolExhausted as exc:
+        details = exhaustion_details(exc, tenant, workload)
+        target = details["tenant"] or "-"
+        try:
+            with store.write(actor) as tx:
+                tx.record("network.segment.exhausted", "tenant", target, outcome=Outcome.FAILURE,
+                          details=details)  # fmt: skip
+        except ProofplaneError:  # the refusal is what the caller must see
+            log.warning("network: could not record a pool exhaustion", exc_info=True)
+        raise
+
+
+def tenant_segment(session: Session, tenant: str) -> SegmentRow | None:
+    """The tenant's own (shared) active segment."""
+    return session.scalar(
+        select(SegmentRow).where(
+            SegmentRow.tenant == tenant,
+            SegmentRow.state == ACTIVE,
+            SegmentRow.workload_id.is_(None),
+        )
+    )
+
+
+# --- endpoints -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Ep:
+    """An endpoint as this transaction leaves it: None for ``node`` while it waits."""
+
+    key: str
+    tenant: str
+    vni: int
+    ip: str
+    mac: str
+    node: str | None
+
+
+def _parts_nodes(node: str | None, members: list[dict[str, Any]] | None) -> list[str]:
+    if members:
+        return [str(m["node"]) for m in members]
+    return [node] if node is not None else []
+
+
+def _sync_endpoints(tx: Tx, st: _NetTx) -> tuple[dict[str, _Ep | None], bool]:
+    """Bring the touched workloads' endpoints in line with their placements. Returns every
+    endpoint key they had or have now → its state (None: gone), and whether anything was
+    written."""
+    ids = sorted(st.touched)
+    session = tx.session
+    out: dict[str, _Ep | None] = {}
+    if not ids:
+        return out, False
+    session.flush()
+    rows: list[Any] = []
+    existing: dict[int, dict[int, EndpointRow]] = {}
+    own_segments: dict[int | None, SegmentRow] = {}
+    for at in range(0, len(ids), _IN_CHUNK):
+        chunk = ids[at : at + _IN_CHUNK]
+        rows.extend(
+            session.execute(
+                select(
+                    WorkloadRow.id,
+                    WorkloadRow.name,
+                    WorkloadRow.status,
+                    TenantRow.name,
+                    TenantRow.profile,
+                    NodeRow.name,
+                    PlacementRow.members,
+                )
+                .join(TenantRow, TenantRow.id == WorkloadRow.tenant_id)
+                .outerjoin(PlacementRow, PlacementRow.workload_id == WorkloadRow.id)
+                .outerjoin(NodeRow, NodeRow.id == PlacementRow.node_id)
+                .where(WorkloadRow.id.in_(chunk))
+                .order_by(WorkloadRow.id)
+            ).all()
+        )
+        for ep in session.scalars(select(EndpointRow).where(EndpointRow.workload_id.in_(chunk))):
+            existing.setdefault(ep.workload_id, {})[ep.member] = ep
+        for seg in session.scalars(
+            select(SegmentRow).where(SegmentRow.workload_id.in_(chunk), SegmentRow.state == ACTIVE)
+        ):
+            own_segments[seg.workload_id] = seg
+    allocated: dict[str, list[dict[str, Any]]] = {}
+    released: dict[str, list[dict[str, Any]]] = {}
+    failed: dict[str, list[dict[str, Any]]] = {}
+    tenant_vni: dict[str, int | None] = {}
+    policies: dict[str, NetworkPolicy] = {}
+    wrote = False
+    for wid, name, status, tenant, profile, node, members in rows:
+        eps = existing.get(wid, {})
+        if WorkloadStatus(status).is_terminal:
+            for ep in eps.values():
+                out[ep.key] = None
+                released.setdefault(tenant, []).append(
+                    {"workload": name, "member": ep.member, "vni": ep.vni, "ip": ep.ip,
+                     "mac": ep.mac}
+                )  # fmt: skip
+                st.used_ips.get(ep.vni, set()).discard(ep.ip)
+                session.delete(ep)
+                wrote = True
+            seg = own_segments.get(wid)
+            if seg is not None:
+                release_segment(tx, seg, f"workload {name} {status}")
+            continue
+        nodes = _parts_nodes(node, members) if status in _HOLDING else []
+        for member, ep in eps.items():
+            where = nodes[member] if member < len(nodes) else None
+            if ep.node != where:
+                ep.node = where
+                wrote = True
+            out[ep.key] = _Ep(ep.key, ep.tenant, ep.vni, ep.ip, ep.mac, where)
+        for member, where in enumerate(nodes):
+            if member in eps:
+                continue
+            key = endpoint_key(tenant, name, member)
+            seg = own_segments.get(wid)
+            vni: int | None
+            if seg is not None:
+                vni = seg.vni
+            else:
+                if tenant not in tenant_vni:
+                    tenant_vni[tenant] = _ensure_tenant_vni(tx, tenant)
+                vni = tenant_vni[tenant]
+            if vni is None:
+                failed.setdefault(tenant, []).append(
+                    {"workload": name, "member": member, "why": "segment_pool_exhausted"}
+                )
+                continue
+            if tenant not in policies:
+                policies[tenant] = tenant_policy(tenant, profile)
+            used = _used_ips(tx, st, vni)
+            try:
+                ip = allocate_ip(policies[tenant].subnet, used)
+            except SubnetExhausted as exc:
+                failed.setdefault(tenant, []).append(
+                    {"workload": name, "member": member, "why": exc.code,
+                     "subnet": policies[tenant].subnet}
+                )  # fmt: skip
+                continue
+            used.add(ip)
+            mac = endpoint_mac(tenant, key)
+            session.add(
+                EndpointRow(
+                    workload_id=wid, member=member, key=key, tenant=tenant, vni=vni, ip=ip,
+                    mac=mac, node=where, created_at=tx.now,
+                )
+            )  # fmt: skip
+            wrote = True
+            out[key] = _Ep(key, tenant, vni, ip, mac, where)
+            allocated.setdefault(tenant, []).append(
+                {"workload": name, "member": member, "vni": vni, "ip": ip, "mac": mac}
+            )
+    session.flush()
+    for tenant in sorted(set(allocated) | set(released)):
+        details: dict[str, Any] = {"tenant": tenant}
+        if tenant in allocated:
+            details["allocated"] = allocated[tenant]
+        if tenant in released:
+            details["released"] = released[tenant]
+        tx.record("network.endpoints", "tenant", tenant, details=details)
+    for tenant, items in sorted(failed.items()):
+        tx.record(
+            "network.endpoints",
+            "tenant",
+            tenant,
+            outcome=Outcome.FAILURE,
+            details={"tenant": tenant, "unassigned": items,
+                     "message": "placed without a network endpoint: no segment or no free "
+                     "address in the tenant's subnet"},
+        )  # fmt: skip
+    return out, wrote
+
+
+_HOLDING = frozenset({WorkloadStatus.PLACED.value, WorkloadStatus.RUNNING.value})
+
+
+def _ensure_tenant_vni(tx: Tx, tenant: str) -> int | None:
+    """The tenant's segment VNI; a tenant from before segments existed gets one now. None when
+    the pools are exhausted (the placement stands; the workload has no endpoint, and the
+    event says so)."""
+    seg = tenant_segment(tx.session, tenant)
+    if seg is not None:
+        return seg.vni
+    try:  # the pools are checked before anything is written: a refusal leaves nothing behind
+        return allocate_segment(tx, tenant).vni
+    except SegmentPoolExhausted as exc:
+        tx.record(
+            "network.segment.exhausted",
+            "tenant",
+            tenant,
+            outcome=Outcome.FAILURE,
+            details=exhaustion_details(exc, tenant),
+        )
+        return None
+
+
+def _used_ips(tx: Tx, st: _NetTx, vni: int) -> set[str]:
+    used = st.used_ips.get(vni)
+    if used is None:
+        used = st.used_ips[vni] = set(
+            tx.session.scalars(select(EndpointRow.ip).where(EndpointRow.vni == vni))
+        )
+    return used
+
+
+# --- desired state -------------------------------------------------------------------------------
+
+# Events after which a cached index may still be reused: only these can change what it holds
+# (everything else (tokens, attestation rounds, SIEM cursors, a workload waiting) cannot).
+_IGNORED_WORKLOAD_ACTIONS = frozenset({"workload.submit", "workload.pending", "workload.dispatch"})
+CATCH_UP_MAX = 2000
+
+
+def _relevant(action: str) -> bool:
+    if action.startswith("workload."):
+        return action not in _IGNORED_WORKLOAD_ACTIONS
+    return action.startswith(("network.", "tenant.", "node.network.", "cluster."))
+
+
+class NetworkCache:
+    """The ``NetworkIndex`` one database's last network-changing transaction left behind and
+    the event ``seq`` it is current at. A transaction reuses it when nothing written since can
+    have changed it (its events are checked, as the scheduler cache does), and owns it until it
+    ends: committed, the cache is current at the transaction's last event; rolled back, it is
+    dropped (it may hold changes that never happened)."""
+
+    def __init__(self) -> None:
+        self.version: int | None = None
+        self.index: NetworkIndex | None = None
+        self.loads = 0
+        self.hits = 0
+
+    def usable(self, session: Session, base: int) -> NetworkIndex | None:
+        if self.index is None or self.version is None or self.version > base:
+            return None
+        if self.version < base:
+            actions = session.scalars(
+                select(EventRow.action)
+                .where(EventRow.seq > self.version, EventRow.seq <= base)
+                .limit(CATCH_UP_MAX + 1)
+            ).all()
+            if len(actions) > CATCH_UP_MAX or any(_relevant(a) for a in actions):
+                return None
+        return self.index
+
+    def drop(self) -> None:
+        self.index, self.version = None, None
+
+
+_CACHES: weakref.WeakKeyDictionary[Pool, NetworkCache] = weakref.WeakKeyDictionary()
+
+
+def network_cache(engine: Engine) -> NetworkCache:
+    """The network index cache of one database engine (one per ``Store``)."""
+    cache = _CACHES.get(engine.pool)
+    if cache is None:
+        cache = _CACHES[engine.pool] = NetworkCache()
+    return cache
+
+
+def _cache_for(session: Session) -> NetworkCache:
+    bind = session.get_bind()
+    return network_cache(bind if isinstance(bind, Engine) else bind.engine)
+
+
+def expected_ruleset_sha256(d: NodeDesired) -> str | None:
+    """The SHA-256 of the nftables ruleset the node's agent must be running for ``d``."""
+    return render_support.expected_ruleset_sha256(d)
+
+
+def load_index(session: Session) -> NetworkIndex:
+    """Every node with underlay facts, every active segment, the tenants' policies and every
+    endpoint on such a node, from the database (what the cached index is kept equal to)."""
+    nodes = [
+        NodeNet(name, vtep, dev, tuple(guids or ()))
+        for name, vtep, dev, guids in session.execute(
+            select(NodeRow.name, NodeNetworkRow.vtep, NodeNetworkRow.underlay_dev,
+                   NodeNetworkRow.hca_guids).join(NodeRow, NodeRow.id == NodeNetworkRow.node_id)
+        )
+    ]  # fmt: skip
+    segments = [
+        Segment(t, v, p, endpoint_key(t, w) if w is not None else None)
+        for t, v, p, w in session.execute(
+            select(SegmentRow.tenant, SegmentRow.vni, SegmentRow.pkey, SegmentRow.workload).where(
+                SegmentRow.state == ACTIVE
+            )
+        )
+    ]
+    policies = {
+        name: tenant_policy(name, profile)
+        for name, profile in session.execute(
+            select(TenantRow.name, TenantRow.profile).where(TenantRow.deleted_at.is_(None))
+        )
+        if (profile or {}).get("network_policy") is not None
+    }
+    index = NetworkIndex(nodes, segments, policies)
+    names = set(index.nodes)
+    for key, tenant, node, vni, ip, mac in session.execute(
+        select(EndpointRow.key, EndpointRow.tenant, EndpointRow.node, EndpointRow.vni,
+               EndpointRow.ip, EndpointRow.mac).where(EndpointRow.node.is_not(None))
+    ):  # fmt: skip
+        if node in names and vni in index.segments:
+            place_endpoints(index, [Endpoint(key, tenant, node, vni, ip, mac)])
+    return index
+
+
+def place_endpoints(index: NetworkIndex, endpoints: list[Endpoint]) -> frozenset[str]:
+    """``index.place``, one endpoint at a time: one the index refuses is left out (logged), the
+    others still count; a placement never fails over its network state."""
+    affected: set[str] = set()
+    for ep in endpoints:
+        try:
+            affected |= index.place([ep])
+        except ProofplaneError as exc:
+            log.warning("network: endpoint %s left out of the desired state: %s", ep, exc.message)
+    return frozenset(affected)
+
+
+def _apply(index: NetworkIndex, st: _NetTx, changes: Mapping[str, _Ep | None]) -> set[str]:
+    """This transaction's changes, applied to the index; the nodes they affect."""
+    affected: set[str] = set()
+    for seg in st.new_segments:
+        index.add_segment(seg)
+    for tenant, policy in st.policies.items():
+        affected |= index.set_policy(tenant, policy)
+    gone = [k for k, e in changes.items() if e is None or e.node not in index.nodes]
+    affected |= index.remove(gone)
+    here = [
+        Endpoint(e.key, e.tenant, e.node, e.vni, e.ip, e.mac)
+        for e in changes.values()
+        if e is not None and e.node in index.nodes and e.vni in index.segments
+    ]
+    affected |= place_endpoints(index, here)
+    for vni in st.released:
+        if vni in index.segments and not index.nodes_of(vni):
+            index.remove_segment(vni)
+    return affected
+
+
+def _sync_desired(tx: Tx, st: _NetTx, changes: Mapping[str, _Ep | None]) -> None:
+    session = tx.session
+    if st.index is None and session.scalar(select(NodeNetworkRow.node_id).limit(1)) is None:
+        return  # no node has underlay facts: there is no desired state to keep
+    cache = _cache_for(session)
+    index = st.index
+    if index is None and not st.rebuild:
+        base = tx.base_seq
+        if base is None:
+            base = session.scalar(select(func.max(EventRow.seq))) or 0
+        index = cache.usable(session, base)
+        if index is not None:
+            cache.hits += 1
+    affected: set[str] | None = None
+    if index is not None and not st.rebuild:
+        try:
+            affected = _apply(index, st, changes)
+        except ProofplaneError:
+            log.warning("network: the cached index could not follow; recomputing", exc_info=True)
+            affected = None
+    if affected is None:
+        cache.loads += 1
+        if index is cache.index:
+            cache.drop()
+        index = load_index(session)
+        affected = set(index.nodes)
+    _bump(tx, index, affected)
+    st.index = index
+    if not st.listening:
+        st.listening = True
+        _listen(tx, cache, st)
+
+
+def _listen(tx: Tx, cache: NetworkCache, st: _NetTx) -> None:
+    session = tx.session
+    pending: list[int | None] = [None]
+
+    def before_commit(_s: Session) -> None:
+        pending[0] = tx.last_seq
+
+    def after_commit(_s: Session) -> None:
+        if st.index is not None and pending[0] is not None:
+            cache.index, cache.version = st.index, pending[0]
+
+    def after_rollback(_s: Session) -> None:
+        if cache.index is st.index:
+            cache.drop()
+
+    sa_event.listen(session, "before_commit", before_commit)
+    sa_event.listen(session, "after_commit", after_commit)
+    sa_event.listen(session, "after_rollback", after_rollback)
+
+
+def _bump(tx: Tx, index: NetworkIndex, affected: Iterable[str]) -> None:
+    """Give each affected node whose desired SHA-256 changed the next generation (and record
+    which segments each generation brought); one ``network.desired`` event for them all."""
+    names = sorted(n for n in affected if n in index.nodes)
+    changed: dict[str, dict[str, Any]] = {}
+    for at in range(0, len(names), _IN_CHUNK):
+        rows = tx.session.execute(
+            select(NodeNetworkRow, NodeRow.name)
+            .join(NodeRow, NodeRow.id == NodeNetworkRow.node_id)
+            .where(NodeRow.name.in_(names[at : at + _IN_CHUNK]))
+        ).all()
+        for row, name in rows:
+            d = index.desired(name)
+            if d.sha256 == row.desired_sha256:
+                continue
+            generation = row.desired_generation + 1
+            since = dict(row.segment_since or {})
+            row.segment_since = {str(s.vni): int(since.get(str(s.vni), generation))
+                                 for s in d.segments}  # fmt: skip
+            row.desired_generation = generation
+            row.desired_sha256 = d.sha256
+            row.expected_ruleset_sha256 = expected_ruleset_sha256(d)
+            row.drift = note_drift(row)
+            row.updated_at = tx.now
+            changed[name] = {
+                "generation": generation,
+                "sha256": d.sha256,
+                "segments": [s.vni for s in d.segments],
+            }
+    if changed:
+        tx.session.flush()
+        tx.record("network.desired", "network", "desired", details={"nodes": changed})
+
+
+def _finish(tx: Tx) -> None:
+    st = _state(tx)
+    if st.idle():
+        return
+    changes, _ = _sync_endpoints(tx, st)
+    _sync_desired(tx, st, changes)
+    st.reset()
+
+
+# --- readiness for placement ---------------------------------------------------------------------
+
+
+def drift_reasons(row: NodeNetworkRow) -> list[str]:
+    """Why a node's network is not as desired ([] for one in line, or not yet reporting):
+    ``generation_lag`` (it applied an older generation), ``sha256_mismatch`` (what it applied is
+    not the desired state), ``ruleset_mismatch`` (at the current state, its ruleset is not the
+    expected one), ``self_check_failed``."""
+    if row.reported_at is None:
+        return []
+    out = []
+    applied = row.applied_generation or 0
+    if applied < row.desired_generation:
+        out.append("generation_lag")
+    elif row.applied_sha256 != row.desired_sha256:
+        out.append("sha256_mismatch")
+    elif row.expected_ruleset_sha256 is not None and row.ruleset_sha256 != (
+        row.expected_ruleset_sha256
+    ):
+        out.append("ruleset_mismatch")
+    if not (row.self_check or {}).get("ok", False):
+        out.append("self_check_failed")
+    return out
+
+
+def note_drift(row: NodeNetworkRow) -> bool | None:
+    """The ``drift`` column's value for the row as it stands (None: never reported)."""
+    return None if row.reported_at is None else bool(drift_reasons(row))
+
+
+BLOCKS_ALL = frozenset({"ruleset_mismatch", "self_check_failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """Which managed nodes may not take new work of which segment (see the module docstring)."""
+
+    blocked_all: frozenset[str]
+    by_vni: Mapping[int, frozenset[str]]
+    tenant_vni: Mapping[str, int]
+    workload_vni: Mapping[int, int]
+    per_workload: frozenset[str] = frozenset()  # tenants whose new work gets its own segment
+
+    def unready(self, tenant: str, workload_id: Any) -> frozenset[str]:
+        vni = self.workload_vni.get(workload_id) if isinstance(workload_id, int) else None
+        if vni is None and tenant in self.per_workload:
+            return self.blocked_all  # a segment allocated since: no node carries it yet
+        if vni is None:
+            vni = self.tenant_vni.get(tenant)
+        blocked = self.by_vni.get(vni, frozenset()) if vni is not None else frozenset()
+        return self.blocked_all | blocked
+
+
+def load_readiness(session: Session) -> Readiness | None:
+    """The readiness of the nodes under network management; None when no node reports (the
+    common case: then placement filters nothing)."""
+    rows = session.execute(
+        select(NodeNetworkRow, NodeRow.name)
+        .join(NodeRow, NodeRow.id == NodeNetworkRow.node_id)
+        .where(NodeNetworkRow.reported_at.is_not(None))
+    ).all()
+    if not rows:
+        return None
+    blocked_all: set[str] = set()
+    by_vni: dict[int, set[str]] = {}
+    for row, name in rows:
+        if BLOCKS_ALL & set(drift_reasons(row)):
+            blocked_all.add(name)
+        applied = row.applied_generation or 0
+        for vni, since in (row.segment_since or {}).items():
+            if int(since) > applied:
+                by_vni.setdefault(int(vni), set()).add(name)
+    tenant_vni: dict[str, int] = {}
+    workload_vni: dict[int, int] = {}
+    for tenant, wid, vni in session.execute(
+        select(SegmentRow.tenant, SegmentRow.workload_id, SegmentRow.vni).where(
+            SegmentRow.state == ACTIVE
+        )
+    ):
+        if wid is None:
+            tenant_vni[tenant] = vni
+        else:
+            workload_vni[wid] = vni
+    per_workload = frozenset(
+        name
+        for name, profile in session.execute(
+            select(TenantRow.name, TenantRow.profile).where(TenantRow.deleted_at.is_(None))
+        )
+        if is_per_workload(profile or {})
+    )
+    return Readiness(
+        frozenset(blocked_all),
+        {v: frozenset(n) for v, n in by_vni.items()},
+        tenant_vni,
+        workload_vni,
+        per_workload,
+    )
