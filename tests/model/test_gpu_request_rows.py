@@ -21,8 +21,12 @@ from proofplane.service import workloads as workloads_svc
 from proofplane.store.tables import WorkloadRow
 
 INT32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
-# no body carries a NUL, nor a model or MIG profile name longer than the API's bound
-SKU = st.text(alphabet=st.characters(blacklist_characters="\x00"), max_size=MAX_SKU_CHARS)
+# no body carries a NUL or a lone surrogate (JSON text is Unicode: pydantic refuses one, so
+# no request could), nor a model or MIG profile name longer than the API's bound
+SKU = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+    max_size=MAX_SKU_CHARS,
+)
 requests = st.builds(
     GpuRequest,
     count=INT32,
