@@ -97,6 +97,7 @@ PURE: tuple[str, ...] = (
     "govern.changes",
     "govern.runbooks",
     "network.desired",
+    "meter",
 )
 
 # What a pure module may not import (the module or anything below it).
