@@ -25,6 +25,7 @@ from proofplane.api import (
     routes_oidc,
     routes_runbooks,
     routes_sinks,
+    routes_usage,
 )
 from proofplane.api.deps import public
 from proofplane.api.middleware_errors import ServerErrors
@@ -142,6 +143,7 @@ def create_app(
     app.include_router(routes_incidents.router)
     app.include_router(routes_runbooks.router)
     app.include_router(routes_changes.router)
+    app.include_router(routes_usage.router)
     # Request bodies: settings.max_body_bytes, a node's evidence its own (issue 19, §3);
     # security headers on every answer, the 413 included (§6).
     app.add_middleware(
