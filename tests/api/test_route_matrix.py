@@ -247,6 +247,7 @@ ADMISSION_REVIEW = {
 
 
 P = Permission
+USAGE_WINDOW = {"from": "2026-01-01T00:00:00Z", "to": "2026-02-01T00:00:00Z"}
 MATRIX: dict[tuple[str, str], Entry] = {
     # health
     ("GET", "/healthz"): Entry("public", fixed("/healthz"), 200),
@@ -401,6 +402,16 @@ MATRIX: dict[tuple[str, str], Entry] = {
     ),
     # events: not tenant objects
     ("GET", f"{API}/events"): Entry(P.EVENTS_READ, fixed(f"{API}/events"), 200),
+    # usage and chargeback (issue 15): a tenant's report; the fleet's cost comparison
+    ("GET", f"{API}/usage"): Entry(
+        P.WORKLOADS_READ,
+        lambda _w, v, _i: Req(f"{API}/usage", params={"tenant": v, **USAGE_WINDOW}),
+        200,
+        tenant_target=True,
+    ),
+    ("GET", f"{API}/usage/cost-compare"): Entry(
+        P.EVENTS_READ, fixed(f"{API}/usage/cost-compare", params=USAGE_WINDOW), 200
+    ),
     ("GET", f"{API}/events/{{seq}}"): Entry(P.EVENTS_READ, fixed(f"{API}/events/1"), 200),
     # the audit log: not tenant objects (auditors see the whole log)
     ("GET", f"{API}/audit/checkpoint"): Entry(P.AUDIT_READ, fixed(f"{API}/audit/checkpoint"), 200),
@@ -976,6 +987,9 @@ PROBES: dict[str, Probe] = {
         lambda t: Req(f"{API}/workloads/batch", json={"items": [{"name": "w-new", "tenant": t}]}),
     ),
     "get-tenant": Probe("GET", lambda t: Req(f"{API}/tenants/{t}")),
+    "usage-report": Probe(
+        "GET", lambda t: Req(f"{API}/usage", params={"tenant": t, **USAGE_WINDOW})
+    ),
     "get-user": Probe("GET", lambda t: Req(f"{API}/users/dev-{t}")),
     "update-user": Probe("PATCH", lambda t: Req(f"{API}/users/dev-{t}", json={"disabled": True})),
     "unlock-user": Probe("POST", lambda t: Req(f"{API}/users/dev-{t}/unlock")),
