@@ -31,6 +31,7 @@ from proofplane.cli import (
     sinks,
     tenants,
     tokens,
+    usage,
     users,
     workloads,
 )
@@ -119,6 +120,8 @@ app.add_typer(nodes.app, name="nodes", rich_help_panel="Client")
 app.add_typer(tenants.app, name="tenants", rich_help_panel="Client")
 app.add_typer(workloads.app, name="workloads", rich_help_panel="Client")
 app.add_typer(events.app, name="events", rich_help_panel="Client")
+app.add_typer(usage.app, name="usage", rich_help_panel="Client")
+app.add_typer(usage.cost_app, name="cost", rich_help_panel="Client")
 app.add_typer(backends.app, name="backends", rich_help_panel="Client")
 app.add_typer(audit.app, name="audit", rich_help_panel="Audit")
 app.add_typer(changes.app, name="changes", rich_help_panel="Audit")

@@ -390,6 +390,7 @@ def compare(
         "cost_model": {"sha256": model.digest, **model_json(model)},
         "skus": rows,
         "not_compared": not_compared,
+        "facts": [facts_json(f) for f in sorted(facts, key=lambda x: x.sku)],
         "formulas": [
             "capacity GPU-hours = GPUs owned x hours",
             "amortisation = capex_per_gpu x capacity GPU-hours / (amortisation_years x 8760)",
