@@ -83,6 +83,13 @@ class Settings:
     max_inflight: dict[str, int] = field(default_factory=lambda: dict(MAX_INFLIGHT))
     max_inflight_client_share: float = MAX_INFLIGHT_CLIENT_SHARE
     max_queue_wait_ms: float = MAX_QUEUE_WAIT_MS
+    # Telemetry (issue 15): raw readings are kept ``telemetry_raw_hours``
+    # (PROOFPLANE_TELEMETRY_RAW_HOURS, 1..8760, default 48; hourly rollups 400 days); the
+    # server rolls up, applies retention and judges idle workloads every
+    # ``telemetry_interval_s`` (PROOFPLANE_TELEMETRY_INTERVAL_SECONDS, default 60; None or 0:
+    # never).
+    telemetry_raw_hours: float = 48.0
+    telemetry_interval_s: float | None = None
 
 
 DEMO_ATTESTERS = ("simulated",)
@@ -229,6 +236,9 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         max_queue_wait_ms=_seconds(
             env, "PROOFPLANE_MAX_QUEUE_WAIT_MS", str(MAX_QUEUE_WAIT_MS), 0, 1000
         ),
+        telemetry_raw_hours=_seconds(env, "PROOFPLANE_TELEMETRY_RAW_HOURS", "48", 1, 8760),
+        telemetry_interval_s=_seconds(env, "PROOFPLANE_TELEMETRY_INTERVAL_SECONDS", "60", 0, 3600)
+        or None,
     )
 
 

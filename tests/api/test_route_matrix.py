@@ -413,6 +413,49 @@ MATRIX: dict[tuple[str, str], Entry] = {
         P.EVENTS_READ, fixed(f"{API}/usage/cost-compare", params=USAGE_WINDOW), 200
     ),
     ("GET", f"{API}/events/{{seq}}"): Entry(P.EVENTS_READ, fixed(f"{API}/events/1"), 200),
+    # telemetry (issue 15): a node's readings in (n1's own GPU), readings out scoped to the
+    # reader's tenants, drained GPUs, each tenant's idle policy
+    ("POST", f"{API}/nodes/{{name}}/telemetry"): Entry(
+        P.NODES_WRITE,
+        lambda _w, _v, _i: Req(
+            f"{API}/nodes/n1/telemetry",
+            json={
+                "samples": [
+                    {
+                        "gpu_uuid": "GPU-n1-0",
+                        "ts": datetime.now(UTC).isoformat(),
+                        "values": {"DCGM_FI_DEV_GPU_TEMP": 40},
+                    }
+                ]
+            },
+        ),  # fmt: skip
+        200,
+    ),
+    ("GET", f"{API}/telemetry"): Entry(
+        P.WORKLOADS_READ,
+        lambda _w, v, _i: Req(f"{API}/telemetry", params={"tenant": v}),
+        200,
+        tenant_target=True,
+    ),
+    ("GET", f"{API}/telemetry/latest"): Entry(
+        P.WORKLOADS_READ, fixed(f"{API}/telemetry/latest"), 200
+    ),
+    ("GET", f"{API}/gpu-health"): Entry(P.NODES_READ, fixed(f"{API}/gpu-health"), 200),
+    ("POST", f"{API}/nodes/{{name}}/gpus/{{gpu_uuid}}/recover"): Entry(
+        P.NODES_WRITE, fixed(f"{API}/nodes/n1/gpus/GPU-n1-0/recover"), 404
+    ),
+    ("GET", f"{API}/tenants/{{name}}/idle-policy"): Entry(
+        P.TENANTS_READ,
+        lambda _w, v, _i: Req(f"{API}/tenants/{v}/idle-policy"),
+        200,
+        tenant_target=True,
+    ),
+    ("PUT", f"{API}/tenants/{{name}}/idle-policy"): Entry(
+        P.TENANTS_WRITE,
+        lambda _w, v, _i: Req(f"{API}/tenants/{v}/idle-policy", json={"action": "reclaim"}),
+        200,
+        tenant_target=True,
+    ),
     # the audit log: not tenant objects (auditors see the whole log)
     ("GET", f"{API}/audit/checkpoint"): Entry(P.AUDIT_READ, fixed(f"{API}/audit/checkpoint"), 200),
     ("POST", f"{API}/audit/checkpoint"): Entry(

@@ -25,6 +25,7 @@ from proofplane.api import (
     routes_oidc,
     routes_runbooks,
     routes_sinks,
+    routes_telemetry,
     routes_usage,
 )
 from proofplane.api.deps import public
@@ -52,6 +53,7 @@ from proofplane.workers import (
 )
 from proofplane.workers.change_reviews import review_worker
 from proofplane.workers.leader import leadership_for
+from proofplane.workers.telemetry import telemetry_worker
 
 
 @contextmanager
@@ -102,7 +104,11 @@ def create_app(
                 timedelta(seconds=settings.attest_grace_s),
             ) as stale,
             review_worker(store, settings.change_review_check_interval_s) as reviews,
+            telemetry_worker(
+                store, settings.telemetry_interval_s, settings.telemetry_raw_hours
+            ) as telemetry,
         ):
+            app.state.telemetry_worker = telemetry
             app.state.attest_stale_checker = stale
             app.state.change_reviews = reviews
             app.state.siem_exporter = worker
@@ -143,6 +149,7 @@ def create_app(
     app.include_router(routes_incidents.router)
     app.include_router(routes_runbooks.router)
     app.include_router(routes_changes.router)
+    app.include_router(routes_telemetry.router)
     app.include_router(routes_usage.router)
     # Request bodies: settings.max_body_bytes, a node's evidence its own (issue 19, §3);
     # security headers on every answer, the 413 included (§6).

@@ -38,16 +38,35 @@ def judge(
     """Judge the workload's utilisation readings (time, ratio 0..1) over ``[now - window,
     now]``; readings outside the window are ignored."""
     start = now - window
-    slack = max(window / 10, timedelta(minutes=1))
     inside = [(ts, v) for ts, v in readings if start <= ts <= now]
-    peak = max((v for _, v in inside), default=None)
-    n = len(inside)
+    if not inside:
+        return judge_summary(None, now=now, held_since=held_since, window=window,
+                             threshold=threshold)  # fmt: skip
+    summary = (min(ts for ts, _ in inside), max(ts for ts, _ in inside),
+               max(v for _, v in inside), len(inside))  # fmt: skip
+    return judge_summary(summary, now=now, held_since=held_since, window=window,
+                         threshold=threshold)  # fmt: skip
+
+
+def judge_summary(
+    summary: tuple[datetime, datetime, float, int] | None,
+    *,
+    now: datetime,
+    held_since: datetime,
+    window: timedelta = WINDOW,
+    threshold: float = THRESHOLD,
+) -> IdleVerdict:
+    """``judge`` from the window's readings summed up: (first time, last time, peak, count),
+    or None without readings (what a database aggregate answers)."""
+    start = now - window
+    slack = max(window / 10, timedelta(minutes=1))
+    peak = summary[2] if summary is not None else None
+    n = summary[3] if summary is not None else 0
     if held_since > start:
         return IdleVerdict(False, peak, n, "held for less than the window")
-    if not inside:
+    if summary is None or n == 0:
         return IdleVerdict(False, None, 0, "no readings in the window")
-    first = min(ts for ts, _ in inside)
-    last = max(ts for ts, _ in inside)
+    first, last = summary[0], summary[1]
     if first > start + slack or last < now - slack:
         return IdleVerdict(False, peak, n, "the readings do not cover the window")
     assert peak is not None

@@ -39,8 +39,9 @@ from proofplane.errors import ValidationFailed
 from proofplane.meter.fields import FIELDS, MIG_FIELDS
 
 #: The most readings one request may carry (a node of 8 GPUs with 7 MIG instances each and
-#: every field is well under 2,000 per interval: this leaves room for a backlog).
-MAX_SAMPLES = 50_000
+#: every field is well under 2,000 per interval: this leaves room for a backlog; 20,000
+#: readings in the grouped form fit the API's 1 MiB body limit).
+MAX_SAMPLES = 20_000
 #: How far ahead of the server's clock a sample's time may be (clock skew).
 MAX_SKEW = timedelta(minutes=5)
 MAX_UUID = 64  # the gpus.uuid column

@@ -28,9 +28,11 @@ from proofplane.store.repo import (
     NODE_LOAD,
     WORKLOAD_LOAD,
     devices_to_json,
+    drained_gpus,
     members_to_json,
     node_from_row,
     placement_from_row,
+    schedulable,
     tenant_from_row,
     workload_from_row,
 )
@@ -73,7 +75,8 @@ class ClusterView:
         node_rows = NodeRows(session, {row.name: row.id for row in rows})
         for row in rows:
             node_rows[row.name] = row
-        nodes: list[Node] = [node_from_row(row) for row in rows]
+        drained = drained_gpus(session)  # GPUs drained for their health get no new work
+        nodes: list[Node] = [schedulable(node_from_row(row), drained) for row in rows]
         placed = session.scalars(
             select(WorkloadRow)
             .join(WorkloadRow.placement)
@@ -222,13 +225,14 @@ class SchedulerCache:
                 select(NodeRow).where(NodeRow.name.in_(names)).options(*NODE_LOAD)
             )
         }
+        drained = drained_gpus(session, names)
         for name in sorted(names):
             row = rows.get(name)
             if row is None:
                 scheduler.remove_node(name)
                 self.node_ids.pop(name, None)
             else:
-                scheduler.upsert_node(node_from_row(row))
+                scheduler.upsert_node(schedulable(node_from_row(row), drained))
                 self.node_ids[name] = row.id
 
     @staticmethod
@@ -511,7 +515,8 @@ def evict(tx: Tx, row: WorkloadRow, view: ClusterView, reason: str, message: str
 def sync_node(view: ClusterView, row: NodeRow) -> None:
     """Tell the view's scheduler what a node now is (state, certifications, layouts)."""
     view.node_rows[row.name] = row
-    view.scheduler.upsert_node(node_from_row(row))
+    drained = drained_gpus(view.session, {row.name})
+    view.scheduler.upsert_node(schedulable(node_from_row(row), drained))
 
 
 def reschedule_pending(tx: Tx, view: ClusterView | None = None) -> None:
