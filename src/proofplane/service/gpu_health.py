@@ -22,7 +22,7 @@ from sqlalchemy import select
 from proofplane.access import Actor, Permission, authorize
 from proofplane.errors import NotFound
 from proofplane.meter.health import Finding
-from proofplane.model import NodeState
+from proofplane.model import NodeState, Outcome
 from proofplane.schedule.reasons import GPU_UNHEALTHY, render
 from proofplane.service import execution
 from proofplane.service.context import Store, Tx
@@ -69,6 +69,20 @@ def drain(tx: Tx, node: NodeRow, gpu_uuid: str, finding: Finding) -> dict[str, A
     }
     tx.record("gpu.drain", "node", node.name,
               details=with_runbook(details, "gpu.drain", "success", session))  # fmt: skip
+    # the alert (M2's alert worker takes every alert.* event to Alertmanager and webhooks)
+    alert = {
+        "severity": "critical" if finding.device_lost or finding.scope == "node" else "high",
+        "node": node.name,
+        "gpu_uuid": gpu_uuid,
+        "gpu_index": index,
+        "xid": finding.xid,
+        "kind": finding.cause,
+        "action": "drain_node" if finding.scope == "node" else "drain_device",
+        "device_lost": finding.device_lost,
+        "message": finding.message,
+    }
+    alert = with_runbook(alert, "alert.gpu_health", Outcome.FAILURE, session)
+    tx.record("alert.gpu_health", "node", node.name, outcome=Outcome.FAILURE, details=alert)
     evicted: list[str] = []
     view = ClusterView(session)
     if cordon:

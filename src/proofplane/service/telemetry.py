@@ -632,6 +632,26 @@ def list_latest(store: Store, actor: Actor, node: str | None = None) -> list[dic
     return rows
 
 
+def tenant_latest(store: Store, *, fields: Iterable[str], since: datetime) -> list[dict[str, Any]]:
+    """Per (tenant, field), over the newest reading of each device newer than ``since``:
+    ``tenant, field, devices, sum, min, max`` (tenant None: devices no single placement held),
+    computed in the database (what /metrics reads on every scrape)."""
+    L = TelemetryLatestRow
+    names = sorted(set(fields))
+    q = (
+        select(L.tenant, L.field, func.count(), func.sum(L.value), func.min(L.value),
+               func.max(L.value))
+        .where(L.field.in_(names), L.ts >= to_ms(_aware(since, "since")))
+        .group_by(L.tenant, L.field)
+    )  # fmt: skip
+    with store.read() as session:
+        return [
+            {"tenant": t, "field": f, "devices": int(n), "sum": float(s), "min": float(lo),
+             "max": float(hi)}
+            for t, f, n, s, lo, hi in session.execute(q)
+        ]  # fmt: skip
+
+
 def energy_kwh(
     store: Store, *, start: datetime, end: datetime
 ) -> dict[tuple[str | None, str | None], float]:
