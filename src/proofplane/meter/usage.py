@@ -154,6 +154,8 @@ class Meter:
         # (tenant, name) -> (start µs, node, ((key, units), ...))
         self.open: dict[tuple[str, str], tuple[int, str | None, tuple[tuple[UsageKey, int], ...]]]
         self.open = {}
+        # workload name -> the (tenant, name) keys open under it (releases without a tenant)
+        self.by_name: dict[str, list[tuple[str, str]]] = {}
         self.metered = Metered({}, {})
         self._tags: dict[Any, str] = {}
         self._ts: dict[Any, int] = {}
@@ -163,6 +165,7 @@ class Meter:
     def feed(self, rows: Iterable[EventTuple]) -> None:
         """Apply usage events in log (``seq``) order."""
         opened = self.open
+        by_name = self.by_name
         close = self._close
         ts_cache = self._ts
         count = 0
@@ -181,14 +184,28 @@ class Meter:
                 held = opened.pop(key, None)
                 if held is not None:  # placed again without a release: the old hold ends now
                     close(key, held[0], t, held[2])
+                else:
+                    keys = by_name.get(name)
+                    if keys is None:
+                        by_name[name] = [key]
+                    else:
+                        keys.append(key)
                 opened[key] = (t, node, self._parts(row))
                 continue
-            if tenant is not None:
+            if tenant is None:  # an older workload.cancel names no tenant: the name and node
+                found = self._by_name(name, node)
+                if found is None:
+                    continue
+                key = found
+            else:
                 key = (tenant, name)
-                held = opened.pop(key, None)
-            else:  # an older workload.cancel names no tenant: match the name and the node
-                key, held = self._by_name(name, node)
+            held = opened.pop(key, None)
             if held is not None:
+                keys = by_name[name]
+                if len(keys) == 1:
+                    del by_name[name]
+                else:
+                    keys.remove(key)
                 close(key, held[0], t, held[2])
         self.metered.events += count
 
@@ -197,18 +214,19 @@ class Meter:
         for key, (start, _node, parts) in sorted(self.open.items()):
             self._close(key, start, self.end, parts)
         self.open = {}
+        self.by_name = {}
         return self.metered
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _by_name(
-        self, name: str, node: str | None
-    ) -> tuple[tuple[str, str], tuple[int, str | None, tuple[tuple[UsageKey, int], ...]] | None]:
-        matches = sorted(k for k, v in self.open.items() if k[1] == name and v[1] == node)
+    def _by_name(self, name: str, node: str | None) -> tuple[str, str] | None:
+        """The open interval a release without a tenant ends: the workload of that name held
+        on that node (the first tenant by name, should two tenants' namesakes share it)."""
+        matches = sorted(k for k in self.by_name.get(name, ()) if self.open[k][1] == node)
         if not matches:
-            return (("", name), None)
+            return None
         self.metered.releases_matched_by_name += 1
-        return (matches[0], self.open.pop(matches[0]))
+        return matches[0]
 
     def _pool(self, tags: str | Mapping[str, str] | None) -> str:
         if tags is None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from sqlalchemy import ColumnElement, String, case, func, literal, null, select, type_coerce
+from sqlalchemy import ColumnElement, case, func, literal, null, select
 from sqlalchemy.orm import Session
 
 from proofplane.access import Actor, Permission, authorize
@@ -52,6 +52,7 @@ from proofplane.meter.usage import (
 from proofplane.model import NodeState
 from proofplane.service import telemetry
 from proofplane.service.context import Store
+from proofplane.store.audit_log import sqlite_connection
 from proofplane.store.tables import EventRow, GpuRow, NodeRow, TenantRow
 
 RATE_CARD_ENV = "PROOFPLANE_RATE_CARD"
@@ -155,31 +156,17 @@ def gpu_models(session: Session, end: datetime) -> GpuModels:
 
 def _usage_query(session: Session, end: datetime, mixed: frozenset[str]) -> Any:
     """The usage events before ``end`` in log order, as the meter's tuples (see
-    ``meter.usage.EventTuple``): the detail fields extracted by the database."""
+    ``meter.usage.EventTuple``): the detail fields extracted by the database (PostgreSQL's
+    JSON operators; SQLite reads ``_SQLITE_USAGE`` through its DB-API cursor)."""
     d = _E.details
-    if session.get_bind().dialect.name == "sqlite":
-
-        def text(path: str) -> ColumnElement[Any]:
-            return func.json_extract(d, path)
-
-        ts: ColumnElement[Any] = type_coerce(_E.ts, String)  # the stored text: no parsing
-        tenant, node, tags = text("$.tenant"), text("$.node"), text("$.tags")
-        profile, share = text("$.gpus.mig_profile"), text("$.gpus.share_milli")
-        count = func.json_array_length(d, "$.devices")
-        first, devices, members = (
-            text("$.devices[0].gpu_uuid"),
-            text("$.devices"),
-            text("$.members"),
-        )
-    else:
-        ts = _E.ts
-        tenant, node = d["tenant"].as_string(), d["node"].as_string()
-        tags = d["tags"].as_string()
-        profile = d[("gpus", "mig_profile")].as_string()
-        share = d[("gpus", "share_milli")].as_integer()
-        count = func.jsonb_array_length(d["devices"])
-        first = d[("devices", 0, "gpu_uuid")].as_string()
-        devices, members = d["devices"].as_string(), d["members"].as_string()
+    ts = _E.ts
+    tenant, node = d["tenant"].as_string(), d["node"].as_string()
+    tags = d["tags"].as_string()
+    profile = d[("gpus", "mig_profile")].as_string()
+    share = d[("gpus", "share_milli")].as_integer()
+    count = func.jsonb_array_length(d["devices"])
+    first = d[("devices", 0, "gpu_uuid")].as_string()
+    devices, members = d["devices"].as_string(), d["members"].as_string()
     devices_if_mixed: ColumnElement[Any] = (
         case((node.in_(sorted(mixed)), devices), else_=null()) if mixed else literal(None)
     )
@@ -209,6 +196,56 @@ def _stream(session: Session, query: Any) -> Iterator[Any]:
         yield from partition
 
 
+# SQLite's hot path: the same rows through the DB-API cursor (plain tuples, no result-row
+# objects), the place-only fields extracted from place events only.
+_PLACE_ONLY = "CASE WHEN action = 'workload.place' THEN {} END"
+_SQLITE_USAGE = (
+    "SELECT action, ts, target_id, json_extract(details, '$.tenant'), "
+    "json_extract(details, '$.node'), "
+    + ", ".join(
+        _PLACE_ONLY.format(x)
+        for x in (
+            "json_extract(details, '$.tags')",
+            "json_extract(details, '$.gpus.mig_profile')",
+            "json_extract(details, '$.gpus.share_milli')",
+            "json_array_length(details, '$.devices')",
+            "json_extract(details, '$.devices[0].gpu_uuid')",
+            "{devices}",
+            "json_extract(details, '$.members')",
+        )
+    )
+    + " FROM events WHERE action IN ({actions}) AND ts < ? ORDER BY seq"
+)
+MAX_MIXED_PARAMS = 500  # more nodes of mixed models than this: read every placement's devices
+
+
+def _sqlite_rows(raw: Any, session: Session, end: datetime, mixed: frozenset[str]) -> Iterator[Any]:
+    params: list[Any] = []
+    if not mixed:
+        devices = "NULL"
+    elif len(mixed) > MAX_MIXED_PARAMS:
+        devices = "json_extract(details, '$.devices')"
+    else:
+        marks = ", ".join("?" * len(mixed))
+        devices = (
+            f"CASE WHEN json_extract(details, '$.node') IN ({marks}) "
+            "THEN json_extract(details, '$.devices') END"
+        )
+        params.extend(sorted(mixed))
+    sql = _SQLITE_USAGE.replace("{devices}", devices).replace(
+        "{actions}", ", ".join("?" * len(USAGE_ACTIONS))
+    )
+    params.extend(USAGE_ACTIONS)
+    bind = _E.ts.type.bind_processor(session.get_bind().dialect)
+    params.append(bind(end) if bind else end)
+    cursor = raw.execute(sql, params)
+    try:
+        while rows := cursor.fetchmany(STREAM_BATCH):
+            yield from rows
+    finally:
+        cursor.close()
+
+
 def meter_log(
     store: Store,
     start: datetime,
@@ -224,7 +261,11 @@ def meter_log(
         meter = Meter(
             start, end, models.by_uuid, cuts=cuts, by_workload=by_workload, tracked=tracked
         )
-        meter.feed(_stream(session, _usage_query(session, end, models.mixed_nodes)))
+        raw = sqlite_connection(session)
+        if raw is not None:
+            meter.feed(_sqlite_rows(raw, session, end, models.mixed_nodes))
+        else:
+            meter.feed(_stream(session, _usage_query(session, end, models.mixed_nodes)))
     return meter.finish(), models
 
 
