@@ -251,6 +251,8 @@ USAGE_WINDOW = {"from": "2026-01-01T00:00:00Z", "to": "2026-02-01T00:00:00Z"}
 MATRIX: dict[tuple[str, str], Entry] = {
     # health
     ("GET", "/healthz"): Entry("public", fixed("/healthz"), 200),
+    # Prometheus exposition (issue 15): every tenant's fleet numbers, so a global permission
+    ("GET", "/metrics"): Entry(P.METRICS_READ, fixed("/metrics"), 200),
     ("GET", "/readyz"): Entry("public", fixed("/readyz"), 200),
     # auth
     ("POST", f"{API}/auth/login"): Entry(

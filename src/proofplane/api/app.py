@@ -22,6 +22,7 @@ from proofplane.api import (
     routes_changes,
     routes_incidents,
     routes_keys,
+    routes_metrics,
     routes_oidc,
     routes_runbooks,
     routes_sinks,
@@ -32,6 +33,7 @@ from proofplane.api.deps import public
 from proofplane.api.middleware_errors import ServerErrors
 from proofplane.api.middleware_headers import DOCS_CONTENT_SECURITY_POLICY, SecurityHeaders
 from proofplane.api.middleware_limits import BodyLimit, route_limits
+from proofplane.api.middleware_metrics import HttpMetrics
 from proofplane.api.middleware_overload import Overload, limiter_for
 from proofplane.api.request_body import checked_json_body
 from proofplane.api.routes import router
@@ -149,6 +151,7 @@ def create_app(
     app.include_router(routes_incidents.router)
     app.include_router(routes_runbooks.router)
     app.include_router(routes_changes.router)
+    app.include_router(routes_metrics.router)
     app.include_router(routes_telemetry.router)
     app.include_router(routes_usage.router)
     # Request bodies: settings.max_body_bytes, a node's evidence its own (issue 19, §3);
@@ -174,8 +177,11 @@ def create_app(
         else lambda token: access_svc.token_is_known(store, token, datetime.now(UTC))
     )
     build_stack = app.build_middleware_stack
+    # HTTP latency by route template (issue 15, §3), refusals included: inside the headers,
+    # outside the limiter
     app.build_middleware_stack = lambda: SecurityHeaders(  # type: ignore[method-assign]
-        Overload(build_stack(), overload, settings.max_queue_wait_ms / 1000, known), docs_csp
+        HttpMetrics(Overload(build_stack(), overload, settings.max_queue_wait_ms / 1000, known)),
+        docs_csp,
     )
 
     @app.get("/healthz", tags=["health"], dependencies=[Depends(public)])
