@@ -321,3 +321,33 @@ def test_decision_latency_is_observed(client: TestClient, demo: Store) -> None:
     after = scrape(client)
     key = ("proofplane_schedule_decision_duration_seconds_count", (("outcome", "placed"),))
     assert after[key] - before.get(key, 0) == 1
+
+
+def test_utilisation_per_tenant_under_dcgm_names(client: TestClient, store: Store) -> None:
+    from datetime import UTC, datetime
+
+    import telemetry_cluster as tc
+    from proofplane.hardware.cluster_file import gpu_uuid
+    from proofplane.service import telemetry as tel
+
+    tc.load(store)
+    now = datetime.now(UTC)
+    g, fb, p = "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_POWER_USAGE"
+    entries = [
+        tc.entry(gpu_uuid("n1", 1), now, {g: 0.8, fb: 1024, p: 250}),  # acme/whole
+        tc.entry(tc.MIG_GPU, now, {g: 0.2, fb: 512}, gi_id=7, profile="3g.40gb"),  # beta/slice
+        tc.entry(tc.MIG_GPU, now, {g: 0.0}, gi_id=8, profile="1g.10gb", mig_start=4),  # nobody
+    ]
+    tel.ingest(store, tc.agent("n1"), "n1", {"samples": entries}, now=now)
+    samples = scrape(client)
+    util = series(samples, "proofplane_tenant_gpu_utilization_ratio")
+    assert util == {
+        (("dcgm_field", g), ("tenant", "acme")): pytest.approx(0.8),
+        (("dcgm_field", g), ("tenant", "beta")): pytest.approx(0.2),
+    }
+    fb_bytes = series(samples, "proofplane_tenant_gpu_framebuffer_used_bytes")
+    assert fb_bytes[(("dcgm_field", fb), ("tenant", "acme"))] == 1024 * 2**20
+    power = series(samples, "proofplane_tenant_gpu_power_watts")
+    assert power == {(("dcgm_field", p), ("tenant", "acme")): 250.0}
+    devices = series(samples, "proofplane_tenant_telemetry_devices")
+    assert devices == {(("tenant", "acme"),): 1.0, (("tenant", "beta"),): 1.0}

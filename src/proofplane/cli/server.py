@@ -74,6 +74,7 @@ from proofplane.hardware.cluster_file import ClusterSpec, parse_cluster
 from proofplane.model import WorkloadStatus
 from proofplane.pki import tls as pki_tls
 from proofplane.service import execution as execution_svc
+from proofplane.service import instruments
 from proofplane.service import keys as keys_svc
 from proofplane.service import sinks as sinks_svc
 from proofplane.service.access import MAX_TOKEN_TTL, bootstrap_admin
@@ -588,18 +589,24 @@ def _serve(
             }
             os.environ[SERVE_URL_ENV] = store.url
             store.dispose()  # the worker processes open their own connections
-            uvicorn.run(
-                "proofplane.cli.worker_app:app_from_env",
-                factory=True,
-                workers=workers,
-                # a worker imports and builds the whole application before it answers the
-                # supervisor's health check: seconds on a busy two-core machine
-                timeout_worker_healthcheck=60,
-                host=host,
-                port=port,
-                **uvicorn_tls(tls),
-                **protocol,  # type: ignore[arg-type]
-            )
+            # /metrics sums every worker's counters (prometheus_client's multiprocess mode,
+            # service/instruments.py): the workers inherit PROMETHEUS_MULTIPROC_DIR
+            metrics_dir, made = instruments.prepare_multiprocess()
+            try:
+                uvicorn.run(
+                    "proofplane.cli.worker_app:app_from_env",
+                    factory=True,
+                    workers=workers,
+                    # a worker imports and builds the whole application before it answers the
+                    # supervisor's health check: seconds on a busy two-core machine
+                    timeout_worker_healthcheck=60,
+                    host=host,
+                    port=port,
+                    **uvicorn_tls(tls),
+                    **protocol,  # type: ignore[arg-type]
+                )
+            finally:
+                instruments.forget_multiprocess(metrics_dir, made)
             return
         with store_errors("cannot start the server"):  # e.g. a KMS setting that is wrong
             application = create_app(store, settings, execution)

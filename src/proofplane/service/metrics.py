@@ -12,7 +12,8 @@ Two kinds of series:
   the scheduler's in-memory cache (``SchedulerCache.reading``: caught up from the event stream,
   the same cache placement uses; never a per-request counter): GPUs, shares and MIG slices
   held per tenant and compliance pool, and per pool its nodes, GPUs, free GPUs and MIG slices;
-  utilisation per tenant from the newest telemetry samples, under DCGM field names.
+  utilisation, framebuffer and power per tenant over each device's newest reading
+  (``telemetry.tenant_latest``, aggregated in the database), labelled with the DCGM field.
 
 Units are base units (seconds, bytes, watts, ratios 0..1); counters end in ``_total``. Label
 values are bounded: tenants and pools are what administrators create (a pool is a set of
@@ -35,7 +36,7 @@ import time
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -55,7 +56,6 @@ from proofplane.meter import capacity
 from proofplane.model import WorkloadStatus
 from proofplane.model.tenant import profile_from_json
 from proofplane.schedule.engine import Held, Pool
-from proofplane.schedule.quota import mig_slices
 from proofplane.service import instruments, telemetry
 from proofplane.service.context import Store
 from proofplane.service.scheduling import scheduler_cache
@@ -73,11 +73,11 @@ log = logging.getLogger(__name__)
 MAX_POOLS = 64  # pools shown by name; the rest are summed under "other"
 FLEET_WAIT_S = 0.5  # how long a scrape waits for a transaction holding the scheduler cache
 TELEMETRY_TTL_S = 10.0  # how long one process reuses its per-tenant telemetry numbers
+TELEMETRY_FRESH_S = 300.0  # a device's newest reading older than this is not "now"
 OTHER = "other"
 
 # The DCGM fields /metrics shows per tenant: (field, series, help, unit scale, aggregate)
 UTILISATION = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
-IDLE_BELOW = 0.05  # a held device whose newest utilisation is below this counts as idle
 TENANT_FIELDS: tuple[tuple[str, str, str, float, str], ...] = (
     (
         UTILISATION,
@@ -96,7 +96,7 @@ TENANT_FIELDS: tuple[tuple[str, str, str, float, str], ...] = (
     (
         "DCGM_FI_DEV_POWER_USAGE",
         "proofplane_tenant_gpu_power_watts",
-        "Power drawn by the GPUs a tenant holds whole, newest samples.",
+        "Power drawn by the GPUs held by this tenant alone, newest samples.",
         1.0,
         "sum",
     ),
@@ -326,14 +326,10 @@ def fleet_families(fleet: capacity.Fleet, pools: Iterable[Pool]) -> list[Metric]
     return [*families, *pool_families]
 
 
-def _fleet(
-    store: Store, state: _State, session: Session
-) -> tuple[list[Metric], dict[tuple[str, str], str]]:
-    """The fleet families, and (tenant, workload) → pool label of what is held now (empty when
-    the last numbers were served)."""
+def _fleet(store: Store, state: _State, session: Session) -> list[Metric]:
+    """The fleet families (see the module docstring)."""
     cache = scheduler_cache(store.engine)
     extra = _tenant_pools(session)
-    where: dict[tuple[str, str], str] = {}
     fresh = False
     for attempt in range(2):
         held: list[Held] | None = None
@@ -346,7 +342,6 @@ def _fleet(
             numbers = capacity.fleet(nodes, held, labels=state.labels, memo=state.memo)
             families = fleet_families(numbers, capacity.pools_of(held, extra))
             state.fleet = _FleetNumbers(families, time.monotonic(), version)
-            where = {(h.tenant, h.name): state.labels[h.pool] for h in held}
             fresh = True
             break
         if attempt == 0 and cache.scheduler is None:
@@ -359,86 +354,60 @@ def _fleet(
         "the scheduler and the last numbers were served).",
     )
     if state.fleet is None:
-        return [age], where
+        return [age]
     age.add_metric([], 0.0 if fresh else round(time.monotonic() - state.fleet.at, 3))
-    return [*state.fleet.families, age], where
+    return [*state.fleet.families, age]
 
 
 # --- telemetry per tenant ------------------------------------------------------------------------
 
 
-def telemetry_families(
-    rows: Iterable[dict[str, Any]], pools: dict[tuple[str, str], str]
-) -> list[Metric]:
-    """Per tenant, from the newest sample of each device (``service.telemetry.latest`` rows):
-    utilisation (mean), framebuffer (sum, bytes), power (sum), and the GPUs and MIG slices a
-    tenant holds idle (newest utilisation below ``IDLE_BELOW``) per pool. ``pools``: (tenant,
-    workload) → pool label."""
-    wanted = {f[0]: f for f in TENANT_FIELDS}
-    acc: dict[tuple[str, str], list[float]] = {}
-    idle: dict[tuple[str, str], list[int]] = {}
-    for row in rows:
-        tenant, fname = row.get("tenant"), row.get("field")
-        if not tenant or fname not in wanted:
-            continue
-        try:
-            value = float(row["value"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        if value != value:  # NaN
-            continue
-        a = acc.setdefault((tenant, fname), [0.0, 0.0])
-        a[0] += value
-        a[1] += 1
-        if fname == UTILISATION and value < IDLE_BELOW:
-            pool = pools.get((tenant, row.get("workload") or ""), capacity.GENERAL)
-            i = idle.setdefault((tenant, pool), [0, 0])
-            profile = row.get("profile")
-            if row.get("gi_id") is None and not profile:
-                i[0] += 1
-            else:
-                i[1] += mig_slices(profile) if profile else 1
-    out: list[Metric] = []
-    for fname, series, doc, scale, how in TENANT_FIELDS:
-        fam = _gauge(series, f"{doc} (DCGM field {fname})", ["tenant", "dcgm_field"])
-        for (tenant, f), (total, n) in sorted(acc.items()):
-            if f == fname and n:
-                fam.add_metric([tenant, fname], (total / n if how == "mean" else total) * scale)
-        out.append(fam)
+def telemetry_families(rows: Iterable[dict[str, Any]]) -> list[Metric]:
+    """Per tenant, from the newest reading of each device (``service.telemetry.tenant_latest``
+    rows: ``tenant, field, devices, sum, min, max``): utilisation (the mean over its devices),
+    framebuffer used (the sum, in bytes), power (the sum, in watts), each labelled with its DCGM
+    field; and how many devices report. Readings no single placement held (tenant None) are
+    left out."""
+    fields = {f[0]: f for f in TENANT_FIELDS}
+    out: dict[str, GaugeMetricFamily] = {
+        fname: _gauge(series, f"{doc} (DCGM field {fname})", ["tenant", "dcgm_field"])
+        for fname, series, doc, _scale, _how in TENANT_FIELDS
+    }
     devices = _gauge(
         "proofplane_tenant_telemetry_devices",
-        f"Devices (GPUs, MIG instances) reporting {UTILISATION} per tenant.",
+        f"Devices (GPUs, MIG instances, shares) reporting {UTILISATION} per tenant.",
         ["tenant"],
     )
-    for (tenant, f), (_total, n) in sorted(acc.items()):
-        if f == UTILISATION:
+    for row in sorted(rows, key=lambda r: (str(r.get("tenant")), str(r.get("field")))):
+        tenant, fname = row.get("tenant"), row.get("field")
+        spec = fields.get(fname) if isinstance(fname, str) else None
+        if not tenant or spec is None:
+            continue
+        try:
+            n, total = int(row["devices"]), float(row["sum"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if n <= 0 or total != total:  # none, or NaN
+            continue
+        _name, _series, _doc, scale, how = spec
+        value = (total / n if how == "mean" else total) * scale
+        out[spec[0]].add_metric([tenant, spec[0]], value)
+        if spec[0] == UTILISATION:
             devices.add_metric([tenant], n)
-    gpus_idle = _gauge(
-        "proofplane_tenant_gpus_idle",
-        f"Whole GPUs a tenant holds whose newest {UTILISATION} is below {IDLE_BELOW}.",
-        ["tenant", "pool"],
-    )
-    slices_idle = _gauge(
-        "proofplane_tenant_mig_slices_idle",
-        f"MIG compute slices a tenant holds whose newest {UTILISATION} is below {IDLE_BELOW}.",
-        ["tenant", "pool"],
-    )
-    for key, (g, s) in sorted(idle.items()):
-        gpus_idle.add_metric(list(key), g)
-        slices_idle.add_metric(list(key), s)
-    return [*out, devices, gpus_idle, slices_idle]
+    return [*out.values(), devices]
 
 
-def _telemetry(store: Store, state: _State, pools: dict[tuple[str, str], str]) -> list[Metric]:
+def _telemetry(store: Store, state: _State) -> list[Metric]:
     now = time.monotonic()
     if state.telemetry is not None and now - state.telemetry[0] < TELEMETRY_TTL_S:
         return state.telemetry[1]
+    since = datetime.now(UTC) - timedelta(seconds=TELEMETRY_FRESH_S)
     try:
-        rows = telemetry.latest(store)
+        rows = telemetry.tenant_latest(store, fields=[f[0] for f in TENANT_FIELDS], since=since)
     except Exception:  # telemetry is an extra: its failure must not fail the scrape
         log.warning("metrics: reading telemetry failed", exc_info=True)
         rows = []
-    families = telemetry_families(rows, pools)
+    families = telemetry_families(rows)
     state.telemetry = (now, families)
     return families
 
@@ -460,9 +429,9 @@ class StateCollector(Collector):
         with state.lock:  # one scrape at a time per process
             with self.store.read() as session:
                 families = control_plane_families(session, datetime.now(UTC))
-                fleet, pools = _fleet(self.store, state, session)
+                fleet = _fleet(self.store, state, session)
             families += fleet
-            families += _telemetry(self.store, state, pools)
+            families += _telemetry(self.store, state)
         yield from families
 
 
