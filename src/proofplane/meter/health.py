@@ -53,6 +53,21 @@ class Finding:
     xid: int | None = None
 
 
+def worth_checking(field: str, value: float, *, thermal_limit_c: float = THERMAL_LIMIT_C) -> bool:
+    """Whether :func:`assess` could find anything in this reading, whatever came before: a
+    healthy reading (XID 0, no uncorrectable error, no remap failure, below the limit) never
+    needs the device's previous one."""
+    if field == XID_ERRORS:
+        return int(value) != 0
+    if field == ECC_DBE_VOL_TOTAL:
+        return value > 0
+    if field == ROW_REMAP_FAILURE:
+        return value >= 1
+    if field == GPU_TEMP:
+        return value >= thermal_limit_c
+    return False
+
+
 def assess(
     field: str,
     value: float,

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
+from collections import ChainMap
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -48,7 +49,7 @@ from proofplane.access import Actor, Permission, authorize
 from proofplane.errors import InvalidState, NotFound, ValidationFailed
 from proofplane.hardware.skus import COMPUTE_SLICES, SKUS
 from proofplane.meter.fields import COUNTERS, FIELDS, GR_ENGINE_ACTIVE, TOTAL_ENERGY
-from proofplane.meter.health import HEALTH_FIELDS, Finding, assess
+from proofplane.meter.health import HEALTH_FIELDS, Finding, assess, worth_checking
 from proofplane.meter.rollup import HOUR, Hourly, Point, SeriesKey, hour_of, rollup
 from proofplane.meter.samples import MAX_SAMPLES, Sample, parse_batch
 from proofplane.model import NodeState
@@ -118,18 +119,18 @@ def _slice_share(model: str | None, profile: str | None) -> float:
     return min(1.0, slices / COMPUTE_SLICES)
 
 
-def load_devices(session: Session, node: NodeRow) -> NodeDevices:
+def load_devices(session: Session, node_id: int, name: str, state: str) -> NodeDevices:
     """The node's GPUs (from its inventory) and who holds each now."""
     gpus = {
         uuid: (index, model, {int(i["start"]): str(i["profile"]) for i in (mig or ())})
         for uuid, index, model, mig in session.execute(
             select(GpuRow.uuid, GpuRow.index, GpuRow.model, GpuRow.mig_instances).where(
-                GpuRow.node_id == node.id
+                GpuRow.node_id == node_id
             )
         )
     }
-    out = NodeDevices(node.name, node.state, gpus)
-    on_node = select(placement_nodes.c.placement_id).where(placement_nodes.c.node_id == node.id)
+    out = NodeDevices(name, state, gpus)
+    on_node = select(placement_nodes.c.placement_id).where(placement_nodes.c.node_id == node_id)
     rows = session.execute(
         select(
             PlacementRow.devices, PlacementRow.members, PlacementRow.placed_at,
@@ -138,12 +139,12 @@ def load_devices(session: Session, node: NodeRow) -> NodeDevices:
         .join(WorkloadRow, WorkloadRow.id == PlacementRow.workload_id)
         .join(TenantRow, TenantRow.id == WorkloadRow.tenant_id)
         .join(NodeRow, NodeRow.id == PlacementRow.node_id)
-        .where(or_(PlacementRow.node_id == node.id, PlacementRow.id.in_(on_node)))
+        .where(or_(PlacementRow.node_id == node_id, PlacementRow.id.in_(on_node)))
     )  # fmt: skip
     for devices, members, placed_at, workload, tenant, primary in rows:
         parts = members or [{"node": primary, "devices": devices}]
         for part in parts:
-            if part.get("node") != node.name:
+            if part.get("node") != name:
                 continue
             for d in part.get("devices") or ():
                 uuid = d.get("gpu_uuid")
@@ -171,19 +172,23 @@ class _DeviceCache:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.nodes: dict[str, tuple[int, NodeDevices]] = {}
-        self.series: dict[str, int] = {}
+        self.series: dict[tuple[Any, ...], int] = {}  # series identity → id (committed ones)
 
-    def devices(self, session: Session, node: NodeRow) -> NodeDevices:
-        newest = session.scalar(select(func.max(EventRow.seq))) or 0
+    def devices(self, session: Session, node_id: int, name: str, state: str) -> NodeDevices:
+        raw = sqlite_connection(session)
+        if raw is not None:
+            newest = raw.execute("SELECT max(seq) FROM events").fetchone()[0] or 0
+        else:
+            newest = session.scalar(select(func.max(EventRow.seq))) or 0
         with self.lock:
-            hit = self.nodes.get(node.name)
+            hit = self.nodes.get(name)
         if hit is not None and hit[0] == newest:
             return hit[1]
-        devices = load_devices(session, node)
+        devices = load_devices(session, node_id, name, state)
         with self.lock:
             if len(self.nodes) > 100_000:
                 self.nodes.clear()
-            self.nodes[node.name] = (newest, devices)
+            self.nodes[name] = (newest, devices)
         return devices
 
 
@@ -282,92 +287,112 @@ def store_samples(
     cache = _cache(store.engine)
     with store.write(actor, now) as tx:
         session = tx.session
-        node = session.scalar(select(NodeRow).where(NodeRow.name == name))
-        if node is None:
+        found = session.execute(
+            select(NodeRow.id, NodeRow.state).where(NodeRow.name == name)
+        ).first()
+        if found is None:
             raise NotFound(f"node {name!r} not found", details={"node": name})
-        if node.state == NodeState.DECOMMISSIONED.value:
+        node_id, state = found
+        if state == NodeState.DECOMMISSIONED.value:
             raise InvalidState(
                 f"node {name!r} is decommissioned", code="node_decommissioned",
                 details={"node": name},
             )  # fmt: skip
-        devices = cache.devices(session, node)
+        devices = cache.devices(session, node_id, name, state)
         rows, latest, health = _attribute(devices, samples, simulated)
         series_ids = _series_ids(session, cache, rows)
-        raw = [(series_ids[key], ms, value) for key, ms, value in rows]
+        raw = [(series_ids[ident], ms, value) for ident, ms, value in rows]
         _insert_raw(session, raw)
-        previous = _previous(session, health)
+        # only a reading that could mean trouble needs the device's previous one (a fleet's
+        # readings are XID 0, no ECC error, cool: no extra query)
+        worth = {_device_key(s.gpu_uuid, s.gi_id, s.field) for s in health
+                 if worth_checking(s.field, s.value)}  # fmt: skip
+        previous = _previous(session, worth) if worth else {}
         _upsert_latest(session, list(latest.values()))
         drained: list[dict[str, Any]] = []
-        for s in sorted(health, key=lambda s: s.ts):
-            key = _device_key(s.gpu_uuid, s.gi_id, s.field)
-            finding = assess(s.field, s.value, previous.get(key))
-            previous[key] = s.value
-            if finding is not None:
-                done = gpu_health.drain(tx, node, s.gpu_uuid, finding)
-                if done is not None:
-                    drained.append(done)
+        if worth:
+            node = session.get(NodeRow, node_id)
+            assert node is not None
+            for s in sorted(health, key=lambda s: s.ts):
+                key = _device_key(s.gpu_uuid, s.gi_id, s.field)
+                if key not in worth:
+                    continue
+                finding = assess(s.field, s.value, previous.get(key))
+                previous[key] = s.value
+                if finding is not None:
+                    done = gpu_health.drain(tx, node, s.gpu_uuid, finding)
+                    if done is not None:
+                        drained.append(done)
         return Ingested(name, len(samples), len(raw), dict(ignored or {}), drained)
 
 
 def _device_key(uuid: str, gi_id: int | None, field_name: str) -> str:
-    return _series_key(uuid, gi_id, field_name)
+    return f"{uuid}{_SEP}{'' if gi_id is None else gi_id}{_SEP}{field_name}"
 
 
-_Row = tuple[tuple[Any, ...], int, float]
+_Ident = tuple[Any, ...]  # a series: node, gpu_uuid, gi_id, profile, field, workload, tenant,
+# share, simulated
+_Row = tuple[_Ident, int, float]
 
 
 def _attribute(
     devices: NodeDevices, samples: Iterable[Sample], simulated: bool
-) -> tuple[list[_Row], dict[str, dict[str, Any]], list[Sample]]:
+) -> tuple[list[_Row], dict[str, tuple[Any, ...]], list[Sample]]:
     """Each sample's raw rows (series identity, ms, value), the newest reading per device and
-    field, and the samples of health fields. ``gpu_not_on_node`` for another node's GPU."""
+    field (a row of ``telemetry_latest``), and the samples of health fields.
+    ``gpu_not_on_node`` for another node's GPU."""
     rows: list[_Row] = []
-    latest: dict[str, dict[str, Any]] = {}
+    append = rows.append
+    latest: dict[str, tuple[Any, ...]] = {}
     health: list[Sample] = []
     node = devices.node
     gpus = devices.gpus
     whole, mig, parts = devices.whole, devices.mig, devices.parts
+    last: tuple[Any, ...] | None = None
+    targets: list[tuple[str | None, str | None, float]] = []
+    sole: tuple[str | None, str | None] = (None, None)
+    ms = 0
     for s in samples:
-        uuid = s.gpu_uuid
-        gpu = gpus.get(uuid)
-        if gpu is None:
-            raise ValidationFailed(
-                f"GPU {uuid} is not a GPU of node {node}: a node posts readings of its own GPUs",
-                code="gpu_not_on_node",
-                details={"node": node, "gpu_uuid": uuid},
-            )
-        ts, ms, value, gi = s.ts, to_ms(s.ts), s.value, s.gi_id
-        profile = s.profile
-        holders: list[Holder]
-        if gi is not None:
-            start = s.mig_start
-            if start is None:  # name the instance by its profile when that is unambiguous
-                found = [st for st, p in gpu[2].items() if p == profile]
-                start = found[0] if len(found) == 1 else None
-            h = mig.get((uuid, start)) if start is not None else None
-            holders = [Holder(h.workload, h.tenant, h.since, 1.0)] if h is not None else []
-        else:
-            w = whole.get(uuid)
-            holders = [w] if w is not None else parts.get(uuid, [])
-        held = [h for h in holders if h.since <= ts]
-        rest = 1.0 - sum(h.share for h in held)
-        sole = held[0] if len(held) == 1 and rest <= 1e-9 else None
-        for h in held:
-            rows.append(((node, uuid, gi, profile, s.field, h.workload, h.tenant,
-                          round(h.share, 6), simulated), ms, value))  # fmt: skip
-        if rest > 1e-9:
-            rows.append(((node, uuid, gi, profile, s.field, None, None, round(rest, 6),
-                          simulated), ms, value))  # fmt: skip
-        key = _device_key(uuid, gi, s.field)
+        uuid, gi, profile, ts = s.gpu_uuid, s.gi_id, s.profile, s.ts
+        device = (uuid, gi, profile, s.mig_start, ts)
+        if device != last:  # readings come grouped by device and time: work out who held it
+            last = device
+            gpu = gpus.get(uuid)
+            if gpu is None:
+                raise ValidationFailed(
+                    f"GPU {uuid} is not a GPU of node {node}: a node posts readings of its own "
+                    "GPUs",
+                    code="gpu_not_on_node",
+                    details={"node": node, "gpu_uuid": uuid},
+                )
+            ms = to_ms(ts)
+            holders: list[Holder]
+            if gi is not None:
+                start = s.mig_start
+                if start is None:  # name the instance by its profile when unambiguous
+                    found = [st for st, p in gpu[2].items() if p == profile]
+                    start = found[0] if len(found) == 1 else None
+                h = mig.get((uuid, start)) if start is not None else None
+                holders = [Holder(h.workload, h.tenant, h.since, 1.0)] if h is not None else []
+            else:
+                w = whole.get(uuid)
+                holders = [w] if w is not None else parts.get(uuid, [])
+            held = [h for h in holders if h.since <= ts]
+            rest = 1.0 - sum(h.share for h in held)
+            targets = [(h.workload, h.tenant, round(h.share, 6)) for h in held]
+            if rest > 1e-9:
+                targets.append((None, None, round(rest, 6)))
+            sole = (held[0].workload, held[0].tenant) if len(targets) == 1 and held else (
+                None, None)  # fmt: skip
+        f, value = s.field, s.value
+        for workload, tenant, share in targets:
+            append(((node, uuid, gi, profile, f, workload, tenant, share, simulated), ms, value))
+        key = f"{uuid}{_SEP}{'' if gi is None else gi}{_SEP}{f}"  # _device_key
         prev = latest.get(key)
-        if prev is None or prev["ts"] <= ms:
-            latest[key] = {
-                "key": key, "node": node, "gpu_uuid": uuid, "gi_id": gi, "profile": profile,
-                "field": s.field, "ts": ms, "value": value, "simulated": simulated,
-                "workload": sole.workload if sole else None,
-                "tenant": sole.tenant if sole else None,
-            }  # fmt: skip
-        if s.field in HEALTH_FIELDS:
+        if prev is None or prev[6] <= ms:  # in _LATEST_COLS order
+            latest[key] = (key, node, uuid, gi, profile, f, ms, value, sole[0], sole[1],
+                           simulated)  # fmt: skip
+        if f in HEALTH_FIELDS:
             health.append(s)
     return rows, latest, health
 
@@ -376,25 +401,14 @@ _SERIES_COLS = ("node", "gpu_uuid", "gi_id", "profile", "field", "workload", "te
                 "simulated")  # fmt: skip
 
 
-def _series_ids(
-    session: Session, cache: _DeviceCache, rows: list[_Row]
-) -> dict[tuple[Any, ...], int]:
+def _series_ids(session: Session, cache: _DeviceCache, rows: list[_Row]) -> Mapping[_Ident, int]:
     """The series id of each row's identity, creating the series not stored yet."""
-    out: dict[tuple[Any, ...], int] = {}
-    missing: dict[str, tuple[Any, ...]] = {}
     known = cache.series
-    for ident, _ms, _v in rows:
-        if ident in out:
-            continue
-        key = _series_key(*ident)
-        sid = known.get(key)
-        if sid is None:
-            missing[key] = ident
-        else:
-            out[ident] = sid
+    missing = {ident for ident, _ms, _v in rows if ident not in known}
     if not missing:
-        return out
-    keys = list(missing)
+        return known
+    by_key = {_series_key(*ident): ident for ident in missing}
+    keys = list(by_key)
     found: dict[str, int] = {}
     for chunk in _chunks(keys, 500):
         found.update(session.execute(
@@ -403,7 +417,7 @@ def _series_ids(
         ).all())  # fmt: skip
     new = [k for k in keys if k not in found]
     if new:
-        values = [{"key": k, **dict(zip(_SERIES_COLS, missing[k], strict=True))} for k in new]
+        values = [{"key": k, **dict(zip(_SERIES_COLS, by_key[k], strict=True))} for k in new]
         session.execute(_dialect_insert(session, TelemetrySeriesRow).on_conflict_do_nothing(),
                         values)  # fmt: skip
         for chunk in _chunks(new, 500):
@@ -411,12 +425,24 @@ def _series_ids(
                 select(TelemetrySeriesRow.key, TelemetrySeriesRow.id)
                 .where(TelemetrySeriesRow.key.in_(chunk))
             ).all())  # fmt: skip
-    for key, ident in missing.items():
-        out[ident] = found[key]
     if len(known) > 1_000_000:
         known.clear()
-    known.update(found)
-    return out
+    # only once this transaction commits are new ids sure to exist: until then they are this
+    # transaction's; a rollback forgets them (``_forget_on_rollback``)
+    fresh = {by_key[k]: sid for k, sid in found.items()}
+    _remember_on_commit(session, known, fresh)
+    return ChainMap(fresh, known)
+
+
+def _remember_on_commit(
+    session: Session, known: dict[_Ident, int], fresh: dict[_Ident, int]
+) -> None:
+    from sqlalchemy import event as sa_event
+
+    def remember(_s: Session) -> None:
+        known.update(fresh)
+
+    sa_event.listen(session, "after_commit", remember, once=True)
 
 
 def _chunks(items: list[Any], n: int) -> Iterable[list[Any]]:
@@ -454,12 +480,13 @@ def _insert_raw(session: Session, rows: list[tuple[int, int, float]]) -> None:
     session.execute(stmt, [{"series_id": a, "ts": b, "value": c} for a, b, c in rows])
 
 
-def _upsert_latest(session: Session, rows: list[dict[str, Any]]) -> None:
+def _upsert_latest(session: Session, rows: list[tuple[Any, ...]]) -> None:
+    """Rows in ``_LATEST_COLS`` order; an older reading never replaces a newer one."""
     if not rows:
         return
     raw = sqlite_connection(session)
     if raw is not None:
-        raw.executemany(_LATEST_SQLITE, [tuple(r[c] for c in _LATEST_COLS) for r in rows])
+        raw.executemany(_LATEST_SQLITE, rows)
         return
     stmt = postgresql.insert(TelemetryLatestRow)
     stmt = stmt.on_conflict_do_update(
@@ -467,14 +494,13 @@ def _upsert_latest(session: Session, rows: list[dict[str, Any]]) -> None:
         set_={c: stmt.excluded[c] for c in _LATEST_COLS[1:]},
         where=stmt.excluded.ts >= TelemetryLatestRow.ts,
     )
-    session.execute(stmt, rows)
+    session.execute(stmt, [dict(zip(_LATEST_COLS, r, strict=True)) for r in rows])
 
 
-def _previous(session: Session, health: list[Sample]) -> dict[str, float]:
-    """Each health reading's device's newest stored reading of that field."""
-    keys = list({_device_key(s.gpu_uuid, s.gi_id, s.field) for s in health})
+def _previous(session: Session, keys: set[str]) -> dict[str, float]:
+    """The newest stored reading of each device and field ``keys`` names."""
     out: dict[str, float] = {}
-    for chunk in _chunks(keys, 500):
+    for chunk in _chunks(sorted(keys), 500):
         out.update(session.execute(
             select(TelemetryLatestRow.key, TelemetryLatestRow.value)
             .where(TelemetryLatestRow.key.in_(chunk))

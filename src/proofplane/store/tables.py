@@ -588,7 +588,7 @@ class TelemetryRawRow(Base):
     key makes a re-sent reading a no-op."""
 
     __tablename__ = "telemetry_raw"
-    __table_args__ = (Index("ix_telemetry_raw_ts", "ts"),)
+    __table_args__ = (Index("ix_telemetry_raw_ts", "ts"), {"sqlite_with_rowid": False})
     series_id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=False)
     ts: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     value: Mapped[float] = mapped_column(Float)
