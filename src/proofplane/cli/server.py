@@ -69,6 +69,7 @@ from proofplane.cli.worker_app import (
 from proofplane.demo import swtpm as demo_swtpm
 from proofplane.demo.attester import DemoAttester, load_attested_demo
 from proofplane.demo.governance import GovernanceSeed, seed_governance
+from proofplane.demo.telemetry import DemoTelemetry
 from proofplane.errors import Conflict, InvalidState, ProofplaneError, ValidationFailed
 from proofplane.hardware.cluster_file import ClusterSpec, parse_cluster
 from proofplane.model import WorkloadStatus
@@ -571,6 +572,7 @@ def _serve(
     attester: DemoAttester | None = None,
     tls: pki_tls.ServerTls | None = None,
     workers: int = 1,
+    telemetry: DemoTelemetry | None = None,
 ) -> None:
     """Serve until stopped; ``stop_jobs`` (``up``): then cancel the engine jobs still live;
     ``attester`` (``up``): the demo's simulated agents keep attesting while it serves;
@@ -580,6 +582,8 @@ def _serve(
     try:
         if attester is not None:
             attester.start()
+        if telemetry is not None:  # the demo's simulated GPU telemetry (issue 15)
+            telemetry.start()
         # With TLS, uvicorn's h11 protocol plus the client certificate in each request's
         # scope (api/tls_scope.py): a node agent's channel certificate is its identity.
         protocol = {"http": ClientCertProtocol} if tls is not None else {}
@@ -622,6 +626,8 @@ def _serve(
             signal.signal(signal.SIGTERM, previous)  # type: ignore[arg-type]
         if attester is not None:
             attester.stop()
+        if telemetry is not None:
+            telemetry.stop()
         try:
             if stop_jobs and store.backend is not None:
                 with store_errors("cannot stop the demo's processes"):
@@ -850,7 +856,9 @@ def up(
             )
         raise
     url_base = base_url(host, port, tls)
+    telemetry = None
     try:
+        telemetry = _demo_telemetry(store, attester is not None)
         installed = bootstrap(store, token)
         saved_in = _save_demo_token(url_base, token) if installed else None
         seeded = seed_governance(store) if installed else None
@@ -870,6 +878,8 @@ def up(
     except BaseException:
         if attester is not None:
             attester.stop()
+        if telemetry is not None:
+            telemetry.stop()
         assert store.backend is not None
         execution_svc.stop_jobs(store.backend, execution_svc.live_job_ids(store, store.backend))
         store.dispose()
@@ -883,7 +893,29 @@ def up(
         stop_jobs=True,
         attester=attester,
         tls=server_files,
+        telemetry=telemetry,
     )
+
+
+def _demo_telemetry(store: Store, demo: bool) -> DemoTelemetry | None:
+    """The demo's SIMULATED GPU telemetry (issue 15): ``PROOFPLANE_DEMO_TELEMETRY_DAYS``
+    (default 14, 0..60) days of simulated hourly history, a few minutes of raw readings, then
+    a reading of every GPU every 15 s while the demo serves (PROOFPLANE_DEMO_TELEMETRY=0:
+    none). Every row is marked simulated."""
+    if not demo or os.environ.get("PROOFPLANE_DEMO_TELEMETRY", "1") == "0":
+        return None
+    raw_days = os.environ.get("PROOFPLANE_DEMO_TELEMETRY_DAYS", "14").strip()
+    if not raw_days.isdigit() or int(raw_days) > 60:
+        raise CliError("proofplane: PROOFPLANE_DEMO_TELEMETRY_DAYS must be 0..60")
+    telemetry = DemoTelemetry(store)
+    with store_errors("cannot write the demo's simulated telemetry"):
+        rows = telemetry.backfill(days=int(raw_days))
+    render.print_line(
+        f"simulated GPU telemetry (marked simulated): {rows['hourly']} hourly rows over "
+        f"{raw_days} days, {rows['raw']} raw readings, then every GPU every 15 s (one idle "
+        "workload, one off-hours spike, one XID error)"
+    )
+    return telemetry
 
 
 @db_app.command("upgrade")
