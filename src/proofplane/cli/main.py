@@ -29,6 +29,7 @@ from proofplane.cli import (
     server,
     sim,
     sinks,
+    telemetry,
     tenants,
     tokens,
     usage,
@@ -120,6 +121,7 @@ app.add_typer(nodes.app, name="nodes", rich_help_panel="Client")
 app.add_typer(tenants.app, name="tenants", rich_help_panel="Client")
 app.add_typer(workloads.app, name="workloads", rich_help_panel="Client")
 app.add_typer(events.app, name="events", rich_help_panel="Client")
+app.add_typer(telemetry.app, name="telemetry", rich_help_panel="Client")
 app.add_typer(usage.app, name="usage", rich_help_panel="Client")
 app.add_typer(usage.cost_app, name="cost", rich_help_panel="Client")
 app.add_typer(backends.app, name="backends", rich_help_panel="Client")
