@@ -253,6 +253,9 @@ MATRIX: dict[tuple[str, str], Entry] = {
     ("GET", "/healthz"): Entry("public", fixed("/healthz"), 200),
     # Prometheus exposition (issue 15): every tenant's fleet numbers, so a global permission
     ("GET", "/metrics"): Entry(P.METRICS_READ, fixed("/metrics"), 200),
+    # capacity per compliance pool (issue 15): fleet-wide, so metrics:read; alerts are events
+    ("GET", f"{API}/capacity"): Entry(P.METRICS_READ, fixed(f"{API}/capacity"), 200),
+    ("GET", f"{API}/alerts"): Entry(P.EVENTS_READ, fixed(f"{API}/alerts"), 200),
     ("GET", "/readyz"): Entry("public", fixed("/readyz"), 200),
     # auth
     ("POST", f"{API}/auth/login"): Entry(

@@ -40,6 +40,7 @@ from proofplane.api.routes import router
 from proofplane.config import ExecutionSettings, Settings
 from proofplane.errors import ProofplaneError
 from proofplane.service import access as access_svc
+from proofplane.service import alerts as alerts_svc
 from proofplane.service import audit as audit_svc
 from proofplane.service import changes as changes_svc
 from proofplane.service import execution as execution_svc
@@ -53,6 +54,7 @@ from proofplane.workers import (
     stale_worker,
     sync_worker,
 )
+from proofplane.workers.alerts import alert_worker
 from proofplane.workers.change_reviews import review_worker
 from proofplane.workers.leader import leadership_for
 from proofplane.workers.telemetry import telemetry_worker
@@ -90,6 +92,9 @@ def create_app(
     # library that is missing…) fails here, at start, with its message (a KmsError).
     # (No store: an application built only for its route table.)
     kms = keys_svc.kms_for(store) if store is not None else None
+    # The alert rules file (PROOFPLANE_ALERT_RULES): a mistake fails here, at start, too.
+    if settings.alerts is not None and settings.alerts.interval_s:
+        alerts_svc.load_rules(settings.alerts.rules_file)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -109,8 +114,15 @@ def create_app(
             telemetry_worker(
                 store, settings.telemetry_interval_s, settings.telemetry_raw_hours
             ) as telemetry,
+            alert_worker(
+                store,
+                settings.alerts,
+                cluster=settings.cluster_id,
+                attest_grace_s=settings.attest_grace_s,
+            ) as alerter,
         ):
             app.state.telemetry_worker = telemetry
+            app.state.alert_worker = alerter
             app.state.attest_stale_checker = stale
             app.state.change_reviews = reviews
             app.state.siem_exporter = worker

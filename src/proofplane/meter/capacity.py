@@ -37,6 +37,8 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from proofplane.meter.alerts import Finding
+from proofplane.meter.anomaly import CAPACITY_N_PLUS_ONE
 from proofplane.model import Node, NodeState
 from proofplane.schedule.engine import Held, Job, Pool, Scheduler, pool_of
 from proofplane.schedule.quota import mig_slices
@@ -444,6 +446,31 @@ def n_plus_one(
             scheduler.hold(h, rank=rank)
 
 
+def n_plus_one_finding(result: NPlusOne) -> Finding | None:
+    """The alert a failed N+1 check raises (``alert.capacity_n_plus_one`` on the pool)."""
+    if result.ok:
+        return None
+    waiting = [u.workload for u in result.unplaced]
+    return Finding(
+        CAPACITY_N_PLUS_ONE,
+        "high",
+        "pool",
+        result.pool,
+        f"pool {result.pool} cannot lose {result.lost_node} ({result.lost_gpus} GPUs): "
+        f"{len(waiting)} workload(s) would find no compliant place",
+        (("pool", result.pool),),
+        {
+            "lost_node": result.lost_node,
+            "lost_gpus": result.lost_gpus,
+            "displaced": len(result.displaced),
+            "unplaced": [
+                {"workload": u.workload, "reason": u.reason} for u in result.unplaced[:20]
+            ],
+            "unplaced_count": len(result.unplaced),
+        },
+    )
+
+
 # --- forecast --------------------------------------------------------------------------------
 
 
@@ -534,6 +561,7 @@ __all__ = [
     "forecast",
     "holdings",
     "largest_node",
+    "n_plus_one_finding",
     "n_plus_one",
     "node_capacities",
     "pool_capacity",
