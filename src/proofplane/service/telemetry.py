@@ -260,7 +260,7 @@ def ingest(
     """Store a node's posted readings (see the module docstring). ``invalid_telemetry`` /
     ``too_many_samples`` (422) for a body that is not the form; ``gpu_not_on_node`` (422) for
     a reading of a GPU the node does not have; 404 for a node an agent is not; 409
-    ``node_decommissioned``."""
+    ``decommissioned_node``."""
     _authorize_node(actor, name)
     now = now or datetime.now(UTC)
     batch = parse_batch(
@@ -295,7 +295,7 @@ def store_samples(
         node_id, state = found
         if state == NodeState.DECOMMISSIONED.value:
             raise InvalidState(
-                f"node {name!r} is decommissioned", code="node_decommissioned",
+                f"node {name!r} is decommissioned", code="decommissioned_node",
                 details={"node": name},
             )  # fmt: skip
         devices = cache.devices(session, node_id, name, state)
