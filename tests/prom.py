@@ -17,9 +17,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -237,3 +239,32 @@ class Serve:
 
     def stop(self) -> None:
         _stop(self.proc)
+
+
+class Receiver:
+    """An HTTP receiver on loopback that keeps every POST body (and can refuse them)."""
+
+    def __init__(self) -> None:
+        self.bodies: list[Any] = []
+        self.headers: list[dict[str, str]] = []
+        self.status = 200
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length", "0"))
+                receiver.bodies.append(json.loads(self.rfile.read(length) or b"null"))
+                receiver.headers.append(dict(self.headers))
+                self.send_response(receiver.status)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
