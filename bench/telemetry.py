@@ -3,7 +3,7 @@ figure, each section made by one function of this file (``SECTIONS``): ``ingest`
 ``metrics_scrape`` and ``usage_report`` (added by their owners), and ``machine``.
 
 **ingest** (target: ≥ 20,000 samples/s on one core into SQLite; 5,000 nodes × 8 GPUs every
-15 s is 2,700/s). The fleet: ``--nodes`` (200) nodes of 8 H100s loaded through
+15 s is 2,700/s). The fleet: ``--nodes`` (100) nodes of 8 H100s loaded through
 ``load_cluster``; on each node GPU 0 holds 7 × 1g.10gb and GPU 1 2 × 3g.40gb MIG instances,
 and workloads of several tenants hold the MIG instances, whole GPUs and GPU shares (so readings
 are attributed to placements, shared GPUs split by share, as in production). One *post* is
@@ -22,6 +22,13 @@ the store's settings. Each run posts ``--intervals`` intervals of every node (th
 the same per post, ``cpu_us_per_sample`` the process CPU time per reading, and
 ``bytes_per_sample`` the database size (raw + series + latest, indexes included) per stored
 reading after the runs. HTTP itself is measured by ``bench/api.py``.
+
+A *sample* is what ``meter.samples.Sample`` is: one reading of one field of one device. The
+issue's fleet example counts one sample per GPU per interval (5,000 x 8 / 15 s = 2,667/s);
+``device_samples_per_s`` gives the figure in that unit (a device's whole set of readings: 17
+fields per GPU, 5 per MIG instance), and ``fleet_readings_per_s_5000_nodes_every_15s`` what
+that fleet posts in readings with this field set. ``samples_per_cpu_s`` is readings per
+CPU-second of the one thread (the figure for "one core" on a machine others share).
 
     .venv/bin/python bench/telemetry.py --json [--quick] [--only ingest]
 """
@@ -58,6 +65,7 @@ GPU_FIELDS = (
     F.NVLINK_TX_BYTES, F.NVLINK_RX_BYTES,
 )  # fmt: skip
 MIG_FIELDS = (F.GR_ENGINE_ACTIVE, F.SM_ACTIVE, F.DRAM_ACTIVE, F.FB_USED, F.FB_FREE)
+DEVICES_PER_POST = 8 + 7 + 2  # 8 GPUs, 7 + 2 MIG instances
 MIG_LAYOUTS = {  # GPU index → instances (profile, start, GPU instance id)
     0: [("1g.10gb", s, 9 + s) for s in range(7)],
     1: [("3g.40gb", 0, 1), ("3g.40gb", 4, 2)],
@@ -189,7 +197,14 @@ def ingest(args: argparse.Namespace) -> dict[str, Any]:
             # share (the wall-clock figure above counts the time the thread waited for a core)
             "samples_per_cpu_s": round(1e6 / statistics.median(cpu_runs)),
             "target_samples_per_s": 20_000,
-            "fleet_rate_5000x8_every_15s": round(5000 * readings_per_post / 15),
+            # a sample is one reading of one field (meter.samples.Sample); a post carries
+            # readings_per_post of them for devices_per_post devices (8 GPUs, 9 MIG instances)
+            "device_samples_per_s": round(statistics.median(posts_runs) * DEVICES_PER_POST),
+            "devices_per_post": DEVICES_PER_POST,
+            # the issue's fleet: 5,000 nodes x 8 GPUs every 15 s is 2,667 GPU samples/s, and with
+            # this post's fields (17 per GPU, 5 per MIG instance) this many readings/s
+            "fleet_gpu_samples_per_s_5000x8_every_15s": round(5000 * 8 / 15),
+            "fleet_readings_per_s_5000_nodes_every_15s": round(5000 * readings_per_post / 15),
             "nodes": nodes,
             "gpus": nodes * 8,
             "workloads": counts.get("workloads"),
@@ -219,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a small CI-sized run")
     ap.add_argument("--only", action="append", choices=sorted(SECTIONS),
                     help="run only these sections (repeatable)")  # fmt: skip
-    ap.add_argument("--nodes", type=int, default=200, help="ingest: nodes of 8 GPUs")
+    ap.add_argument("--nodes", type=int, default=100, help="ingest: nodes of 8 GPUs")
     ap.add_argument("--intervals", type=int, default=5, help="ingest: intervals per run")
     ap.add_argument("--runs", type=int, default=5, help="ingest: runs (the median is the figure)")
     args = ap.parse_args(argv)
