@@ -292,12 +292,13 @@ def metrics_scrape(args: argparse.Namespace) -> dict[str, Any]:
     ``GET /metrics`` through the whole application in process (FastAPI's TestClient: the
     middleware, the token check, ``service.metrics``: the control-plane queries, the fleet from
     the scheduler cache, per-tenant telemetry in SQL, the exposition), one thread, SQLite WAL.
-    The per-tenant telemetry cache is off (every scrape queries), so each scrape does all its
-    work. Figures, each the median of ``--scrapes`` scrapes: ``scrape_ms`` with this
-    process's scheduler current (the usual case); ``scrape_after_writes_ms`` when another
-    process has submitted 100 workloads since the last scrape (the cache catches up from the
-    event stream first); ``first_scrape_ms`` is the first scrape of a process, which loads the
-    cluster into its scheduler once (reported, not the figure)."""
+    Figures, each the median of ``--scrapes`` scrapes: ``scrape_ms`` with this process's
+    scheduler current (the usual case); ``scrape_after_writes_ms`` when another process has
+    submitted 100 workloads since the last scrape (the cache catches up from the event stream
+    first); ``first_scrape_ms`` is the first scrape of a process, which loads the cluster into
+    its scheduler once (reported, not the figure). The per-tenant telemetry aggregate is
+    refreshed in the background every ``TELEMETRY_TTL_S`` (a scrape serves what it has): its
+    query is timed apart, ``telemetry_query_ms`` (median of ``--scrapes`` calls)."""
     from fastapi.testclient import TestClient
 
     from proofplane.api.app import create_app
@@ -312,8 +313,6 @@ def metrics_scrape(args: argparse.Namespace) -> dict[str, Any]:
         store.dispose()
         # a fresh engine: this "process" has no scheduler cache yet
         store = Store(f"sqlite:///{Path(tmp) / 'bench.db'}")
-        ttl = metrics_svc.TELEMETRY_TTL_S
-        metrics_svc.TELEMETRY_TTL_S = 0.0
         try:
             app = create_app(store)
             with TestClient(app, headers={"Authorization": f"Bearer {token}"}) as client:
@@ -345,8 +344,14 @@ def metrics_scrape(args: argparse.Namespace) -> dict[str, Any]:
                         assert r.status_code == 200
                 finally:
                     other.dispose()
+            fields = [f[0] for f in metrics_svc.TENANT_FIELDS]
+            since = datetime.now(UTC) - timedelta(minutes=5)
+            query = []
+            for _ in range(args.scrapes):
+                t0 = time.perf_counter()
+                tel.tenant_latest(store, fields=fields, since=since)
+                query.append((time.perf_counter() - t0) * 1e3)
         finally:
-            metrics_svc.TELEMETRY_TTL_S = ttl
             store.dispose()
     lines = [ln for ln in body.decode().splitlines() if ln and not ln.startswith("#")]
     return {
@@ -354,6 +359,7 @@ def metrics_scrape(args: argparse.Namespace) -> dict[str, Any]:
         "scrape_p90_ms": round(sorted(warm)[int(0.9 * (len(warm) - 1))], 1),
         "scrape_after_writes_ms": round(statistics.median(after), 1),
         "first_scrape_ms": round(first_ms, 1),
+        "telemetry_query_ms": round(statistics.median(query), 1),
         "target_ms": 200,
         "meets": statistics.median(warm) <= 200,
         "scrapes": args.scrapes,
@@ -364,7 +370,7 @@ def metrics_scrape(args: argparse.Namespace) -> dict[str, Any]:
         "series": len(lines),
         "exposition_bytes": len(body),
         "path": "GET /metrics through the application in process (TestClient), one thread, "
-        "SQLite WAL; telemetry cache off",
+        "SQLite WAL; per-tenant telemetry refreshed in the background (its query timed apart)",
     }
 
 

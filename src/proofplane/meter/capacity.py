@@ -156,58 +156,103 @@ def _node_facts(
     return facts
 
 
+# What one holding contributes, computed once per Held (immutable; the scheduler replaces one,
+# never edits it): (tenant, pool label, whole GPUs, share milli, MIG slices, parts), a part
+# being (node, GPU indexes, ((GPU index, MIG slices held on it), ...)).
+_Part = tuple[str, tuple[int, ...], tuple[tuple[int, int], ...]]
+_Contribution = tuple[str, str, int, int, int, tuple[_Part, ...]]
+HeldMemo = dict[int, tuple[Held, _Contribution]]
+
+
+def _contribution(h: Held, labels: dict[Pool, str]) -> _Contribution:
+    label = labels.get(h.pool)
+    if label is None:
+        label = labels[h.pool] = pool_label(h.pool)
+    gpus = share = slices = 0
+    parts: list[_Part] = []
+    for part in h.placement.parts:
+        indexes: list[int] = []
+        mig: dict[int, int] = {}
+        for d in part.devices:
+            indexes.append(d.gpu_index)
+            if d.mig_profile is not None:
+                n = mig_slices(d.mig_profile)
+                slices += n
+                mig[d.gpu_index] = mig.get(d.gpu_index, 0) + n
+            elif d.share_milli is not None:
+                share += d.share_milli
+            else:
+                gpus += 1
+        parts.append((part.node, tuple(indexes), tuple(mig.items())))
+    return h.tenant, label, gpus, share, slices, tuple(parts)
+
+
 def fleet(
     nodes: Iterable[Node],
     held: Iterable[Held],
     *,
     labels: dict[Pool, str] | None = None,
     memo: NodeMemo | None = None,
+    held_memo: HeldMemo | None = None,
 ) -> Fleet:
-    """Holdings per (tenant, pool) and capacity per admitted node, in one pass over the held
-    devices and one over the nodes. ``labels`` and ``memo`` are caches the caller may keep
-    between calls (pool → label; node facts): the answer is the same without them. A GPU the
-    node no longer lists (drained for its health: placement does not see it) counts neither
-    as capacity nor as free, whatever holds it."""
+    """Holdings per (tenant, pool) and capacity per admitted node, in one pass over what is
+    held and one over the nodes. ``labels``, ``memo`` and ``held_memo`` are caches the caller
+    may keep between calls (pool → label; node facts; each holding's contribution, by
+    identity): the answer is the same without them. A GPU the node no longer lists (drained
+    for its health: placement does not see it) counts neither as capacity nor as free,
+    whatever holds it."""
     labels = {} if labels is None else labels
     acc: dict[tuple[str, str], list[int]] = {}
     busy: dict[str, set[int]] = {}
     slices_held: dict[str, dict[int, int]] = {}
+    seen: set[int] | None = set() if held_memo is not None else None
     for h in held:
-        label = labels.get(h.pool)
-        if label is None:
-            label = labels[h.pool] = pool_label(h.pool)
-        row = acc.get((h.tenant, label))
+        c: _Contribution | None = None
+        if held_memo is not None:
+            hit = held_memo.get(id(h))
+            if hit is not None and hit[0] is h:
+                c = hit[1]
+            else:
+                c = _contribution(h, labels)
+                held_memo[id(h)] = (h, c)
+            assert seen is not None
+            seen.add(id(h))
+        else:
+            c = _contribution(h, labels)
+        tenant, label, gpus, share, slices, parts = c
+        row = acc.get((tenant, label))
         if row is None:
-            row = acc[(h.tenant, label)] = [0, 0, 0, 0]
+            row = acc[(tenant, label)] = [0, 0, 0, 0]
         row[0] += 1
-        for part in h.placement.parts:
-            b = busy.get(part.node)
+        row[1] += gpus
+        row[2] += share
+        row[3] += slices
+        for where, used, mig in parts:
+            b = busy.get(where)
             if b is None:
-                b = busy[part.node] = set()
-            for d in part.devices:
-                b.add(d.gpu_index)
-                if d.mig_profile is not None:
-                    n = mig_slices(d.mig_profile)
-                    row[3] += n
-                    per_gpu = slices_held.setdefault(part.node, {})
-                    per_gpu[d.gpu_index] = per_gpu.get(d.gpu_index, 0) + n
-                elif d.share_milli is not None:
-                    row[2] += d.share_milli
-                else:
-                    row[1] += 1
+                busy[where] = set(used)
+            else:
+                b.update(used)
+            if mig:
+                per_gpu = slices_held.setdefault(where, {})
+                for i, n in mig:
+                    per_gpu[i] = per_gpu.get(i, 0) + n
+    if held_memo is not None and seen is not None and len(held_memo) > len(seen):
+        for key in [k for k in held_memo if k not in seen]:  # holdings gone since
+            del held_memo[key]
     caps: dict[str, NodeCapacity] = {}
     for node in nodes:
         if node.state is not NodeState.ADMITTED:
             continue
         certs, indexes, slices = _node_facts(node, memo)
         name = node.name
-        b = busy.get(name)
+        b2 = busy.get(name)
         held_slices = slices_held.get(name)
         caps[name] = NodeCapacity(
             name,
             certs,
             len(indexes),
-            len(indexes) - (len(indexes & b) if b else 0),
+            len(indexes) - (len(indexes & b2) if b2 else 0),
             slices,
             slices - (sum(n for i, n in held_slices.items() if i in indexes) if held_slices else 0),
         )
@@ -227,11 +272,10 @@ def node_capacities(nodes: Iterable[Node], held: Iterable[Held]) -> dict[str, No
 def pools_of(held: Iterable[Held], extra: Iterable[Mapping[str, str]] = ()) -> list[Pool]:
     """The pools worth reporting: the general pool, every pool a workload holds capacity in,
     and ``extra`` (the tenants' required tags), sorted by label."""
+    distinct = {h.pool for h in held}
+    distinct.update(pool_of(tags) for tags in extra)
     found: dict[str, Pool] = {GENERAL: frozenset()}
-    for h in held:
-        found.setdefault(pool_label(h.pool), h.pool)
-    for tags in extra:
-        p = pool_of(tags)
+    for p in distinct:
         found.setdefault(pool_label(p), p)
     return [found[k] for k in sorted(found)]
 

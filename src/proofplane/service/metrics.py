@@ -13,7 +13,8 @@ Two kinds of series:
   the same cache placement uses; never a per-request counter): GPUs, shares and MIG slices
   held per tenant and compliance pool, and per pool its nodes, GPUs, free GPUs and MIG slices;
   utilisation, framebuffer and power per tenant over each device's newest reading
-  (``telemetry.tenant_latest``, aggregated in the database), labelled with the DCGM field.
+  (``telemetry.tenant_latest``, aggregated in the database; refreshed in the background every
+  ``TELEMETRY_TTL_S``, the scrape serving what it has), labelled with the DCGM field.
 
 Units are base units (seconds, bytes, watts, ratios 0..1); counters end in ``_total``. Label
 values are bounded: tenants and pools are what administrators create (a pool is a set of
@@ -21,8 +22,9 @@ certifications some node holds: work that needs an uncertified tag waits and is 
 series), sinks are configured, workload names never appear. Pools beyond ``MAX_POOLS`` are
 summed under ``pool="other"``.
 
-The fleet costs one pass over what is held (``meter.capacity.fleet``) while the scheduler is
-current: tens of milliseconds at 5,000 nodes. A process that has no cached scheduler yet loads
+The fleet costs one pass over what is held (``meter.capacity.fleet``, each holding's part
+remembered between scrapes) while the scheduler is current: tens of milliseconds at 5,000
+nodes. A process that has no cached scheduler yet loads
 one (a full cluster load, once). A scrape that finds this process's cache held by a
 transaction for more than ``FLEET_WAIT_S`` serves the last numbers and says how old they are
 (``proofplane_fleet_snapshot_age_seconds``).
@@ -72,7 +74,7 @@ log = logging.getLogger(__name__)
 
 MAX_POOLS = 64  # pools shown by name; the rest are summed under "other"
 FLEET_WAIT_S = 0.5  # how long a scrape waits for a transaction holding the scheduler cache
-TELEMETRY_TTL_S = 10.0  # how long one process reuses its per-tenant telemetry numbers
+TELEMETRY_TTL_S = 10.0  # per-tenant telemetry older than this is refreshed in the background
 TELEMETRY_FRESH_S = 300.0  # a device's newest reading older than this is not "now"
 OTHER = "other"
 
@@ -126,8 +128,10 @@ class _State:
     lock: threading.Lock = field(default_factory=threading.Lock)
     labels: dict[Pool, str] = field(default_factory=dict)
     memo: capacity.NodeMemo = field(default_factory=dict)
+    held_memo: capacity.HeldMemo = field(default_factory=dict)
     fleet: _FleetNumbers | None = None
     telemetry: tuple[float, list[Metric]] | None = None
+    refreshing: bool = False
 
 
 _STATES: weakref.WeakKeyDictionary[DbPool, _State] = weakref.WeakKeyDictionary()
@@ -339,7 +343,9 @@ def _fleet(store: Store, state: _State, session: Session) -> list[Metric]:
                 nodes = list(scheduler.nodes())
                 version = cache.version
         if held is not None:
-            numbers = capacity.fleet(nodes, held, labels=state.labels, memo=state.memo)
+            numbers = capacity.fleet(
+                nodes, held, labels=state.labels, memo=state.memo, held_memo=state.held_memo
+            )
             families = fleet_families(numbers, capacity.pools_of(held, extra))
             state.fleet = _FleetNumbers(families, time.monotonic(), version)
             fresh = True
@@ -397,19 +403,47 @@ def telemetry_families(rows: Iterable[dict[str, Any]]) -> list[Metric]:
     return [*out.values(), devices]
 
 
-def _telemetry(store: Store, state: _State) -> list[Metric]:
-    now = time.monotonic()
-    if state.telemetry is not None and now - state.telemetry[0] < TELEMETRY_TTL_S:
-        return state.telemetry[1]
+def _tenant_telemetry(store: Store) -> list[Metric]:
     since = datetime.now(UTC) - timedelta(seconds=TELEMETRY_FRESH_S)
     try:
         rows = telemetry.tenant_latest(store, fields=[f[0] for f in TENANT_FIELDS], since=since)
     except Exception:  # telemetry is an extra: its failure must not fail the scrape
         log.warning("metrics: reading telemetry failed", exc_info=True)
         rows = []
-    families = telemetry_families(rows)
-    state.telemetry = (now, families)
-    return families
+    return telemetry_families(rows)
+
+
+def _refresh_telemetry(store: Store, state: _State) -> None:
+    try:
+        state.telemetry = (time.monotonic(), _tenant_telemetry(store))
+    finally:
+        state.refreshing = False
+
+
+def _telemetry(store: Store, state: _State) -> list[Metric]:
+    """Per-tenant telemetry: computed on the first scrape, then refreshed in the background
+    once ``TELEMETRY_TTL_S`` old while the scrape serves the numbers it has (aggregating every
+    device's newest reading is the one query whose cost grows with the fleet: tens of
+    milliseconds at 5,000 nodes; readings arrive every 15 s or so anyway). The age is a
+    series of its own."""
+    now = time.monotonic()
+    cached = state.telemetry
+    if cached is None:
+        _refresh_telemetry(store, state)
+        cached = state.telemetry
+    elif now - cached[0] >= TELEMETRY_TTL_S and not state.refreshing:
+        state.refreshing = True
+        threading.Thread(
+            target=_refresh_telemetry, args=(store, state), name="metrics-telemetry", daemon=True
+        ).start()
+    age = _gauge(
+        "proofplane_telemetry_snapshot_age_seconds",
+        "How old the per-tenant telemetry series are (refreshed in the background).",
+    )
+    if cached is None:
+        return [age]
+    age.add_metric([], round(now - cached[0], 3))
+    return [*cached[1], age]
 
 
 # --- the collector and the exposition -----------------------------------------------------------
