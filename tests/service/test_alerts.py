@@ -260,3 +260,39 @@ def test_rules_file_errors(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValidationFailed):
         svc.load_rules()
     assert Outcome.FAILURE  # the raise events' outcome
+
+
+def _latest(store: Store, tenant: str, devices: int, activity: float, at: datetime) -> None:
+    from proofplane.meter.fields import GR_ENGINE_ACTIVE
+    from proofplane.store.tables import TelemetryLatestRow
+
+    ms = int(at.timestamp() * 1000)
+    with store.write(SYSTEM) as tx:
+        for d in range(devices):
+            uuid = f"GPU-{tenant}-now-{d}"
+            tx.session.add(TelemetryLatestRow(
+                key=f"{uuid}|-|{GR_ENGINE_ACTIVE}", node="n1", gpu_uuid=uuid, gi_id=None,
+                profile=None, field=GR_ENGINE_ACTIVE, ts=ms, value=activity, workload=f"w{d}",
+                tenant=tenant, simulated=True))  # fmt: skip
+
+
+def test_a_spike_in_the_newest_readings_raises_before_its_hour_ends(cluster: Store) -> None:
+    from proofplane.meter import anomaly
+
+    now = datetime.now(UTC)
+    hour = svc._hour(now)
+    other = anomaly.DAYS[(hour.weekday() + 3) % 7]
+    rules = anomaly.parse_rules(
+        {"business_hours": {"default": {"days": [other]}}}, lambda _n: UTC
+    )  # now is off-hours
+    ah.usual_nights(cluster, "acme", hour)
+    _latest(cluster, "acme", 6, 0.9, now)
+    state = svc.AlertState()
+    result = svc.evaluate(cluster, state, rules, now, capacity=False)
+    spikes = [e for e in alert_events(cluster, "alert.offhours_spike") if e.seq in result.raised]
+    assert {e.details["labels"]["metric"] for e in spikes} == {"allocation", "utilisation"}
+    assert all(e.details["evidence"]["window"] == "newest readings" for e in spikes)
+    # the same again: nothing new; and a tenant with no past gets no verdict
+    _latest(cluster, "beta", 8, 1.0, now)
+    again = svc.evaluate(cluster, state, rules, now + timedelta(minutes=1), capacity=False)
+    assert again.raised == [] and again.resolved == []

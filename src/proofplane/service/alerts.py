@@ -11,10 +11,12 @@ subject. Both in one write transaction per pass, and none when nothing changed. 
 code raises as events (``alert.auth_failure_burst``, ``alert.gpu_health``…) are delivered the
 same way and fire for the rules file's ``one_shot_hold_s``.
 
-**Cadence.** Each pass (``PROOFPLANE_ALERT_INTERVAL_SECONDS``) checks the critical controls;
-the anomaly rules judge each hour once it is over (and ``SETTLE`` has passed for late
-readings); the N+1 check runs every ``capacity_interval_s``. A rule resolves its alerts only
-in a pass that evaluated it.
+**Cadence.** Each pass (``PROOFPLANE_ALERT_INTERVAL_SECONDS``) checks the critical controls
+and looks for off-hours spikes in the newest readings (against this hour of the week's
+baseline); the anomaly rules judge each whole hour once it is over (and ``SETTLE`` has passed
+for late readings), and what that hour showed stands until the next one is judged; the N+1
+check runs every ``capacity_interval_s``. A rule resolves its alerts only in a pass that
+evaluated it.
 
 **Delivery.** Every pass posts the firing alerts and those resolved in the last
 ``KEEP_RESOLVED_S`` to each Alertmanager (``POST /api/v2/alerts``; Alertmanager deduplicates
@@ -34,7 +36,7 @@ import os
 import threading
 import zoneinfo
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
@@ -125,6 +127,7 @@ class AlertState:
     figures_from: datetime | None = None  # hours in [figures_from, figures_to) are loaded
     figures_to: datetime | None = None
     judged_hour: datetime | None = None  # the newest hour the anomaly rules judged
+    hour_findings: list[core.Finding] = field(default_factory=list)  # what that hour showed
     capacity_at: datetime | None = None  # when the N+1 check last ran
     notified: dict[str, frozenset[tuple[str, str]]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -260,6 +263,36 @@ def tenant_figures(
     return state.figures
 
 
+def current_spikes(
+    store: Store, state: AlertState, rules: anomaly.AlertRules, now: datetime
+) -> list[core.Finding]:
+    """Off-hours spikes seen in the newest readings (``telemetry.tenant_latest``: the devices
+    each tenant holds now and their mean activity), against the baseline of this hour of the
+    week: a spike raises within a pass or two instead of after its hour. Its alert is the
+    hourly rule's (same labels); it ends when neither the newest readings nor the last whole
+    hour show it. Only the figures already loaded for the hourly rule are the baseline."""
+    hour = _hour(now)
+    since = now - timedelta(minutes=5)
+    try:
+        rows = telemetry.tenant_latest(store, fields=[GR_ENGINE_ACTIVE], since=since)
+    except Exception:
+        log.warning("alerts: reading the newest telemetry failed", exc_info=True)
+        return []
+    figures: dict[str, dict[datetime, anomaly.TenantHour]] = {}
+    for row in rows:
+        tenant, devices = row.get("tenant"), int(row.get("devices") or 0)
+        if not tenant or devices <= 0 or tenant not in state.figures:
+            continue  # no past: no verdict
+        figures[tenant] = {
+            **state.figures[tenant],
+            hour: anomaly.TenantHour(devices, float(row["sum"]) / devices),
+        }
+    out = []
+    for f in anomaly.offhours_spikes(figures, hour, rules):
+        out.append(replace(f, evidence={**f.evidence, "window": "newest readings"}))
+    return out
+
+
 # --- a pass ---------------------------------------------------------------------------------------
 
 
@@ -294,10 +327,14 @@ def evaluate(
     judged = _hour(now - SETTLE) - anomaly.HOUR
     if state.judged_hour is None or judged > state.judged_hour:
         figures = tenant_figures(store, state, judged, rules)
-        found += anomaly.offhours_spikes(figures, judged, rules)
-        found += anomaly.transfer_spikes(figures, judged, rules)
-        evaluated += [anomaly.OFFHOURS_SPIKE, anomaly.TRANSFER_VOLUME]
+        state.hour_findings = [
+            *anomaly.offhours_spikes(figures, judged, rules),
+            *anomaly.transfer_spikes(figures, judged, rules),
+        ]
         state.judged_hour = judged
+    found += state.hour_findings
+    found += current_spikes(store, state, rules, now)
+    evaluated += [anomaly.OFFHOURS_SPIKE, anomaly.TRANSFER_VOLUME]
 
     due = state.capacity_at is None or (now - state.capacity_at).total_seconds() >= (
         rules.capacity_interval_s
