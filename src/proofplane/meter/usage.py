@@ -126,13 +126,39 @@ class Metered:
     unknown_gpus: set[str] = field(default_factory=set)
     events: int = 0
 
+    def add(self, other: Metered) -> None:
+        """Add ``other`` (a meter over other workloads' events of the same window) to this."""
+        for slot, units in other.usage.items():
+            self.usage[slot] = self.usage.get(slot, 0) + units
+        for name, slots in other.tracked.items():
+            mine = self.tracked.setdefault(name, {})
+            for slot, units in slots.items():
+                mine[slot] = mine.get(slot, 0) + units
+        self.releases_matched_by_name += other.releases_matched_by_name
+        self.unknown_gpus |= other.unknown_gpus
+        self.events += other.events
+
+
+Key = tuple[str, str, str, str, str, str]  # a UsageKey as a plain tuple (cheaper to make)
+Parts = tuple[tuple[int, int], ...]  # (line id, units) of what a placement holds
+Held = tuple[str, int, "str | None", Parts]  # tenant, start µs, node, parts
+
 
 class Meter:
     """Allocation intervals from a stream of usage events, in log order (see the module
     docstring). ``cuts`` are the rate-period boundaries inside [start, end): time on either
     side of one is added up separately. ``gpu_models`` maps GPU UUID to SKU (the
     ``node.register`` events). ``tracked`` workloads ((tenant, name)) are also added up on
-    their own."""
+    their own.
+
+    Only the order of each workload's own events matters: a stream grouped by workload name
+    (each name's events in log order) gives the same totals as the whole log in order, and
+    so do meters over disjoint sets of names, added up (``Metered.add``).
+
+    A month of a large fleet is millions of events, read in one tight loop: open holds are
+    keyed by workload name (unique per tenant, and in practice across tenants: a namesake of
+    another tenant goes to a second table), a placement's accumulators are small integers
+    worked out once, a release's time is added to a list slot."""
 
     def __init__(
         self,
@@ -151,82 +177,172 @@ class Meter:
         self.gpu_models = gpu_models
         self.by_workload = by_workload
         self.tracked_names = frozenset(tracked)
-        # (tenant, name) -> (start µs, node, ((key, units), ...))
-        self.open: dict[tuple[str, str], tuple[int, str | None, tuple[tuple[UsageKey, int], ...]]]
-        self.open = {}
-        # workload name -> the (tenant, name) keys open under it (releases without a tenant)
-        self.by_name: dict[str, list[tuple[str, str]]] = {}
-        self.metered = Metered({}, {})
+        self.open: dict[str, Held] = {}  # workload name -> its hold
+        self.others: dict[tuple[str, str], Held] = {}  # holds of namesakes, by (tenant, name)
+        self.lines: list[Key] = []
+        self.line_ids: dict[Key, int] = {}
+        self.acc: list[list[int]] = [[] for _ in self.segments] or [[]]
+        self.tracked: dict[tuple[str, str], dict[tuple[int, int], int]] = {}
+        self.matched_by_name = 0
+        self.unknown: set[str] = set()
+        self.events = 0
         self._tags: dict[Any, str] = {}
-        self._ts: dict[Any, int] = {}
+        self._skus: dict[str | None, str] = {}
 
     # -- the stream ---------------------------------------------------------------------------
 
     def feed(self, rows: Iterable[EventTuple]) -> None:
-        """Apply usage events in log (``seq``) order."""
+        """Apply usage events in log (``seq``) order (or grouped by name, see above)."""
         opened = self.open
-        by_name = self.by_name
-        close = self._close
-        ts_cache = self._ts
+        others = self.others
+        line_ids = self.line_ids
+        ws, we = self.start, self.end
+        single = len(self.segments) == 1
+        acc0 = self.acc[0]
+        tracked_names = self.tracked_names
+        skus = self._skus
+        pools = self._tags
+        by_workload = self.by_workload
+        fromiso = datetime.fromisoformat
+        epoch = _EPOCH
         count = 0
-        for row in rows:
+        for (
+            action,
+            ts,
+            name,
+            tenant,
+            node,
+            tags,
+            profile,
+            share,
+            n,
+            first,
+            devices,
+            members,
+        ) in rows:
             count += 1
-            action, ts, name, tenant, node = row[0], row[1], row[2], row[3], row[4]
-            t = ts_cache.get(ts)
-            if t is None:
-                if len(ts_cache) > 4096:
-                    ts_cache.clear()
-                t = ts_cache[ts] = micros(ts)
+            if ts.__class__ is str:
+                d = fromiso(ts) - epoch  # the store's naive UTC text
+                t = (d.days * 86_400 + d.seconds) * 1_000_000 + d.microseconds
+            else:
+                t = micros(ts)
             if action == PLACE_ACTION:
                 if tenant is None:
                     continue
-                key = (tenant, name)
-                held = opened.pop(key, None)
-                if held is not None:  # placed again without a release: the old hold ends now
-                    close(key, held[0], t, held[2])
-                else:
-                    keys = by_name.get(name)
-                    if keys is None:
-                        by_name[name] = [key]
+                if members is None and devices is None:
+                    sku = skus.get(first)
+                    if sku is None:
+                        sku = self._sku(first)
+                    pool = pools.get(tags) if tags.__class__ is str else None
+                    if pool is None:
+                        pool = self._pool(tags)
+                    wl = name if by_workload else ""
+                    if profile is not None:
+                        line: Key = (tenant, pool, sku, MIG, profile, wl)
+                        units = n or 0
+                    elif share is not None:
+                        line = (tenant, pool, sku, SHARED, "", wl)
+                        units = (n or 0) * int(share)
                     else:
-                        keys.append(key)
-                opened[key] = (t, node, self._parts(row))
+                        line = (tenant, pool, sku, GPU, "", wl)
+                        units = n or 0
+                    lid = line_ids.get(line)
+                    if lid is None:
+                        lid = self._line(line)
+                    parts: Parts = ((lid, units),)
+                else:
+                    parts = self._parts(tenant, name, tags, profile, share, devices, members)
+                new = (tenant, t, node, parts)
+                held = opened.get(name)
+                if held is None:
+                    if others and (tenant, name) in others:  # its namesake left the main table
+                        self._close(name, others.pop((tenant, name)), t)
+                    opened[name] = new
+                elif held[0] == tenant:  # placed again without a release: the old hold ends
+                    self._close(name, held, t)
+                    opened[name] = new
+                else:  # another tenant's workload of the same name holds it
+                    other = others.get((tenant, name))
+                    if other is not None:
+                        self._close(name, other, t)
+                    others[(tenant, name)] = new
                 continue
             if tenant is None:  # an older workload.cancel names no tenant: the name and node
-                found = self._by_name(name, node)
-                if found is None:
+                held = self._by_name(name, node)
+                if held is None:
                     continue
-                key = found
             else:
-                key = (tenant, name)
-            held = opened.pop(key, None)
-            if held is not None:
-                keys = by_name[name]
-                if len(keys) == 1:
-                    del by_name[name]
-                else:
-                    keys.remove(key)
-                close(key, held[0], t, held[2])
-        self.metered.events += count
+                held = opened.pop(name, None)
+                if held is None or held[0] != tenant:
+                    if held is not None:  # a namesake's: put it back
+                        opened[name] = held
+                    if not others:
+                        continue
+                    held = others.pop((tenant, name), None)
+                    if held is None:
+                        continue
+            if not single or (tracked_names and (tenant, name) in tracked_names):
+                self._close(name, held, t)
+                continue
+            start = held[1]
+            lo = start if start > ws else ws
+            hi = t if t < we else we
+            if hi > lo:
+                dur = hi - lo
+                for lid, units in held[3]:
+                    acc0[lid] += dur * units
+        self.events += count
 
     def finish(self) -> Metered:
         """Cut every interval still open at the end of the window and return the totals."""
-        for key, (start, _node, parts) in sorted(self.open.items()):
-            self._close(key, start, self.end, parts)
-        self.open = {}
-        self.by_name = {}
-        return self.metered
+        for name, held in sorted(self.open.items()):
+            self._close(name, held, self.end)
+        for (_tenant, name), held in sorted(self.others.items()):
+            self._close(name, held, self.end)
+        self.open, self.others = {}, {}
+        lines = [UsageKey(*k) for k in self.lines]
+        return Metered(
+            {
+                (i, lines[lid]): v
+                for i, acc in enumerate(self.acc)
+                for lid, v in enumerate(acc)
+                if v
+            },
+            {
+                key: {(i, lines[lid]): v for (i, lid), v in slots.items()}
+                for key, slots in self.tracked.items()
+            },
+            self.matched_by_name,
+            set(self.unknown),
+            self.events,
+        )
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _by_name(self, name: str, node: str | None) -> tuple[str, str] | None:
-        """The open interval a release without a tenant ends: the workload of that name held
-        on that node (the first tenant by name, should two tenants' namesakes share it)."""
-        matches = sorted(k for k in self.by_name.get(name, ()) if self.open[k][1] == node)
-        if not matches:
+    def _line(self, line: Key) -> int:
+        lid = self.line_ids[line] = len(self.lines)
+        self.lines.append(line)
+        for acc in self.acc:
+            acc.append(0)
+        return lid
+
+    def _by_name(self, name: str, node: str | None) -> Held | None:
+        """The hold a release without a tenant ends, taken out of its table: the workload of
+        that name held on that node (the first tenant by name, should namesakes share it)."""
+        found: list[tuple[str, bool]] = []
+        held = self.open.get(name)
+        if held is not None and held[2] == node:
+            found.append((held[0], True))
+        for (tenant, other), h in self.others.items():
+            if other == name and h[2] == node:
+                found.append((tenant, False))
+        if not found:
             return None
-        self.metered.releases_matched_by_name += 1
-        return matches[0]
+        self.matched_by_name += 1
+        tenant, main = min(found)
+        if main:
+            return self.open.pop(name)
+        return self.others.pop((tenant, name))
 
     def _pool(self, tags: str | Mapping[str, str] | None) -> str:
         if tags is None:
@@ -241,26 +357,30 @@ class Meter:
     def _sku(self, uuid: str | None) -> str:
         sku = self.gpu_models.get(uuid) if uuid is not None else None
         if sku is None:
-            self.metered.unknown_gpus.add(uuid or "?")
-            return UNKNOWN_SKU
+            self.unknown.add(uuid or "?")
+            sku = UNKNOWN_SKU
+        self._skus[uuid] = sku
         return sku
 
-    def _parts(self, row: EventTuple) -> tuple[tuple[UsageKey, int], ...]:
-        name, tenant = row[2], row[3]
-        assert tenant is not None
-        profile, share, count, first_uuid, devices, members = row[6:12]
+    def _parts(
+        self,
+        tenant: str,
+        name: str,
+        tags: str | Mapping[str, str] | None,
+        profile: str | None,
+        share: int | None,
+        devices: str | list[Any] | None,
+        members: str | list[Any] | None,
+    ) -> Parts:
+        """A gang, or a node with GPUs of several models: every device's own model."""
         if profile is not None:
             kind, each, label = MIG, 1, profile
         elif share is not None:
             kind, each, label = SHARED, int(share), ""
         else:
             kind, each, label = GPU, 1, ""
-        pool = self._pool(row[5])
+        pool = self._pool(tags)
         workload = name if self.by_workload else ""
-        if members is None and devices is None:
-            sku = self._sku(first_uuid)
-            return ((UsageKey(tenant, pool, sku, kind, label, workload), (count or 0) * each),)
-        # A gang, or a node with GPUs of several models: every device's own model.
         if members is not None:
             member_list = json.loads(members) if isinstance(members, str) else members
             uuids = [d["gpu_uuid"] for m in member_list for d in m["devices"]]
@@ -268,36 +388,33 @@ class Meter:
             assert devices is not None
             device_list = json.loads(devices) if isinstance(devices, str) else devices
             uuids = [d["gpu_uuid"] for d in device_list]
-        units: dict[UsageKey, int] = {}
+        units: dict[int, int] = {}
         for uuid in uuids:
-            key = UsageKey(tenant, pool, self._sku(uuid), kind, label, workload)
-            units[key] = units.get(key, 0) + each
+            line = (tenant, pool, self._skus.get(uuid) or self._sku(uuid), kind, label, workload)
+            lid = self.line_ids.get(line)
+            if lid is None:
+                lid = self._line(line)
+            units[lid] = units.get(lid, 0) + each
         return tuple(sorted(units.items()))
 
-    def _close(
-        self,
-        key: tuple[str, str],
-        start: int,
-        end: int,
-        parts: tuple[tuple[UsageKey, int], ...],
-    ) -> None:
+    def _close(self, name: str, held: Held, end: int) -> None:
+        tenant, start, _node, parts = held
         lo = max(start, self.start)
         hi = min(end, self.end)
         if hi <= lo:
             return
-        usage = self.metered.usage
         tracked = None
-        if key in self.tracked_names:
-            tracked = self.metered.tracked.setdefault(key, {})
+        if (tenant, name) in self.tracked_names:
+            tracked = self.tracked.setdefault((tenant, name), {})
         for i, (a, b) in enumerate(self.segments):
             s, e = max(lo, a), min(hi, b)
             if e <= s:
                 continue
-            for k, units in parts:
-                slot = (i, k)
-                usage[slot] = usage.get(slot, 0) + (e - s) * units
+            acc = self.acc[i]
+            for lid, units in parts:
+                acc[lid] += (e - s) * units
                 if tracked is not None:
-                    tracked[slot] = tracked.get(slot, 0) + (e - s) * units
+                    tracked[(i, lid)] = tracked.get((i, lid), 0) + (e - s) * units
 
 
 # --- pricing -------------------------------------------------------------------------------------

@@ -15,13 +15,19 @@ Rate cards and the cost model are data files: the shipped defaults
 
 from __future__ import annotations
 
+import gc
 import json
 import os
+import sqlite3
+import threading
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from fractions import Fraction
 from importlib import resources
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -155,7 +161,7 @@ def gpu_models(session: Session, end: datetime) -> GpuModels:
 
 
 def _usage_query(session: Session, end: datetime, mixed: frozenset[str]) -> Any:
-    """The usage events before ``end`` in log order, as the meter's tuples (see
+    """The usage events before ``end``, grouped by name in log order, as the meter's tuples (see
     ``meter.usage.EventTuple``): the detail fields extracted by the database (PostgreSQL's
     JSON operators; SQLite reads ``_SQLITE_USAGE`` through its DB-API cursor)."""
     d = _E.details
@@ -186,7 +192,7 @@ def _usage_query(session: Session, end: datetime, mixed: frozenset[str]) -> Any:
             members,
         )
         .where(_E.action.in_(USAGE_ACTIONS), _E.ts < end)
-        .order_by(_E.seq)
+        .order_by(_E.target_id, _E.seq)
     )
 
 
@@ -197,11 +203,15 @@ def _stream(session: Session, query: Any) -> Iterator[Any]:
 
 
 # SQLite's hot path: the same rows through the DB-API cursor (plain tuples, no result-row
-# objects), the place-only fields extracted from place events only.
+# objects), the detail fields extracted only where the meter reads them (a release needs its
+# tenant; a cancel, which may name none, its node). Grouped by workload name, each name's
+# events in log order: the meter needs no more order than that (meter.usage.Meter), and it
+# keeps only the holds of one name at a time then, instead of the whole fleet's.
 _PLACE_ONLY = "CASE WHEN action = 'workload.place' THEN {} END"
 _SQLITE_USAGE = (
     "SELECT action, ts, target_id, json_extract(details, '$.tenant'), "
-    "json_extract(details, '$.node'), "
+    "CASE WHEN action IN ('workload.place', 'workload.cancel') "
+    "THEN json_extract(details, '$.node') END, "
     + ", ".join(
         _PLACE_ONLY.format(x)
         for x in (
@@ -214,12 +224,24 @@ _SQLITE_USAGE = (
             "json_extract(details, '$.members')",
         )
     )
-    + " FROM events WHERE action IN ({actions}) AND ts < ? ORDER BY seq"
+    + " FROM events WHERE action IN ({actions}) AND ts < ?{part} ORDER BY target_id, seq"
 )
 MAX_MIXED_PARAMS = 500  # more nodes of mixed models than this: read every placement's devices
 
 
-def _sqlite_rows(raw: Any, session: Session, end: datetime, mixed: frozenset[str]) -> Iterator[Any]:
+# Spread by workload name over the worker processes: every event of one name goes to the
+# same one (the meter only needs each name's events in order), and the database filters
+# before it parses any JSON. A cheap mix of the name's length and last two characters.
+_PART = (
+    " AND (coalesce(unicode(substr(target_id, -1)), 0)"
+    " + 31 * coalesce(unicode(substr(target_id, -2, 1)), 0) + length(target_id)) % ? = ?"
+)
+PARALLEL_FROM = 1_000_000  # events in the log: below this, starting processes costs more
+
+
+def _sqlite_sql(
+    end_text: str, mixed: frozenset[str], part: tuple[int, int] | None
+) -> tuple[str, list[Any]]:
     params: list[Any] = []
     if not mixed:
         devices = "NULL"
@@ -236,14 +258,97 @@ def _sqlite_rows(raw: Any, session: Session, end: datetime, mixed: frozenset[str
         "{actions}", ", ".join("?" * len(USAGE_ACTIONS))
     )
     params.extend(USAGE_ACTIONS)
-    bind = _E.ts.type.bind_processor(session.get_bind().dialect)
-    params.append(bind(end) if bind else end)
+    params.append(end_text)
+    if part is not None:
+        params.extend((part[1], part[0]))
+    return sql.replace("{part}", _PART if part is not None else ""), params
+
+
+def _sqlite_rows(
+    raw: Any, end_text: str, mixed: frozenset[str], part: tuple[int, int] | None = None
+) -> Iterator[Any]:
+    sql, params = _sqlite_sql(end_text, mixed, part)
     cursor = raw.execute(sql, params)
     try:
         while rows := cursor.fetchmany(STREAM_BATCH):
             yield from rows
     finally:
         cursor.close()
+
+
+def stored_time(session: Session, ts: datetime) -> str:
+    """``ts`` as the ``events.ts`` column stores it on SQLite (its type's own processing:
+    naive UTC text with microseconds), to compare stored times with in plain SQL."""
+    dialect = session.get_bind().dialect
+    process = _E.ts.type.dialect_impl(dialect).bind_processor(dialect)
+    value = process(ts) if process else ts
+    if not isinstance(value, str):  # pragma: no cover - SQLite's DATETIME is text
+        raise TypeError(f"expected the stored text of a time, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What one worker process meters: the names of partition ``part`` of ``parts``."""
+
+    path: str
+    end_text: str
+    start: datetime
+    end: datetime
+    cuts: tuple[datetime, ...]
+    by_workload: bool
+    tracked: frozenset[tuple[str, str]]
+    models: dict[str, str]
+    mixed: frozenset[str]
+    part: int
+    parts: int
+
+
+def _meter_part(job: _Job) -> Metered:
+    """One worker process's share of the log (its own connection to the SQLite file). The
+    cyclic garbage collector is off: the meter makes no cycles, and with millions of small
+    tuples alive it would only walk them."""
+    gc.disable()
+    conn = sqlite3.connect(job.path, timeout=30)
+    try:
+        conn.execute("PRAGMA query_only = 1")
+        meter = Meter(
+            job.start,
+            job.end,
+            job.models,
+            cuts=job.cuts,
+            by_workload=job.by_workload,
+            tracked=job.tracked,
+        )
+        conn.execute("BEGIN")  # one snapshot of the log
+        meter.feed(_sqlite_rows(conn, job.end_text, job.mixed, (job.part, job.parts)))
+        conn.rollback()
+        return meter.finish()
+    finally:
+        conn.close()
+
+
+def _workers(session: Session, path: str | None) -> int:
+    """Processes to meter a SQLite log with: one per CPU for a large log, else none."""
+    cpus = os.cpu_count() or 1
+    if path is None or cpus < 2:
+        return 0
+    size = session.scalar(select(func.max(_E.seq))) or 0
+    return min(cpus, 8) if size >= PARALLEL_FROM else 0
+
+
+def _parallel(jobs: list[_Job]) -> Metered | None:
+    # fork is cheap but unsafe in a threaded process (a server): spawn there
+    ctx = get_context("fork" if threading.active_count() == 1 else "spawn")
+    try:
+        with ProcessPoolExecutor(len(jobs), mp_context=ctx) as pool:
+            results = list(pool.map(_meter_part, jobs))
+    except (BrokenProcessPool, OSError):  # no processes to be had: do it here
+        return None
+    total = results[0]
+    for other in results[1:]:
+        total.add(other)
+    return total
 
 
 def meter_log(
@@ -254,16 +359,32 @@ def meter_log(
     cuts: tuple[datetime, ...] = (),
     by_workload: bool = False,
     tracked: frozenset[tuple[str, str]] = frozenset(),
+    workers: int | None = None,
 ) -> tuple[Metered, GpuModels]:
-    """Run the meter over the log for [start, end) (see the module docstring)."""
+    """Run the meter over the log for [start, end) (see the module docstring). A large
+    SQLite log is read by ``workers`` processes (default: one per CPU from
+    ``PARALLEL_FROM`` events), each metering the workloads whose names fall to it."""
     with store.read() as session:
         models = gpu_models(session, end)
+        raw = sqlite_connection(session)
+        if raw is not None:
+            end_text = stored_time(session, end)
+            path = store.engine.url.database
+            count = _workers(session, path) if workers is None else workers
+            if count > 1 and path:
+                jobs = [
+                    _Job(path, end_text, start, end, cuts, by_workload, tracked,
+                         models.by_uuid, models.mixed_nodes, k, count)
+                    for k in range(count)
+                ]  # fmt: skip
+                metered = _parallel(jobs)
+                if metered is not None:
+                    return metered, models
         meter = Meter(
             start, end, models.by_uuid, cuts=cuts, by_workload=by_workload, tracked=tracked
         )
-        raw = sqlite_connection(session)
         if raw is not None:
-            meter.feed(_sqlite_rows(raw, session, end, models.mixed_nodes))
+            meter.feed(_sqlite_rows(raw, end_text, models.mixed_nodes))
         else:
             meter.feed(_stream(session, _usage_query(session, end, models.mixed_nodes)))
     return meter.finish(), models

@@ -568,7 +568,12 @@ def cancel_workload(
             "workload.cancel",
             "workload",
             name,
-            details={"from_status": status.value, "node": node, "reason": reason},
+            details={
+                "tenant": row.tenant.name,
+                "from_status": status.value,
+                "node": node,
+                "reason": reason,
+            },
         )
         if node is not None:
             reschedule_pending(tx)
