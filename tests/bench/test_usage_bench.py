@@ -37,6 +37,8 @@ def test_bench_usage_quick(tmp_path: Path) -> None:
     history = data["history"]
     assert history["events"] > 20_000 and history["nodes"] == 50 and db.exists()
     assert len(data["report_s_runs"]) == 2 and data["report_s"] > 0
+    assert data["report_cpu_s"] > 0 and len(data["report_cpu_s_runs"]) == 2
+    assert data["workers"] == 0  # a small log is metered in-process
     assert data["meets"] is (data["report_s"] <= data["target_report_s"])
     assert data["same_bytes_every_run"] is True
     report = data["report"]
