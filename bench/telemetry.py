@@ -380,10 +380,28 @@ def _share(milli: int) -> Any:
     return GpuRequest(1, share_milli=milli)
 
 
+# --- usage_report (M3) -------------------------------------------------------------------
+
+
+def usage_report(args: argparse.Namespace) -> dict[str, Any]:
+    """The usage report for one month of a 5,000-node fleet (about 10 million events; target
+    ≤ 10 s): ``bench/usage_report.py``'s measurement (its docstring says how the history is
+    built and what is timed; run alone, it prints the same section)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import usage_report as usage_bench  # bench/usage_report.py
+
+    shape = dict(usage_bench.QUICK) if args.quick else {
+        "nodes": args.usage_nodes, "days": args.usage_days, "events": args.usage_events,
+        "runs": args.usage_runs,
+    }  # fmt: skip
+    return usage_bench.measure(**shape, db=args.usage_db, quick=args.quick)
+
+
 #: The sections, in the order they run; each takes the parsed arguments and returns its JSON.
 SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "ingest": ingest,
     "metrics_scrape": metrics_scrape,
+    "usage_report": usage_report,
 }
 
 
@@ -400,6 +418,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scrape-workloads", type=int, default=20_000,
                     help="metrics_scrape: workloads submitted (most are placed)")  # fmt: skip
     ap.add_argument("--scrapes", type=int, default=20, help="metrics_scrape: timed scrapes")
+    ap.add_argument("--usage-nodes", type=int, default=5000, help="usage_report: nodes")
+    ap.add_argument("--usage-days", type=int, default=30, help="usage_report: days of history")
+    ap.add_argument("--usage-events", type=int, default=10_000_000,
+                    help="usage_report: events in the history")  # fmt: skip
+    ap.add_argument("--usage-runs", type=int, default=3, help="usage_report: timed reports")
+    ap.add_argument("--usage-db", default=None,
+                    help="usage_report: the history file, kept between runs "
+                    "(default: /tmp/pp-bench-usage-NODES-DAYS-EVENTS.db)")  # fmt: skip
     args = ap.parse_args(argv)
     if args.quick:
         args.nodes, args.intervals, args.runs = 10, 2, 3

@@ -46,3 +46,29 @@ def test_bench_usage_quick(tmp_path: Path) -> None:
     # the lanes are busy about 80 % of the time: the GPU-hours are of that order
     capacity = history["gpus"] * history["days"] * 24
     assert 0.5 * capacity < Decimal(report["gpu_hours"]) <= capacity
+
+
+def test_the_usage_section_of_bench_telemetry(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROOFPLANE_")}
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "telemetry.py"),
+            "--json",
+            "--quick",
+            "--only",
+            "usage_report",
+            "--usage-db",
+            str(tmp_path / "history.db"),
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+        env={**env, "HOME": str(tmp_path)},
+    )
+    data = json.loads(out.stdout)
+    assert set(data) == {"machine", "pid", "usage_report"}
+    section = data["usage_report"]
+    assert section["quick"] is True and section["report_s"] > 0
+    assert section["meets"] is (section["report_s"] <= section["target_report_s"])
