@@ -1,12 +1,15 @@
 """Metering and chargeback (issue 15, §4–§6): the usage report and the cost comparison, read
 from the audit log (and telemetry where there is some). Reads only: no transaction writes.
 
-The report streams the usage events (``workload.place`` and the releases, plus the
-``node.register`` events that state each GPU's model) in log order through the pure
-``meter.usage.Meter``: the store extracts the few detail fields the meter needs (tenant, node,
-tags, MIG profile, share, device count, first GPU UUID) so that no event's JSON is parsed in
-Python except a gang's members or the devices on a node with GPUs of several models. Memory
-stays bounded by the workloads holding capacity at one time and the report's lines.
+The report streams the usage events (``workload.place`` and the releases, after the
+``node.register`` events that state each GPU's model) through the pure ``meter.usage.Meter``,
+grouped by workload name, each name's events in log order (all the order the meter needs):
+the store extracts the few detail fields the meter reads (tenant, node, tags, MIG profile,
+share, device count, first GPU UUID), so no event's JSON is parsed in Python except a gang's
+members or the devices on a node with GPUs of several models. Memory stays bounded by one
+name's holds and the report's lines. A large SQLite log (``PARALLEL_FROM`` events) is read by
+one worker process per CPU, each metering the names that fall to it; their totals add up to
+exactly the one-process totals.
 
 Rate cards and the cost model are data files: the shipped defaults
 (``data/rate-card.yaml``, ``data/cost-model.yaml``), or ``PROOFPLANE_RATE_CARD`` /
