@@ -33,7 +33,7 @@ import ssl
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -468,6 +468,9 @@ def _welcome(
         f'curl -s {cacert}-H "Authorization: Bearer $PROOFPLANE_TOKEN" {url}/api/v1/nodes',
         'proofplane nodes state fra-h100-01 failed --reason "PSU fault"',
         "proofplane events list --newest --action 'workload.*'",
+        # chargeback from the log (issue 15): today so far, priced with the shipped rate card
+        f"proofplane usage report --from {datetime.now(UTC).date().isoformat()} "
+        f"--to {(datetime.now(UTC) + timedelta(days=1)).date().isoformat()}",
     ]
     if governance is not None:  # change control (issue 12): two other people approve
         cid = governance.change_id
