@@ -102,6 +102,7 @@ PURE: tuple[str, ...] = (
     "network.render.iproute2",
     "network.render.nftables",
     "network.render.partitions",
+    "meter",
 )
 
 # What a pure module may not import (the module or anything below it).

@@ -4,6 +4,14 @@ It follows pynvml's real API (nvidia-ml-py): the same function names and argumen
 opaque ctypes handles, the real ctypes structures as return values, strings as ``str`` (or
 ``bytes``, as bindings before 11.515 returned them), the C-style out-parameters of
 ``nvmlDeviceGetGpuInstances``, and pynvml's own NVMLError with the real error codes.
+
+The telemetry calls (issue 15) answer from each GPU's readings (``util``, ``power_mw``,
+``energy_mj``, ``temp``, ECC counts, remapped rows, PCIe throughput, thermal violation time,
+pending ``xids``): utilisation is NOT_SUPPORTED in MIG mode and ECC counts when ECC is off,
+as on a real GPU; MIG devices (``nvmlDeviceGetMigDeviceHandleByIndex``) are the GPU's
+instances; GPM samples (``nvmlGpmSampleGet``/``nvmlGpmMigSampleGet``) snapshot ``gpm`` (per
+GPU) or ``gpm_mig`` (per GPU instance ID) and ``nvmlGpmMetricsGet`` answers the second sample's
+values (NOT_SUPPORTED for a metric not in it).
 """
 
 from __future__ import annotations
@@ -39,6 +47,25 @@ class FakeGpu:
     not_supported: set[str] = field(default_factory=set)
     #: function name -> NVML error code it fails with
     fails: dict[str, int] = field(default_factory=dict)
+    # --- telemetry readings -----------------------------------------------------------------
+    util: int = 37  # percent
+    power_mw: int = 312_500
+    energy_mj: int = 1_000_000_000
+    temp: int = 55
+    ecc_errors: tuple[int, int] = (0, 0)  # volatile (corrected, uncorrected)
+    remapped: tuple[int, int, int, int] = (0, 0, 0, 0)  # corr, unc, pending, failure
+    pcie_kb: tuple[int, int] = (1000, 2000)  # tx, rx KB/s
+    violation_ns: int = 0
+    xids: list[int] = field(default_factory=list)  # pending XID events
+    #: GPM metric id -> value (None: the GPU has no GPM, as before Hopper)
+    gpm: dict[int, float] | None = field(
+        default_factory=lambda: {1: 42.0, 2: 40.0, 10: 20.0, 20: 100.0, 21: 200.0, 60: 300.0,
+                                 61: 400.0}
+    )  # fmt: skip
+    #: GPU instance id -> GPM metric id -> value
+    gpm_mig: dict[int, dict[int, float]] = field(default_factory=dict)
+    #: GPU instance id -> MiB used
+    mig_fb_used: dict[int, int] = field(default_factory=dict)
 
 
 # H100 GPU instance profiles by profile index (NVML_GPU_INSTANCE_PROFILE_*), as
@@ -59,13 +86,18 @@ class FakeNvml:
 
     NVMLError = pynvml.NVMLError
     c_nvmlGpuInstance_t = pynvml.c_nvmlGpuInstance_t
+    c_nvmlGpmMetricsGet_t = pynvml.c_nvmlGpmMetricsGet_t
+    nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
 
     def __init__(self, gpus: list[FakeGpu], *, legacy_bytes: bool = False,
                  init_error: int | None = None, profiles: dict | None = None,
                  old_driver: bool = False) -> None:  # fmt: skip
         for name in dir(pynvml):
             if name.startswith(("NVML_ERROR_", "NVML_FEATURE_", "NVML_DEVICE_MIG_",
-                                "NVML_GPU_INSTANCE_PROFILE_", "NVML_SUCCESS")):  # fmt: skip
+                                "NVML_GPU_INSTANCE_PROFILE_", "NVML_SUCCESS",
+                                "NVML_TEMPERATURE_", "NVML_MEMORY_ERROR_TYPE_",
+                                "NVML_VOLATILE_ECC", "NVML_PERF_POLICY_", "NVML_PCIE_UTIL_",
+                                "NVML_GPM_")):  # fmt: skip
                 setattr(self, name, getattr(pynvml, name))
         self.gpus = gpus
         self.legacy_bytes = legacy_bytes
@@ -75,6 +107,10 @@ class FakeNvml:
         self.initialized = 0
         self.shutdowns = 0
         self._gi_handles: dict[int, tuple[int, int, int, int, int]] = {}
+        self._mig_handles: dict[int, tuple[int, int]] = {}  # addr -> (GPU index, GI id)
+        self._event_sets: dict[int, set[int]] = {}  # addr -> GPU indexes registered
+        self._gpm_samples: dict[int, dict[int, float] | None] = {}  # addr -> snapshot
+        self._next_addr = 0x800000
 
     # --- helpers -------------------------------------------------------------------------------
     def _s(self, value: str) -> str | bytes:
@@ -84,9 +120,20 @@ class FakeNvml:
         if not self.initialized:
             raise nvml_error(pynvml.NVML_ERROR_UNINITIALIZED)
 
+    def _addr(self, handle: Any) -> int:
+        return ctypes.cast(handle, ctypes.c_void_p).value or 0
+
+    def _new_addr(self) -> int:
+        self._next_addr += 0x10
+        return self._next_addr
+
     def _gpu(self, handle: Any, fn: str) -> FakeGpu:
         self._live()
-        addr = ctypes.cast(handle, ctypes.c_void_p).value or 0
+        addr = self._addr(handle)
+        if addr in self._mig_handles:
+            addr = 0x1000 * (self._mig_handles[addr][0] + 1)
+        if not 0 < addr // 0x1000 <= len(self.gpus) or addr % 0x1000:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         gpu = self.gpus[addr // 0x1000 - 1]
         if fn in gpu.not_supported:
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -142,6 +189,14 @@ class FakeNvml:
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
         gpu = self._gpu(handle, "nvmlDeviceGetMemoryInfo")
         mem = pynvml.c_nvmlMemory_t()
+        mig = self._mig_handles.get(self._addr(handle))
+        if mig is not None:  # a MIG device: its GPU instance's memory
+            gi = mig[1]
+            size = next(i[3] for i in gpu.instances if i[0] == gi)
+            mem.total = size * (gpu.memory_total // 8)
+            mem.used = gpu.mig_fb_used.get(gi, 1024) * MIB
+            mem.free = mem.total - mem.used
+            return mem
         mem.total, mem.used = gpu.memory_total, 512 * MIB
         mem.free = mem.total - mem.used
         return mem
@@ -207,6 +262,142 @@ class FakeNvml:
         info.id, info.profileId = gi_id, pid
         info.placement.start, info.placement.size = start, size
         return info
+
+    # --- telemetry (issue 15) ------------------------------------------------------------------
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
+        gpu = self._gpu(handle, "nvmlDeviceGetUtilizationRates")
+        if gpu.mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        util = pynvml.c_nvmlUtilization_t()
+        util.gpu, util.memory = gpu.util, gpu.util // 2
+        return util
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        return self._gpu(handle, "nvmlDeviceGetPowerUsage").power_mw
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
+        return self._gpu(handle, "nvmlDeviceGetTotalEnergyConsumption").energy_mj
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetTemperature")
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.temp
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetTotalEccErrors")
+        if gpu.ecc[0] != pynvml.NVML_FEATURE_ENABLED:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.ecc_errors[1 if errorType == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED else 0]
+
+    def nvmlDeviceGetRemappedRows(self, device: Any) -> tuple[int, int, int, int]:
+        return self._gpu(device, "nvmlDeviceGetRemappedRows").remapped
+
+    def nvmlDeviceGetPcieThroughput(self, device: Any, counter: int) -> int:
+        return self._gpu(device, "nvmlDeviceGetPcieThroughput").pcie_kb[counter]
+
+    def nvmlDeviceGetViolationStatus(self, device: Any, perfPolicyType: int) -> Any:
+        gpu = self._gpu(device, "nvmlDeviceGetViolationStatus")
+        out = pynvml.c_nvmlViolationTime_t()
+        out.referenceTime, out.violationTime = 10**12, gpu.violation_ns
+        return out
+
+    def nvmlEventSetCreate(self) -> Any:
+        self._live()
+        addr = self._new_addr()
+        self._event_sets[addr] = set()
+        return ctypes.cast(ctypes.c_void_p(addr), pynvml.c_nvmlEventSet_t)
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:
+        self._gpu(handle, "nvmlDeviceRegisterEvents")
+        self._event_sets[self._addr(eventSet)].add(self._addr(handle) // 0x1000 - 1)
+
+    def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> Any:
+        self._live()
+        for index in sorted(self._event_sets[self._addr(eventSet)]):
+            if self.gpus[index].xids:
+                data = pynvml.c_nvmlEventData_t()
+                data.device = self.nvmlDeviceGetHandleByIndex(index)
+                data.eventType = pynvml.nvmlEventTypeXidCriticalError
+                data.eventData = self.gpus[index].xids.pop(0)
+                return data
+        raise nvml_error(pynvml.NVML_ERROR_TIMEOUT)
+
+    def nvmlEventSetFree(self, eventSet: Any) -> None:
+        self._event_sets.pop(self._addr(eventSet), None)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int:
+        gpu = self._gpu(device, "nvmlDeviceGetMaxMigDeviceCount")
+        return 7 if gpu.mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any:
+        gpu = self._gpu(device, "nvmlDeviceGetMigDeviceHandleByIndex")
+        if not 0 <= index < len(gpu.instances):
+            raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+        dev = self._addr(device)
+        addr = 0x400000 + dev + index
+        self._mig_handles[addr] = (dev // 0x1000 - 1, gpu.instances[index][0])
+        return ctypes.cast(ctypes.c_void_p(addr), pynvml.c_nvmlDevice_t)
+
+    def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int:
+        self._live()
+        mig = self._mig_handles.get(self._addr(device))
+        if mig is None:  # not a MIG device
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return mig[1]
+
+    def nvmlDeviceGetGpuInstanceById(self, device: Any, gpuInstanceId: int) -> Any:
+        gpu = self._gpu(device, "nvmlDeviceGetGpuInstanceById")
+        dev = self._addr(device)
+        for gi_id, pid, start, size in gpu.instances:
+            if gi_id == gpuInstanceId:
+                addr = 0x100000 + dev + gi_id
+                self._gi_handles[addr] = (dev, gi_id, pid, start, size)
+                return ctypes.cast(ctypes.c_void_p(addr), pynvml.c_nvmlGpuInstance_t)
+        raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlGpmQueryDeviceSupport(self, device: Any) -> Any:
+        gpu = self._gpu(device, "nvmlGpmQueryDeviceSupport")
+        out = pynvml.c_nvmlGpmSupport_t()
+        out.version, out.isSupportedDevice = 1, int(gpu.gpm is not None)
+        return out
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        self._live()
+        addr = self._new_addr()
+        self._gpm_samples[addr] = None
+        return ctypes.cast(ctypes.c_void_p(addr), pynvml.c_nvmlGpmSample_t)
+
+    def nvmlGpmSampleFree(self, gpmSample: Any) -> None:
+        self._gpm_samples.pop(self._addr(gpmSample), None)
+
+    def nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> Any:
+        gpu = self._gpu(device, "nvmlGpmSampleGet")
+        if gpu.gpm is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        self._gpm_samples[self._addr(gpmSample)] = dict(gpu.gpm)
+        return gpmSample
+
+    def nvmlGpmMigSampleGet(self, device: Any, gpuInstanceId: int, gpmSample: Any) -> Any:
+        gpu = self._gpu(device, "nvmlGpmMigSampleGet")
+        if gpu.gpm is None or gpuInstanceId not in {i[0] for i in gpu.instances}:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        self._gpm_samples[self._addr(gpmSample)] = dict(gpu.gpm_mig.get(gpuInstanceId, {}))
+        return gpmSample
+
+    def nvmlGpmMetricsGet(self, metricsGet: Any) -> Any:
+        self._live()
+        first = self._gpm_samples.get(self._addr(metricsGet.sample1))
+        second = self._gpm_samples.get(self._addr(metricsGet.sample2))
+        if first is None or second is None:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        for k in range(metricsGet.numMetrics):
+            m = metricsGet.metrics[k]
+            if m.metricId in second:
+                m.value, m.nvmlReturn = second[m.metricId], pynvml.NVML_SUCCESS
+            else:
+                m.value, m.nvmlReturn = 0.0, pynvml.NVML_ERROR_NOT_SUPPORTED
+        return metricsGet
 
 
 def h100_node() -> list[FakeGpu]:

@@ -83,6 +83,16 @@ class Settings:
     max_inflight: dict[str, int] = field(default_factory=lambda: dict(MAX_INFLIGHT))
     max_inflight_client_share: float = MAX_INFLIGHT_CLIENT_SHARE
     max_queue_wait_ms: float = MAX_QUEUE_WAIT_MS
+    # Telemetry (issue 15): raw readings are kept ``telemetry_raw_hours``
+    # (PROOFPLANE_TELEMETRY_RAW_HOURS, 1..8760, default 48; hourly rollups 400 days); the
+    # server rolls up, applies retention and judges idle workloads every
+    # ``telemetry_interval_s`` (PROOFPLANE_TELEMETRY_INTERVAL_SECONDS, default 60; None or 0:
+    # never).
+    telemetry_raw_hours: float = 48.0
+    telemetry_interval_s: float | None = None
+    # Alerts (issue 15, §8): where they go and how often the rules run (``AlertSettings``);
+    # None: no alert worker.
+    alerts: AlertSettings | None = None
 
 
 DEMO_ATTESTERS = ("simulated",)
@@ -229,6 +239,10 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         max_queue_wait_ms=_seconds(
             env, "PROOFPLANE_MAX_QUEUE_WAIT_MS", str(MAX_QUEUE_WAIT_MS), 0, 1000
         ),
+        telemetry_raw_hours=_seconds(env, "PROOFPLANE_TELEMETRY_RAW_HOURS", "48", 1, 8760),
+        telemetry_interval_s=_seconds(env, "PROOFPLANE_TELEMETRY_INTERVAL_SECONDS", "60", 0, 3600)
+        or None,
+        alerts=alert_settings_from_env(env),
     )
 
 
@@ -477,4 +491,74 @@ def network_from_env(env: dict[str, str] | None = None) -> NetworkSettings:
         vni_pool=_pool(env, "PROOFPLANE_VNI_POOL", (10_000, 16_000_000), VNI_LIMITS),
         pkey_pool=_pool(env, "PROOFPLANE_PKEY_POOL", PKEY_LIMITS, PKEY_LIMITS),
         cooldown=timedelta(days=days),
+    )
+
+
+# --- alerts (issue 15, §8) ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AlertSettings:
+    """The alert worker: a pass every ``interval_s`` (``PROOFPLANE_ALERT_INTERVAL_SECONDS``,
+    default 60; 0: no worker) evaluates the rules (``PROOFPLANE_ALERT_RULES``: a YAML file;
+    default the shipped ``data/alert-rules.yaml``) and sends what fires to each Alertmanager in
+    ``PROOFPLANE_ALERTMANAGER_URLS`` (``POST /api/v2/alerts``) and each webhook in
+    ``PROOFPLANE_ALERT_WEBHOOKS`` (Alertmanager's webhook body), with the bearer token in
+    ``PROOFPLANE_ALERT_WEBHOOK_TOKEN_FILE`` when set. URLs are the operator's (http or https;
+    loopback allowed: an Alertmanager beside the server is the usual set-up), never with
+    credentials in them. ``PROOFPLANE_EXTERNAL_URL``: this server's address as people reach it,
+    for each alert's link to its event."""
+
+    interval_s: float = 60.0
+    alertmanagers: tuple[str, ...] = ()
+    webhooks: tuple[str, ...] = ()
+    webhook_token_file: str | None = None
+    rules_file: str | None = None
+    external_url: str | None = None
+
+
+def _urls(env: dict[str, str], name: str) -> tuple[str, ...]:
+    from urllib.parse import urlsplit
+
+    out = []
+    for url in env.get(name, "").replace(",", " ").split():
+        try:
+            parts = urlsplit(url)
+            ok = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+            credentials = parts.username is not None or parts.password is not None
+        except ValueError:
+            ok, credentials = False, False
+        if not ok:
+            raise ValidationFailed(
+                f"{name}: {url[:100]!r} is not an http(s) URL", code="invalid_setting"
+            )
+        if credentials:
+            raise ValidationFailed(
+                f"{name}: put no credentials in the URL (they would be logged); webhooks take "
+                "PROOFPLANE_ALERT_WEBHOOK_TOKEN_FILE",
+                code="invalid_setting",
+            )
+        out.append(url.rstrip("/"))
+    return tuple(out)
+
+
+def alert_settings_from_env(env: dict[str, str] | None = None) -> AlertSettings:
+    """Alert settings from ``PROOFPLANE_ALERT*``; a malformed one is an error, not a default."""
+    env = dict(os.environ if env is None else env)
+    token = env.get("PROOFPLANE_ALERT_WEBHOOK_TOKEN_FILE", "").strip() or None
+    rules = env.get("PROOFPLANE_ALERT_RULES", "").strip() or None
+    for name, value in (
+        ("PROOFPLANE_ALERT_WEBHOOK_TOKEN_FILE", token),
+        ("PROOFPLANE_ALERT_RULES", rules),
+    ):
+        if value is not None and not os.path.isabs(value):
+            raise ValidationFailed(f"{name} must be an absolute path", code="invalid_setting")
+    external = _urls(env, "PROOFPLANE_EXTERNAL_URL")
+    return AlertSettings(
+        interval_s=_seconds(env, "PROOFPLANE_ALERT_INTERVAL_SECONDS", "60", 0, 86400),
+        alertmanagers=_urls(env, "PROOFPLANE_ALERTMANAGER_URLS"),
+        webhooks=_urls(env, "PROOFPLANE_ALERT_WEBHOOKS"),
+        webhook_token_file=token,
+        rules_file=rules,
+        external_url=external[0] if external else None,
     )

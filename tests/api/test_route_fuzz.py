@@ -171,6 +171,23 @@ EXAMPLES: dict[tuple[str, str], Any] = {
     ("POST", f"{API}/tokens"): {"name": "t", "expires_in": 3600},
     ("POST", f"{API}/tokens/{{token_id}}/rotate"): {"expires_in": 600},
     ("POST", f"{API}/nodes/{{name}}/agent-credentials"): {"ttl_days": 1},
+    ("POST", f"{API}/nodes/{{name}}/telemetry"): {
+        "simulated": False,
+        "samples": [
+            {
+                "gpu_uuid": "GPU-fuzz-0",
+                "gi_id": None,
+                "ts": "2026-01-01T00:00:00Z",
+                "values": {"DCGM_FI_DEV_GPU_TEMP": 40, "DCGM_FI_DEV_XID_ERRORS": 79},
+            }
+        ],
+    },
+    ("PUT", f"{API}/tenants/{{name}}/idle-policy"): {
+        "action": "reclaim",
+        "window_s": 1800,
+        "threshold": 0.05,
+        "preemptible_priority": 0,
+    },
     ("POST", f"{API}/sinks"): {"name": "fuzz-s2", "type": "ocsf-file", "config": {"path": "x"}},
     ("POST", f"{API}/keys"): {"name": "fuzz-k1", "purpose": "encrypt"},
     ("POST", f"{API}/nodes/{{name}}/agent-certificate"): {

@@ -247,9 +247,15 @@ ADMISSION_REVIEW = {
 
 
 P = Permission
+USAGE_WINDOW = {"from": "2026-01-01T00:00:00Z", "to": "2026-02-01T00:00:00Z"}
 MATRIX: dict[tuple[str, str], Entry] = {
     # health
     ("GET", "/healthz"): Entry("public", fixed("/healthz"), 200),
+    # Prometheus exposition (issue 15): every tenant's fleet numbers, so a global permission
+    ("GET", "/metrics"): Entry(P.METRICS_READ, fixed("/metrics"), 200),
+    # capacity per compliance pool (issue 15): fleet-wide, so metrics:read; alerts are events
+    ("GET", f"{API}/capacity"): Entry(P.METRICS_READ, fixed(f"{API}/capacity"), 200),
+    ("GET", f"{API}/alerts"): Entry(P.EVENTS_READ, fixed(f"{API}/alerts"), 200),
     ("GET", "/readyz"): Entry("public", fixed("/readyz"), 200),
     # auth
     ("POST", f"{API}/auth/login"): Entry(
@@ -446,7 +452,60 @@ MATRIX: dict[tuple[str, str], Entry] = {
     ),
     # events: not tenant objects
     ("GET", f"{API}/events"): Entry(P.EVENTS_READ, fixed(f"{API}/events"), 200),
+    # usage and chargeback (issue 15): a tenant's report; the fleet's cost comparison
+    ("GET", f"{API}/usage"): Entry(
+        P.WORKLOADS_READ,
+        lambda _w, v, _i: Req(f"{API}/usage", params={"tenant": v, **USAGE_WINDOW}),
+        200,
+        tenant_target=True,
+    ),
+    ("GET", f"{API}/usage/cost-compare"): Entry(
+        P.EVENTS_READ, fixed(f"{API}/usage/cost-compare", params=USAGE_WINDOW), 200
+    ),
     ("GET", f"{API}/events/{{seq}}"): Entry(P.EVENTS_READ, fixed(f"{API}/events/1"), 200),
+    # telemetry (issue 15): a node's readings in (n1's own GPU), readings out scoped to the
+    # reader's tenants, drained GPUs, each tenant's idle policy
+    ("POST", f"{API}/nodes/{{name}}/telemetry"): Entry(
+        P.NODES_WRITE,
+        lambda _w, _v, _i: Req(
+            f"{API}/nodes/n1/telemetry",
+            json={
+                "samples": [
+                    {
+                        "gpu_uuid": "GPU-n1-0",
+                        "ts": datetime.now(UTC).isoformat(),
+                        "values": {"DCGM_FI_DEV_GPU_TEMP": 40},
+                    }
+                ]
+            },
+        ),  # fmt: skip
+        200,
+    ),
+    ("GET", f"{API}/telemetry"): Entry(
+        P.WORKLOADS_READ,
+        lambda _w, v, _i: Req(f"{API}/telemetry", params={"tenant": v}),
+        200,
+        tenant_target=True,
+    ),
+    ("GET", f"{API}/telemetry/latest"): Entry(
+        P.WORKLOADS_READ, fixed(f"{API}/telemetry/latest"), 200
+    ),
+    ("GET", f"{API}/gpu-health"): Entry(P.NODES_READ, fixed(f"{API}/gpu-health"), 200),
+    ("POST", f"{API}/nodes/{{name}}/gpus/{{gpu_uuid}}/recover"): Entry(
+        P.NODES_WRITE, fixed(f"{API}/nodes/n1/gpus/GPU-n1-0/recover"), 404
+    ),
+    ("GET", f"{API}/tenants/{{name}}/idle-policy"): Entry(
+        P.TENANTS_READ,
+        lambda _w, v, _i: Req(f"{API}/tenants/{v}/idle-policy"),
+        200,
+        tenant_target=True,
+    ),
+    ("PUT", f"{API}/tenants/{{name}}/idle-policy"): Entry(
+        P.TENANTS_WRITE,
+        lambda _w, v, _i: Req(f"{API}/tenants/{v}/idle-policy", json={"action": "reclaim"}),
+        200,
+        tenant_target=True,
+    ),
     # the audit log: not tenant objects (auditors see the whole log)
     ("GET", f"{API}/audit/checkpoint"): Entry(P.AUDIT_READ, fixed(f"{API}/audit/checkpoint"), 200),
     ("POST", f"{API}/audit/checkpoint"): Entry(
@@ -1022,6 +1081,9 @@ PROBES: dict[str, Probe] = {
         lambda t: Req(f"{API}/workloads/batch", json={"items": [{"name": "w-new", "tenant": t}]}),
     ),
     "get-tenant": Probe("GET", lambda t: Req(f"{API}/tenants/{t}")),
+    "usage-report": Probe(
+        "GET", lambda t: Req(f"{API}/usage", params={"tenant": t, **USAGE_WINDOW})
+    ),
     "get-user": Probe("GET", lambda t: Req(f"{API}/users/dev-{t}")),
     "update-user": Probe("PATCH", lambda t: Req(f"{API}/users/dev-{t}", json={"disabled": True})),
     "unlock-user": Probe("POST", lambda t: Req(f"{API}/users/dev-{t}/unlock")),

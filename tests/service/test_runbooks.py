@@ -26,6 +26,7 @@ from proofplane.cli.main import app as cli_app
 from proofplane.errors import Conflict, NotFound, ProofplaneError, ValidationFailed
 from proofplane.govern.runbooks import Runbook, Trigger, parse_runbook
 from proofplane.govern.runbooks import runbook_for as match
+from proofplane.meter.anomaly import EVALUATED_RULES
 from proofplane.model import Outcome, Tenant
 from proofplane.service import access
 from proofplane.service import runbooks as svc
@@ -40,6 +41,12 @@ SHIPPED = {
     "siem-sink-down",
     "suspected-tenant-breakout",
     "key-compromise",
+    # issue 15: the alert worker's rules and the GPU health drain
+    "offhours-spike",
+    "transfer-volume",
+    "control-failing",
+    "capacity-n-plus-one",
+    "gpu-health",
 }
 PASSWORD = "correct horse battery staple"
 AUDITOR = Actor("aud", frozenset({Role.AUDITOR}))
@@ -64,6 +71,8 @@ def _recorded_actions() -> set[str]:
             value = getattr(node.args[0], "value", None)
             if name in ("record", "NewEvent", "_record") and isinstance(value, str):
                 found.add(value)
+    # the alert worker records alert.<rule> for each rule it evaluates (service/alerts.py)
+    found.update(f"alert.{rule}" for rule in EVALUATED_RULES)
     return found
 
 

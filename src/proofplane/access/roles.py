@@ -34,6 +34,7 @@ class Permission(StrEnum):
     KEYS_WRITE = "keys:write"  # create, rotate, rewrap, disable, enable KMS keys (admin only)
     CHANGES_READ = "changes:read"  # change requests, their approvals, the change register
     CHANGES_APPROVE = "changes:approve"  # approve or deny change requests (rules say whose)
+    METRICS_READ = "metrics:read"  # scrape /metrics: fleet usage per tenant and pool, health
 
 
 class Role(StrEnum):
@@ -44,6 +45,9 @@ class Role(StrEnum):
     AUDITOR = "auditor"
     # reads everything, approves or denies changes; applies nothing, changes nothing else
     SECURITY_OFFICER = "security-officer"
+    # a Prometheus server's identity: scrapes /metrics and nothing else (least privilege: the
+    # bearer token sits in a scrape configuration, so it must not be an operator's)
+    MONITORING = "monitoring"
 
 
 P = Permission
@@ -63,6 +67,7 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
             P.SINKS_WRITE,
             P.KEYS_READ,
             P.CHANGES_READ,
+            P.METRICS_READ,
         }
     ),
     Role.DEVELOPER: frozenset({P.NODES_READ, P.TENANTS_READ, P.WORKLOADS_READ, P.WORKLOADS_WRITE}),
@@ -91,6 +96,7 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
             P.SINKS_READ,
             P.KEYS_READ,
             P.CHANGES_READ,
+            P.METRICS_READ,
         }
     ),
     Role.SECURITY_OFFICER: frozenset(
@@ -106,12 +112,18 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
             P.KEYS_READ,
             P.CHANGES_READ,
             P.CHANGES_APPROVE,
+            P.METRICS_READ,
         }
     ),
+    Role.MONITORING: frozenset({P.METRICS_READ}),
 }
-GLOBAL_ROLES = frozenset({Role.ADMIN, Role.OPERATOR, Role.AUDITOR, Role.SECURITY_OFFICER})
+GLOBAL_ROLES = frozenset(
+    {Role.ADMIN, Role.OPERATOR, Role.AUDITOR, Role.SECURITY_OFFICER, Role.MONITORING}
+)
 SCOPED_ROLES = frozenset({Role.DEVELOPER, Role.TENANT_ADMIN})
-# Roles whose holders must log in with a second factor (TOTP).
+# Roles whose holders must log in with a second factor (TOTP). ``monitoring`` is a machine's
+# role (an API token in a scrape configuration, never a password login in practice) whose one
+# permission reads aggregate metrics.
 MFA_REQUIRED = frozenset(
     {Role.ADMIN, Role.OPERATOR, Role.TENANT_ADMIN, Role.AUDITOR, Role.SECURITY_OFFICER}
 )

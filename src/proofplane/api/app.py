@@ -22,21 +22,26 @@ from proofplane.api import (
     routes_changes,
     routes_incidents,
     routes_keys,
+    routes_metrics,
     routes_network,
     routes_oidc,
     routes_runbooks,
     routes_sinks,
+    routes_telemetry,
+    routes_usage,
 )
 from proofplane.api.deps import public
 from proofplane.api.middleware_errors import ServerErrors
 from proofplane.api.middleware_headers import DOCS_CONTENT_SECURITY_POLICY, SecurityHeaders
 from proofplane.api.middleware_limits import BodyLimit, route_limits
+from proofplane.api.middleware_metrics import HttpMetrics
 from proofplane.api.middleware_overload import Overload, limiter_for
 from proofplane.api.request_body import checked_json_body
 from proofplane.api.routes import router
 from proofplane.config import ExecutionSettings, Settings
 from proofplane.errors import ProofplaneError
 from proofplane.service import access as access_svc
+from proofplane.service import alerts as alerts_svc
 from proofplane.service import audit as audit_svc
 from proofplane.service import changes as changes_svc
 from proofplane.service import execution as execution_svc
@@ -50,8 +55,10 @@ from proofplane.workers import (
     stale_worker,
     sync_worker,
 )
+from proofplane.workers.alerts import alert_worker
 from proofplane.workers.change_reviews import review_worker
 from proofplane.workers.leader import leadership_for
+from proofplane.workers.telemetry import telemetry_worker
 
 
 @contextmanager
@@ -86,6 +93,9 @@ def create_app(
     # library that is missing…) fails here, at start, with its message (a KmsError).
     # (No store: an application built only for its route table.)
     kms = keys_svc.kms_for(store) if store is not None else None
+    # The alert rules file (PROOFPLANE_ALERT_RULES): a mistake fails here, at start, too.
+    if settings.alerts is not None and settings.alerts.interval_s:
+        alerts_svc.load_rules(settings.alerts.rules_file)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -102,7 +112,18 @@ def create_app(
                 timedelta(seconds=settings.attest_grace_s),
             ) as stale,
             review_worker(store, settings.change_review_check_interval_s) as reviews,
+            telemetry_worker(
+                store, settings.telemetry_interval_s, settings.telemetry_raw_hours
+            ) as telemetry,
+            alert_worker(
+                store,
+                settings.alerts,
+                cluster=settings.cluster_id,
+                attest_grace_s=settings.attest_grace_s,
+            ) as alerter,
         ):
+            app.state.telemetry_worker = telemetry
+            app.state.alert_worker = alerter
             app.state.attest_stale_checker = stale
             app.state.change_reviews = reviews
             app.state.siem_exporter = worker
@@ -144,6 +165,9 @@ def create_app(
     app.include_router(routes_runbooks.router)
     app.include_router(routes_network.router)
     app.include_router(routes_changes.router)
+    app.include_router(routes_metrics.router)
+    app.include_router(routes_telemetry.router)
+    app.include_router(routes_usage.router)
     # Request bodies: settings.max_body_bytes, a node's evidence its own (issue 19, §3);
     # security headers on every answer, the 413 included (§6).
     app.add_middleware(
@@ -167,8 +191,11 @@ def create_app(
         else lambda token: access_svc.token_is_known(store, token, datetime.now(UTC))
     )
     build_stack = app.build_middleware_stack
+    # HTTP latency by route template (issue 15, §3), refusals included: inside the headers,
+    # outside the limiter
     app.build_middleware_stack = lambda: SecurityHeaders(  # type: ignore[method-assign]
-        Overload(build_stack(), overload, settings.max_queue_wait_ms / 1000, known), docs_csp
+        HttpMetrics(Overload(build_stack(), overload, settings.max_queue_wait_ms / 1000, known)),
+        docs_csp,
     )
 
     @app.get("/healthz", tags=["health"], dependencies=[Depends(public)])

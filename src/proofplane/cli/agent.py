@@ -19,27 +19,39 @@ network state (``GET /api/v1/nodes/{name}/network``), apply it (:mod:`proofplane
 hashes and the self-check (``POST …/network/report``). With ``--underlay-dev`` (and ``--vtep``,
 default the device's first IPv4 address) the agent registers its underlay first. ``--once``
 exits 0 when the self-check passed, 1 otherwise.
+Telemetry (issue 15): with ``--telemetry`` the agent also posts its GPUs' and MIG instances'
+readings every ``--telemetry-interval`` seconds (15) to ``POST /api/v1/nodes/{name}/telemetry``,
+read through NVML (:mod:`proofplane.agent.telemetry`), or scraped from the site's
+dcgm-exporter with ``--dcgm-url URL``; ``--collect-telemetry`` prints one read (JSON, the
+posted form) and exits. A failed post is reported on stderr and the next interval tries again
+(readings are not queued: the server stores a re-sent reading once).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import json
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import typer
 
 from proofplane.agent import channel
+from proofplane.agent import telemetry as collectors
 from proofplane.agent.tpm.tpm2tools import Tpm, TpmToolError
 from proofplane.attest import Evidence
 from proofplane.cli.client import ApiClient, ApiError, CliError, ServerUnreachable, segment
 from proofplane.cli.render import print_json, print_line
 from proofplane.hardware import nvml
+from proofplane.meter.samples import Sample, to_wire
+from proofplane.workers.base import Worker
 
 DEFAULT_EVENTLOG = Path("/sys/kernel/security/tpm0/binary_bios_measurements")
 EK_HANDLE = "0x81010001"
@@ -205,6 +217,27 @@ def agent(
         help="With --apply-network: where the agent keeps what it applied (the ruleset's "
         "listing hash, the generation) between runs.",
     ),
+    telemetry: bool = typer.Option(
+        False,
+        "--telemetry",
+        help="Also post GPU and MIG-instance telemetry (NVML, or --dcgm-url) every "
+        "--telemetry-interval seconds.",
+    ),
+    dcgm_url: str | None = typer.Option(
+        None,
+        "--dcgm-url",
+        envvar="PROOFPLANE_DCGM_URL",
+        help="Scrape this dcgm-exporter (e.g. http://127.0.0.1:9400/metrics) for telemetry "
+        "instead of reading NVML (implies --telemetry).",
+    ),
+    telemetry_interval: float = typer.Option(
+        15.0, "--telemetry-interval", min=1.0, help="Seconds between telemetry posts."
+    ),
+    collect_telemetry: bool = typer.Option(
+        False,
+        "--collect-telemetry",
+        help="Print one telemetry read (JSON, as posted) and exit.",
+    ),
     once: bool = typer.Option(False, "--once", help="One round, then exit 0 (pass) or 1."),
     interval: float = typer.Option(60.0, "--interval", min=0.2, help="Seconds between rounds."),
     as_json: bool = typer.Option(False, "--json", help="Print the server's answer as JSON."),
@@ -216,6 +249,15 @@ def agent(
             print_json(nvml.collect())
         except nvml.NvmlError as exc:
             raise CliError(f"proofplane agent: {exc.message}", exit_code=1) from None
+        return
+    if collect_telemetry:
+        source = telemetry_source(dcgm_url)
+        try:
+            print_json(to_wire(source.read(node or "this-node", datetime.now(UTC))))
+        except (nvml.NvmlError, httpx.HTTPError, ValueError) as exc:
+            raise CliError(f"proofplane agent: cannot read telemetry: {exc}", exit_code=1) from None
+        finally:
+            source.close()
         return
     missing = [f"--{n}" for n, v in (("server", server), ("token", token), ("node", node)) if not v]
     if missing:
@@ -232,7 +274,14 @@ def agent(
         )  # fmt: skip
         return
     recorded = _read_inventory(inventory)
-    with tempfile.TemporaryDirectory(prefix="proofplane-agent-") as tmp:
+    poster = None
+    if telemetry or dcgm_url:
+        poster = TelemetryPoster(
+            server, token, node, cert_dir, telemetry_source(dcgm_url), telemetry_interval
+        )
+        if not once:
+            poster.start()
+    with tempfile.TemporaryDirectory(prefix="proofplane-agent-") as tmp, _stopping(poster):
         tpm = Tpm(tcti, Path(tmp))
         while True:
             inv = recorded if inventory is not None else gpu_inventory(None)
@@ -256,6 +305,10 @@ def agent(
                 status = "accepted" if verdict["ok"] else "REJECTED " + ",".join(verdict["reasons"])
                 print_line(f"node {node}: attestation {status}; state {result['state']}")
             if once:
+                if poster is not None:
+                    poster.tick()
+                    if poster.last_error:
+                        typer.echo(f"proofplane agent: telemetry: {poster.last_error}", err=True)
                 if not verdict["ok"]:
                     raise typer.Exit(1)
                 return
@@ -453,3 +506,96 @@ def _network_line(out: dict[str, Any]) -> str:
         f"node {out['node']}: network generation {out['generation']} "
         f"({changed}; {out['seconds']:.2f} s); self-check {verdict}"
     )
+
+
+# --- telemetry (issue 15) ---------------------------------------------------------------------
+
+#: readings per post: well under the server's 20,000 and its 1 MiB body
+POST_READINGS = 5000
+
+
+class _Source:
+    """A collector with ``read(node, now)`` and ``close()``."""
+
+    def __init__(self, read: Any, close: Any) -> None:
+        self.read = read
+        self.close = close
+
+
+def telemetry_source(dcgm_url: str | None, nvml_module: Any = None) -> _Source:
+    """The node's telemetry: a dcgm-exporter scrape (MIG instances named by their start where
+    NVML can say it), else NVML."""
+    if dcgm_url:
+        try:
+            starts = collectors.mig_starts(nvml.collect(nvml_module))
+        except nvml.NvmlError:
+            starts = {}
+        scrape = collectors.DcgmScrape(dcgm_url, starts=starts)
+        return _Source(scrape.read, lambda: None)
+    reader = collectors.NvmlTelemetry(nvml_module)
+    return _Source(reader.read, reader.close)
+
+
+def post_telemetry(
+    api: ApiClient, node: str, samples: list[Sample], *, chunk: int = POST_READINGS
+) -> dict[str, Any]:
+    """Post ``samples`` in batches of at most ``chunk`` readings; the answers summed."""
+    total: dict[str, Any] = {"node": node, "accepted": 0, "stored": 0, "ignored": {},
+                             "drained": []}  # fmt: skip
+    for i in range(0, len(samples), chunk):
+        out = api.post(f"/api/v1/nodes/{segment(node)}/telemetry", to_wire(samples[i : i + chunk]))
+        total["accepted"] += out["accepted"]
+        total["stored"] += out["stored"]
+        for reason, n in out["ignored"].items():
+            total["ignored"][reason] = total["ignored"].get(reason, 0) + n
+        total["drained"] += out["drained"]
+    return total
+
+
+class TelemetryPoster(Worker):
+    """Reads the node's telemetry and posts it, every ``interval_s``, on its own thread (the
+    attestation rounds keep their own pace). A failed pass is reported on stderr."""
+
+    leader_only = False
+
+    def __init__(
+        self,
+        server: str,
+        token: str,
+        node: str,
+        cert_dir: Path | None,
+        source: _Source,
+        interval_s: float,
+    ) -> None:
+        super().__init__("agent-telemetry", interval_s, run_at_start=True,
+                         backoff_cap_s=max(interval_s, 300.0))  # fmt: skip
+        self.server, self.token, self.node, self.cert_dir = server, token, node, cert_dir
+        self.source = source
+        self.last: dict[str, Any] | None = None
+
+    def run_once(self) -> dict[str, Any]:
+        samples = self.source.read(self.node, datetime.now(UTC))
+        with _client(self.server, self.token, self.cert_dir) as api:
+            self.last = post_telemetry(api, self.node, samples)
+        for d in self.last["drained"]:
+            typer.echo(f"proofplane agent: GPU {d['gpu_uuid']} drained: {d['message']}", err=True)
+        return self.last
+
+    def on_error(self, exc: Exception) -> None:
+        message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+        typer.echo(f"proofplane agent: telemetry post failed: {message}", err=True)
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        try:
+            super().stop(timeout_s)
+        finally:
+            self.source.close()
+
+
+@contextlib.contextmanager
+def _stopping(poster: TelemetryPoster | None) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        if poster is not None:
+            poster.stop()

@@ -306,6 +306,16 @@ class ApiClient:
         self._parse(resp, gave_up)
         raise AssertionError("unreachable")  # _parse raises for every non-success
 
+    def content(self, path: str, params: dict[str, Any] | None = None) -> bytes:
+        """A ``GET`` answered with a body to pass on as it is (a CSV export): its bytes, or
+        CliError."""
+        clean = {k: v for k, v in (params or {}).items() if v is not None and v != []}
+        resp, gave_up = self._send("GET", path, params=clean, headers={"Accept": "*/*"})
+        if resp.is_success:
+            return resp.content
+        self._parse(resp, gave_up)
+        raise AssertionError("unreachable")  # _parse raises for every non-success
+
     def patch(self, path: str, body: Any = None) -> Any:
         return self.request("PATCH", path, body=body)
 

@@ -15,6 +15,7 @@ from typer.core import TyperGroup
 from proofplane import __version__
 from proofplane.cli import (
     agent,
+    alerts,
     attest,
     audit,
     auth,
@@ -30,8 +31,10 @@ from proofplane.cli import (
     server,
     sim,
     sinks,
+    telemetry,
     tenants,
     tokens,
+    usage,
     users,
     workloads,
 )
@@ -121,7 +124,12 @@ app.add_typer(tenants.app, name="tenants", rich_help_panel="Client")
 app.add_typer(network.app, name="network", rich_help_panel="Client")
 app.add_typer(workloads.app, name="workloads", rich_help_panel="Client")
 app.add_typer(events.app, name="events", rich_help_panel="Client")
+app.add_typer(telemetry.app, name="telemetry", rich_help_panel="Client")
+app.add_typer(usage.app, name="usage", rich_help_panel="Client")
+app.add_typer(usage.cost_app, name="cost", rich_help_panel="Client")
 app.add_typer(backends.app, name="backends", rich_help_panel="Client")
+app.command("capacity", rich_help_panel="Client")(alerts.capacity)
+app.add_typer(alerts.app, name="alerts", rich_help_panel="Audit")
 app.add_typer(audit.app, name="audit", rich_help_panel="Audit")
 app.add_typer(changes.app, name="changes", rich_help_panel="Audit")
 app.add_typer(sinks.app, name="sinks", rich_help_panel="Audit")

@@ -33,7 +33,7 @@ import ssl
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -69,11 +69,13 @@ from proofplane.cli.worker_app import (
 from proofplane.demo import swtpm as demo_swtpm
 from proofplane.demo.attester import DemoAttester, load_attested_demo
 from proofplane.demo.governance import GovernanceSeed, seed_governance
+from proofplane.demo.telemetry import DemoTelemetry
 from proofplane.errors import Conflict, InvalidState, ProofplaneError, ValidationFailed
 from proofplane.hardware.cluster_file import ClusterSpec, parse_cluster
 from proofplane.model import WorkloadStatus
 from proofplane.pki import tls as pki_tls
 from proofplane.service import execution as execution_svc
+from proofplane.service import instruments
 from proofplane.service import keys as keys_svc
 from proofplane.service import sinks as sinks_svc
 from proofplane.service.access import MAX_TOKEN_TTL, bootstrap_admin
@@ -468,6 +470,9 @@ def _welcome(
         f'curl -s {cacert}-H "Authorization: Bearer $PROOFPLANE_TOKEN" {url}/api/v1/nodes',
         'proofplane nodes state fra-h100-01 failed --reason "PSU fault"',
         "proofplane events list --newest --action 'workload.*'",
+        # chargeback from the log (issue 15): today so far, priced with the shipped rate card
+        f"proofplane usage report --from {datetime.now(UTC).date().isoformat()} "
+        f"--to {(datetime.now(UTC) + timedelta(days=1)).date().isoformat()}",
     ]
     if governance is not None:  # change control (issue 12): two other people approve
         cid = governance.change_id
@@ -572,6 +577,7 @@ def _serve(
     attester: DemoAttester | None = None,
     tls: pki_tls.ServerTls | None = None,
     workers: int = 1,
+    telemetry: DemoTelemetry | None = None,
 ) -> None:
     """Serve until stopped; ``stop_jobs`` (``up``): then cancel the engine jobs still live;
     ``attester`` (``up``): the demo's simulated agents keep attesting while it serves;
@@ -581,6 +587,8 @@ def _serve(
     try:
         if attester is not None:
             attester.start()
+        if telemetry is not None:  # the demo's simulated GPU telemetry (issue 15)
+            telemetry.start()
         # With TLS, uvicorn's h11 protocol plus the client certificate in each request's
         # scope (api/tls_scope.py): a node agent's channel certificate is its identity.
         protocol = {"http": ClientCertProtocol} if tls is not None else {}
@@ -590,18 +598,24 @@ def _serve(
             }
             os.environ[SERVE_URL_ENV] = store.url
             store.dispose()  # the worker processes open their own connections
-            uvicorn.run(
-                "proofplane.cli.worker_app:app_from_env",
-                factory=True,
-                workers=workers,
-                # a worker imports and builds the whole application before it answers the
-                # supervisor's health check: seconds on a busy two-core machine
-                timeout_worker_healthcheck=60,
-                host=host,
-                port=port,
-                **uvicorn_tls(tls),
-                **protocol,  # type: ignore[arg-type]
-            )
+            # /metrics sums every worker's counters (prometheus_client's multiprocess mode,
+            # service/instruments.py): the workers inherit PROMETHEUS_MULTIPROC_DIR
+            metrics_dir, made = instruments.prepare_multiprocess()
+            try:
+                uvicorn.run(
+                    "proofplane.cli.worker_app:app_from_env",
+                    factory=True,
+                    workers=workers,
+                    # a worker imports and builds the whole application before it answers the
+                    # supervisor's health check: seconds on a busy two-core machine
+                    timeout_worker_healthcheck=60,
+                    host=host,
+                    port=port,
+                    **uvicorn_tls(tls),
+                    **protocol,  # type: ignore[arg-type]
+                )
+            finally:
+                instruments.forget_multiprocess(metrics_dir, made)
             return
         with store_errors("cannot start the server"):  # e.g. a KMS setting that is wrong
             application = create_app(store, settings, execution)
@@ -617,6 +631,8 @@ def _serve(
             signal.signal(signal.SIGTERM, previous)  # type: ignore[arg-type]
         if attester is not None:
             attester.stop()
+        if telemetry is not None:
+            telemetry.stop()
         try:
             if stop_jobs and store.backend is not None:
                 with store_errors("cannot stop the demo's processes"):
@@ -845,7 +861,9 @@ def up(
             )
         raise
     url_base = base_url(host, port, tls)
+    telemetry = None
     try:
+        telemetry = _demo_telemetry(store, attester is not None)
         installed = bootstrap(store, token)
         saved_in = _save_demo_token(url_base, token) if installed else None
         seeded = seed_governance(store) if installed else None
@@ -865,6 +883,8 @@ def up(
     except BaseException:
         if attester is not None:
             attester.stop()
+        if telemetry is not None:
+            telemetry.stop()
         assert store.backend is not None
         execution_svc.stop_jobs(store.backend, execution_svc.live_job_ids(store, store.backend))
         store.dispose()
@@ -878,7 +898,29 @@ def up(
         stop_jobs=True,
         attester=attester,
         tls=server_files,
+        telemetry=telemetry,
     )
+
+
+def _demo_telemetry(store: Store, demo: bool) -> DemoTelemetry | None:
+    """The demo's SIMULATED GPU telemetry (issue 15): ``PROOFPLANE_DEMO_TELEMETRY_DAYS``
+    (default 14, 0..60) days of simulated hourly history, a few minutes of raw readings, then
+    a reading of every GPU every 15 s while the demo serves (PROOFPLANE_DEMO_TELEMETRY=0:
+    none). Every row is marked simulated."""
+    if not demo or os.environ.get("PROOFPLANE_DEMO_TELEMETRY", "1") == "0":
+        return None
+    raw_days = os.environ.get("PROOFPLANE_DEMO_TELEMETRY_DAYS", "14").strip()
+    if not raw_days.isdigit() or int(raw_days) > 60:
+        raise CliError("proofplane: PROOFPLANE_DEMO_TELEMETRY_DAYS must be 0..60")
+    telemetry = DemoTelemetry(store)
+    with store_errors("cannot write the demo's simulated telemetry"):
+        rows = telemetry.backfill(days=int(raw_days))
+    render.print_line(
+        f"simulated GPU telemetry (marked simulated): {rows['hourly']} hourly rows over "
+        f"{raw_days} days, {rows['raw']} raw readings, then every GPU every 15 s (one idle "
+        "workload, one off-hours spike, one XID error)"
+    )
+    return telemetry
 
 
 @db_app.command("upgrade")

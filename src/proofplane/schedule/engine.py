@@ -153,6 +153,11 @@ class Scheduler:
         self.quotas: dict[str, Quota] = dict(quotas or {})
         self._held: dict[Hashable, Held] = {}
         self._used: dict[str, Cost] = {}
+        # placement order (preemption takes the most recently placed first among equals): a
+        # rank per held key, so that what is released and held again at its old rank (a
+        # what-if check undoing itself) keeps its place
+        self._rank: dict[Hashable, int] = {}
+        self._next_rank = 0
         for h in held:
             self.hold(h)
 
@@ -180,10 +185,20 @@ class Scheduler:
     def set_quota(self, tenant: str, quota: Quota) -> None:
         self.quotas[tenant] = quota
 
-    def hold(self, h: Held) -> None:
-        """Reserve every part of ``h``'s placement (replacing what ``h.key`` held before)."""
+    def rank(self, key: Hashable) -> int | None:
+        """Where ``key`` stands in placement order (lower: placed earlier); None if not held."""
+        return self._rank.get(key)
+
+    def hold(self, h: Held, *, rank: int | None = None) -> None:
+        """Reserve every part of ``h``'s placement (replacing what ``h.key`` held before). It is
+        the most recently placed, unless ``rank`` (a ``rank()`` it had) puts it back where it
+        stood."""
         self.release(h.key)
         self._held[h.key] = h
+        if rank is None:
+            self._next_rank += 1
+            rank = self._next_rank
+        self._rank[h.key] = rank
         for i, part in enumerate(h.placement.parts):
             self.snapshot.reserve(
                 (h.key, i), Allocation(h.name, h.tenant, h.isolation, part, h.co_residency)
@@ -195,6 +210,7 @@ class Scheduler:
         h = self._held.pop(key, None)
         if h is None:
             return None
+        del self._rank[key]
         for i in range(len(h.placement.parts)):
             self.snapshot.release((key, i))
         cost = sum((device_cost(p.devices) for p in h.placement.parts), Cost())
@@ -366,6 +382,7 @@ class Scheduler:
                 else self._gang_preemption_victims(job)
             )
             if victims:
+                ranks = {v.key: self._rank.get(v.key) for v in victims}
                 released = [self.release(v.key) for v in victims]
                 placement, _ = self.place(req)
                 if placement is not None:
@@ -377,7 +394,7 @@ class Scheduler:
                     )
                 for h in released:  # cannot happen (the search just showed it fits); be safe
                     if h is not None:
-                        self.hold(h)
+                        self.hold(h, rank=ranks[h.key])
         if not req.co_residency and (
             req.gpus.mig_profile is not None or req.gpus.share_milli is not None
         ):
@@ -482,7 +499,7 @@ class Scheduler:
         priority first, then the most recently placed, each with the nodes of its parts that
         are admitted for ``job``'s tags (one name per such part; possibly none)."""
         tags = job.request.tags
-        order = {key: n for n, key in enumerate(self._held)}
+        order = self._rank
         out: list[tuple[Held, list[str]]] = []
         for h in self._held.values():
             if h.pool != job.pool or h.priority >= job.priority:
@@ -516,16 +533,19 @@ class Scheduler:
         return self._victims_on(req, ranked[:lo])
 
     def _fits_without(self, req: Request, victims: list[Held]) -> bool:
-        """Whether ``req`` could be placed were ``victims`` gone. Changes nothing."""
+        """Whether ``req`` could be placed were ``victims`` gone. Changes nothing (the victims
+        keep their places in placement order)."""
+        ranks = {h.key: self._rank.get(h.key) for h in victims}
         released = [h for h in victims if self.release(h.key) is not None]
         try:
             return self.place(req)[0] is not None
         finally:
             for h in released:
-                self.hold(h)
+                self.hold(h, rank=ranks[h.key])
 
     def _victims_on(self, req: Request, ranked: list[Held]) -> list[Held]:
         released: list[Held] = []
+        ranks = {h.key: self._rank.get(h.key) for h in ranked}
         try:
             fits = False
             for h in ranked:
@@ -539,7 +559,7 @@ class Scheduler:
             # Keep back every victim the job does not actually need gone.
             needed = list(released)
             for h in list(released):
-                self.hold(h)
+                self.hold(h, rank=ranks[h.key])
                 if self.place(req)[0] is not None:
                     needed.remove(h)
                     released.remove(h)
@@ -548,4 +568,4 @@ class Scheduler:
             return needed
         finally:
             for h in released:
-                self.hold(h)
+                self.hold(h, rank=ranks[h.key])

@@ -59,6 +59,8 @@ NODE_QUARANTINED = "node_quarantined"
 NODE_FAILED = "node_failed"
 NODE_DECOMMISSIONED = "node_decommissioned"
 BACKEND_UNAVAILABLE = "backend_unavailable"
+GPU_UNHEALTHY = "gpu_unhealthy"  # issue 15: the GPU it held was lost (XID, ECC)
+IDLE_RECLAIMED = "idle_reclaimed"  # issue 15: its tenant's idle policy took the capacity back
 CANCELLED = "cancelled"
 
 
@@ -189,6 +191,21 @@ _ENTRIES = (
         BACKEND_UNAVAILABLE,
         "evicted",
         "the execution engine could not be reached to start it; a later sync retries",
+    ),
+    Reason(
+        GPU_UNHEALTHY,
+        "evicted",
+        "a GPU it held failed (a fatal XID error, an uncorrectable ECC error): the GPU is "
+        "drained and the workload is re-placed only where its tags hold",
+        template="GPU {gpu} on node {node} failed: {why}",
+    ),
+    Reason(
+        IDLE_RECLAIMED,
+        "evicted",
+        "it held its devices idle (utilisation below its tenant's threshold over the whole "
+        "window) and its tenant's idle policy reclaims idle preemptible work",
+        template="idle: peak utilisation {peak:.3f} < {threshold:g} over {minutes:g} min "
+        "(tenant {tenant!r} idle policy: reclaim)",
     ),
     Reason(
         CANCELLED,

@@ -48,6 +48,7 @@ from proofplane.attest.verifier import Verdict, check_ak, evidence_hash
 from proofplane.errors import Conflict, InvalidState, NotFound, ValidationFailed
 from proofplane.model import KEEPS_WORK, NodeState, Outcome
 from proofplane.service.context import Store, Tx
+from proofplane.service.instruments import count_verdict, on_commit
 from proofplane.service.lifecycle import change_node_state
 from proofplane.service.runbooks import with_runbook
 from proofplane.store.repo import node_row
@@ -430,6 +431,8 @@ def submit_evidence(
         )  # fmt: skip
         tx.session.add(erow)
         tx.session.flush()
+        # /metrics counts the verdict once it is recorded
+        on_commit(tx.session, lambda: count_verdict(verdict.ok, verdict.reasons))
         tx.record(
             "node.attest",
             "node",

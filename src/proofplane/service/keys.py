@@ -42,6 +42,7 @@ from proofplane.keys import (
 )
 from proofplane.kms import Backend, backend_from_env
 from proofplane.service.context import Store, Tx
+from proofplane.service.instruments import count_kms
 from proofplane.store.tables import KmsKeyRow, KmsKeyVersionRow
 
 log = logging.getLogger(__name__)
@@ -173,11 +174,21 @@ class Kms:
     def _count(self, name: str, op: str) -> None:
         with self._lock:
             self.counts[(name, op)] = self.counts.get((name, op), 0) + 1
+        count_kms(self.backend.kind, name, op)
+
+    def _failed(self, name: str, op: str) -> None:
+        """An operation with key material raised (counted on /metrics; the error goes on)."""
+        count_kms(self.backend.kind, name, op, ok=False)
 
     # --- lifecycle (events) --------------------------------------------------------------------
 
     def _new_version(self, tx: Tx, row: KmsKeyRow, version: int) -> None:
-        handle = self.backend.generate(row.purpose, f"{row.name}-v{version}")
+        try:
+            handle = self.backend.generate(row.purpose, f"{row.name}-v{version}")
+        except Exception:
+            self._failed(row.name, "generate")
+            raise
+        count_kms(self.backend.kind, row.name, "generate")  # on /metrics, not in ``counts``
         public = self.backend.public_key(handle) if row.purpose == SIGN else None
         tx.session.add(KmsKeyVersionRow(key_id=row.id, version=version, handle=handle,
                                         public_key=public, created_at=tx.now))  # fmt: skip
@@ -318,8 +329,12 @@ class Kms:
         """Seal ``plaintext`` under the current version of ``name`` (an ``encrypt`` key)."""
         version, _ = self._usable(session, name)
         handle = self._handle(session, name, version, ENCRYPT)
-        sealed = envelope.seal(plaintext, aad, key=name, version=version,
-                               wrap=lambda dk, a: self.backend.wrap(handle, dk, a))  # fmt: skip
+        try:
+            sealed = envelope.seal(plaintext, aad, key=name, version=version,
+                                   wrap=lambda dk, a: self.backend.wrap(handle, dk, a))  # fmt: skip
+        except Exception:
+            self._failed(name, "encrypt")
+            raise
         self._count(name, "encrypt")
         return sealed.text()
 
@@ -328,9 +343,13 @@ class Kms:
         env = envelope.parse(ciphertext)
         self._usable(session, env.key)
         handle = self._handle(session, env.key, env.version, ENCRYPT)
-        plain = envelope.open_envelope(
-            env, aad, unwrap=lambda w, a: self.backend.unwrap(handle, w, a)
-        )
+        try:
+            plain = envelope.open_envelope(
+                env, aad, unwrap=lambda w, a: self.backend.unwrap(handle, w, a)
+            )
+        except Exception:
+            self._failed(env.key, "decrypt")
+            raise
         self._count(env.key, "decrypt")
         return plain
 
@@ -338,7 +357,11 @@ class Kms:
         """(version, Ed25519 signature) under the current version of ``name``."""
         version, _ = self._usable(session, name)
         handle = self._handle(session, name, version, SIGN)
-        signature = self.backend.sign(handle, message)
+        try:
+            signature = self.backend.sign(handle, message)
+        except Exception:
+            self._failed(name, "sign")
+            raise
         self._count(name, "sign")
         return version, signature
 

@@ -8,7 +8,11 @@ this module persists each one and records its events in the same transaction.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import event as sa_event
@@ -24,14 +28,17 @@ from proofplane.schedule.reasons import PREEMPTED, render
 from proofplane.schedule.values import Request
 from proofplane.service import netstate
 from proofplane.service.context import Tx
+from proofplane.service.instruments import observe_decision
 from proofplane.service.jobs import cancel_engine_job
 from proofplane.store.repo import (
     NODE_LOAD,
     WORKLOAD_LOAD,
     devices_to_json,
+    drained_gpus,
     members_to_json,
     node_from_row,
     placement_from_row,
+    schedulable,
     tenant_from_row,
     workload_from_row,
 )
@@ -86,7 +93,8 @@ class ClusterView:
         node_rows = NodeRows(session, {row.name: row.id for row in rows})
         for row in rows:
             node_rows[row.name] = row
-        nodes: list[Node] = [node_from_row(row) for row in rows]
+        drained = drained_gpus(session)  # GPUs drained for their health get no new work
+        nodes: list[Node] = [schedulable(node_from_row(row), drained) for row in rows]
         placed = session.scalars(
             select(WorkloadRow)
             .join(WorkloadRow.placement)
@@ -167,7 +175,11 @@ class SchedulerCache:
     so the nodes, workloads and tenants named by the events since its version are read again
     and applied (``upsert_node``, ``release``/``hold``, ``set_quota``). An event whose target
     it cannot interpret (a cluster load, a type it does not know), or more than
-    ``CATCH_UP_MAX`` of them, means a full load."""
+    ``CATCH_UP_MAX`` of them, means a full load.
+
+    Readers that only look (``/metrics``, the capacity check: :meth:`reading`) use the same
+    scheduler between transactions: they catch it up the same way and hold ``lock`` while they
+    look, which a transaction taking the cache waits for."""
 
     def __init__(self) -> None:
         self.version: int | None = None
@@ -177,8 +189,14 @@ class SchedulerCache:
         self.hits = 0
         self.loads = 0
         self.catch_ups = 0
+        #: held by a transaction while it takes the cache, and by a reader while it looks
+        self.lock = threading.Lock()
 
     def view(self, session: Session) -> ClusterView:
+        with self.lock:
+            return self._view(session)
+
+    def _view(self, session: Session) -> ClusterView:
         newest = session.scalar(select(func.max(EventRow.seq))) or 0
         view = ClusterView(session)
         if self.scheduler is not None and self.version is not None and self.version != newest:
@@ -200,6 +218,58 @@ class SchedulerCache:
         sa_event.listen(session, "after_commit", lambda _s: self._after_commit(held))
         sa_event.listen(session, "after_rollback", lambda _s: self._drop(held))
         return view
+
+    @contextmanager
+    def reading(self, session: Session, *, wait_s: float = 1.0) -> Iterator[Scheduler | None]:
+        """For a reader that only looks (metrics, the capacity check): the cached scheduler,
+        caught up to the newest event ``session`` sees, held for the block (this process's
+        transactions wait to take it until the block ends: keep it short, change nothing in
+        it, copy what must outlive it). None when there is none to read: nothing loaded one
+        yet (:meth:`install`), a transaction of this process still holds it after ``wait_s``,
+        or catching up failed (it is dropped, as a transaction would drop it)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            if not self.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                yield None
+                return
+            if self.scheduler is None or self.version is not None:
+                break
+            self.lock.release()  # a transaction owns it: it ends in milliseconds
+            if time.monotonic() >= deadline:
+                yield None
+                return
+            time.sleep(0.002)
+        try:
+            scheduler, version = self.scheduler, self.version
+            if scheduler is None or version is None:
+                yield None
+                return
+            newest = session.scalar(select(func.max(EventRow.seq))) or 0
+            if version != newest:
+                if not self._catch_up(session, scheduler, version):
+                    self.scheduler, self.version = None, None
+                    yield None
+                    return
+                self.version = newest
+                self.catch_ups += 1
+            yield scheduler
+        finally:
+            self.lock.release()
+
+    def install(self, session: Session) -> bool:
+        """Load the cluster in ``session`` (a read) and make it the cache, unless a scheduler
+        is cached meanwhile. The cache's version is the newest event read *before* loading, so
+        whatever the load saw of later writes is read again by the next catch-up (re-reading a
+        target is idempotent). Whether it was installed."""
+        newest = session.scalar(select(func.max(EventRow.seq))) or 0
+        view = ClusterView(session)
+        scheduler, ids = view.scheduler, view.node_rows.ids
+        with self.lock:
+            if self.scheduler is not None:
+                return False
+            self.scheduler, self.version, self.node_ids = scheduler, newest, dict(ids)
+            self.loads += 1
+            return True
 
     def _catch_up(self, session: Session, scheduler: Scheduler, since: int) -> bool:
         """Apply the events after ``since`` to ``scheduler`` by reading their targets again.
@@ -236,13 +306,14 @@ class SchedulerCache:
                 select(NodeRow).where(NodeRow.name.in_(names)).options(*NODE_LOAD)
             )
         }
+        drained = drained_gpus(session, names)
         for name in sorted(names):
             row = rows.get(name)
             if row is None:
                 scheduler.remove_node(name)
                 self.node_ids.pop(name, None)
             else:
-                scheduler.upsert_node(node_from_row(row))
+                scheduler.upsert_node(schedulable(node_from_row(row), drained))
                 self.node_ids[name] = row.id
 
     @staticmethod
@@ -406,7 +477,9 @@ def schedule(tx: Tx, row: WorkloadRow, view: ClusterView, *, preempt: bool = Tru
     """Try to place one pending workload; record the placement (with any repartitioning and
     preemption it took) or why it waits. Preempted workloads are offered capacity again."""
     unready = view.unready(row.tenant.name, row.id)
+    started = time.perf_counter()
     outcome = view.scheduler.schedule(job_of(row), preempt=preempt, unready=unready)
+    observe_decision(outcome.placement is not None, time.perf_counter() - started)
     return apply_outcome(tx, row, view, outcome, preempt=preempt)
 
 
@@ -528,7 +601,8 @@ def evict(tx: Tx, row: WorkloadRow, view: ClusterView, reason: str, message: str
 def sync_node(view: ClusterView, row: NodeRow) -> None:
     """Tell the view's scheduler what a node now is (state, certifications, layouts)."""
     view.node_rows[row.name] = row
-    view.scheduler.upsert_node(node_from_row(row))
+    drained = drained_gpus(view.session, {row.name})
+    view.scheduler.upsert_node(schedulable(node_from_row(row), drained))
 
 
 def reschedule_pending(tx: Tx, view: ClusterView | None = None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -36,6 +37,7 @@ from proofplane.schedule.reasons import CANCELLED, render
 from proofplane.schedule.values import Request
 from proofplane.service import execution, jobs, netstate
 from proofplane.service.context import NewEvent, Store, Tx
+from proofplane.service.instruments import observe_decision
 from proofplane.service.pagination import (
     Page,
     check_limit,
@@ -381,7 +383,9 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
             name, spec.tenant, v["tags"], IsolationLevel(v["isolation"]), gpus, v["co_residency"]
         )
         unready = view.unready(spec.tenant, wid)
+        started = time.perf_counter()
         outcome = view.scheduler.schedule(Job(wid, request, spec.priority), unready=unready)
+        observe_decision(outcome.placement is not None, time.perf_counter() - started)
         if plain and not outcome.preempted and not outcome.repartitions:
             if outcome.placement is not None:
                 change = {"b_id": wid, "b_status": WorkloadStatus.PLACED.value,
@@ -582,7 +586,12 @@ def cancel_workload(
             "workload.cancel",
             "workload",
             name,
-            details={"from_status": status.value, "node": node, "reason": reason},
+            details={
+                "tenant": row.tenant.name,
+                "from_status": status.value,
+                "node": node,
+                "reason": reason,
+            },
         )
         if node is not None:
             reschedule_pending(tx)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Select, Text, bindparam, cast, select
@@ -28,6 +29,7 @@ from proofplane.model.tenant import profile_from_json
 from proofplane.model.workload import devices_json
 from proofplane.store.tables import (
     CertificationRow,
+    GpuHealthRow,
     GpuRow,
     NodeNetworkRow,
     NodeRow,
@@ -81,6 +83,22 @@ def node_from_row(row: NodeRow) -> Node:
         created_at=row.created_at,
         updated_at=row.updated_at,
     )
+
+
+def drained_gpus(session: Session, nodes: Iterable[str] | None = None) -> frozenset[str]:
+    """The UUIDs of the GPUs drained for their health (issue 15), of ``nodes`` or all."""
+    query = select(GpuHealthRow.gpu_uuid)
+    if nodes is not None:
+        query = query.where(GpuHealthRow.node.in_(list(nodes)))
+    return frozenset(session.scalars(query))
+
+
+def schedulable(node: Node, drained: frozenset[str]) -> Node:
+    """The node as placement sees it: without its drained GPUs (no new work goes to them;
+    what already holds them keeps them until evicted)."""
+    if not drained or not any(g.uuid in drained for g in node.gpus):
+        return node
+    return replace(node, gpus=tuple(g for g in node.gpus if g.uuid not in drained))
 
 
 # --- reading nodes without ORM objects (issue 20: the API's hot reads) ------------------------

@@ -12,6 +12,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -68,6 +69,9 @@ class TenantRow(Base):
     # Deleted tenants stay as rows (issue 14): their name is never handed out again, so no user
     # binding, token or policy rule written for the old tenant can reach a new one.
     deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # What happens to its idle workloads (issue 15; None: notify with the defaults):
+    # {"action": "notify"|"reclaim", "window_s", "threshold", "preemptible_priority"}
+    idle_policy: Mapped[dict[str, Any] | None] = mapped_column(JsonType, nullable=True)
 
 
 class NodeRow(Base):
@@ -645,3 +649,101 @@ class NodeNetworkRow(Base):
     # with every report and every new desired generation; NULL: the agent never reported
     drift: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+# --- telemetry (issue 15) ------------------------------------------------------------------
+
+
+class TelemetrySeriesRow(Base):
+    """One series of raw readings: a device's field as one placement holder saw it (``share``:
+    the part of the device it held; ``workload``/``tenant`` None: nobody). Raw rows name
+    their series, so a reading is three numbers on disk."""
+
+    __tablename__ = "telemetry_series"
+    __table_args__ = (
+        UniqueConstraint("key", name="uq_telemetry_series_key"),
+        Index("ix_telemetry_series_node", "node"),
+        Index("ix_telemetry_series_workload", "workload"),
+        Index("ix_telemetry_series_device", "gpu_uuid", "field"),
+    )
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(String(400))
+    node: Mapped[str] = mapped_column(String(63))
+    gpu_uuid: Mapped[str] = mapped_column(String(64))
+    gi_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    profile: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    field: Mapped[str] = mapped_column(String(64))
+    workload: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    tenant: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    share: Mapped[float] = mapped_column(Float)
+    simulated: Mapped[bool] = mapped_column(Boolean)
+
+
+class TelemetryRawRow(Base):
+    """A raw reading, kept PROOFPLANE_TELEMETRY_RAW_HOURS (``ts``: Unix milliseconds). The
+    key makes a re-sent reading a no-op."""
+
+    __tablename__ = "telemetry_raw"
+    __table_args__ = (Index("ix_telemetry_raw_ts", "ts"), {"sqlite_with_rowid": False})
+    series_id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=False)
+    ts: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    value: Mapped[float] = mapped_column(Float)
+
+
+class TelemetryLatestRow(Base):
+    """The newest reading of each device and field (``key``: gpu_uuid, gi_id, field), with the
+    holder then when it was the only one: what dashboards, health and /metrics read."""
+
+    __tablename__ = "telemetry_latest"
+    __table_args__ = (Index("ix_telemetry_latest_node", "node"),)
+    key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    node: Mapped[str] = mapped_column(String(63))
+    gpu_uuid: Mapped[str] = mapped_column(String(64))
+    gi_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    profile: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    field: Mapped[str] = mapped_column(String(64))
+    ts: Mapped[int] = mapped_column(BigInteger)
+    value: Mapped[float] = mapped_column(Float)
+    workload: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    tenant: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    simulated: Mapped[bool] = mapped_column(Boolean)
+
+
+class TelemetryHourlyRow(Base):
+    """An hourly rollup (``meter.rollup``), kept 400 days."""
+
+    __tablename__ = "telemetry_hourly"
+    __table_args__ = (
+        Index("ix_telemetry_hourly_hour", "hour"),
+        Index("ix_telemetry_hourly_tenant", "tenant", "hour"),
+    )
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    hour: Mapped[datetime] = mapped_column(UTCDateTime)
+    node: Mapped[str] = mapped_column(String(63))
+    gpu_uuid: Mapped[str] = mapped_column(String(64))
+    gi_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    field: Mapped[str] = mapped_column(String(64))
+    workload: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    tenant: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    count: Mapped[int] = mapped_column(Integer)
+    sum: Mapped[float] = mapped_column(Float)
+    min: Mapped[float] = mapped_column(Float)
+    max: Mapped[float] = mapped_column(Float)
+    last: Mapped[float] = mapped_column(Float)
+    simulated: Mapped[bool] = mapped_column(Boolean)
+
+
+class GpuHealthRow(Base):
+    """A GPU drained for its health (``meter.health``): no new work goes to it until an
+    operator recovers it. Keyed by UUID, so a node's inventory update keeps it."""
+
+    __tablename__ = "gpu_health"
+    __table_args__ = (Index("ix_gpu_health_node", "node"),)
+    gpu_uuid: Mapped[str] = mapped_column(String(64), primary_key=True)
+    node: Mapped[str] = mapped_column(String(63))
+    state: Mapped[str] = mapped_column(String(16))  # drained
+    cause: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text)
+    xid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    device_lost: Mapped[bool] = mapped_column(Boolean)
+    since: Mapped[datetime] = mapped_column(UTCDateTime)

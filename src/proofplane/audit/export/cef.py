@@ -50,8 +50,9 @@ def escape_extension(value: str) -> str:
 
 
 def severity(event: Event) -> int:
-    """CEF severity 0-10: alerts 8, denials 7, failures 5, the rest 3."""
-    if event.action.startswith("alert."):
+    """CEF severity 0-10: alerts 8 (not an alert's resolution), denials 7, failures 5, the
+    rest 3."""
+    if event.action.startswith("alert.") and event.action != "alert.resolve":
         return 8
     if event.outcome is Outcome.DENIED:
         return 7

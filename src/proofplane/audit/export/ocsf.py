@@ -118,6 +118,8 @@ _EXACT: dict[str, tuple[int, int, str]] = {
     "incident.open": (DETECTION_FINDING, 1, "Create"),
     "incident.update": (DETECTION_FINDING, 2, "Update"),
     "incident.close": (DETECTION_FINDING, 3, "Close"),
+    # an alert's end closes the finding its raise (alert.<rule>) created
+    "alert.resolve": (DETECTION_FINDING, 3, "Close"),
 }
 # First matching prefix wins.
 _PREFIX: list[tuple[str, tuple[int, int, str]]] = [

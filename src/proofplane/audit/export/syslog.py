@@ -38,8 +38,9 @@ CRITICAL, WARNING, NOTICE, INFORMATIONAL = 2, 4, 5, 6
 
 
 def severity(event: Event) -> int:
-    """RFC 5424 severity: alerts critical, denials and failures warning, the rest notice."""
-    if event.action.startswith("alert."):
+    """RFC 5424 severity: alerts critical (an alert's resolution is news, not one), denials
+    and failures warning, the rest notice."""
+    if event.action.startswith("alert.") and event.action != "alert.resolve":
         return CRITICAL
     if event.outcome in (Outcome.DENIED, Outcome.FAILURE):
         return WARNING
