@@ -139,3 +139,27 @@ def test_only_a_sqlite_file_has_a_gate() -> None:
     for url in ("sqlite://", "postgresql+psycopg://u@127.0.0.1:1/none"):
         gate = store_db.writer_gate(create_engine(url))
         assert isinstance(gate, contextlib.nullcontext)  # PostgreSQL queues on its advisory lock
+
+
+def test_a_write_an_after_commit_hook_makes_in_the_same_thread_does_not_wait_for_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqlalchemy import event
+
+    store = _store(tmp_path / "gate.db")
+    monkeypatch.setattr(store_db, "BUSY_TIMEOUT_S", 2)
+    started = time.monotonic()
+    with store.write(SYSTEM) as tx:
+        tx.record("test.gate", "writer", "outer")
+
+        def after(_session: object) -> None:  # like keys' record of a failed backend erase
+            with store.write(SYSTEM) as inner:
+                inner.record("test.gate", "writer", "after-commit")
+
+        event.listen(tx.session, "after_commit", after, once=True)
+    assert time.monotonic() - started < 1.5
+    with store.read() as session:
+        ids = list(
+            session.scalars(select(EventRow.target_id).where(EventRow.action == "test.gate"))
+        )
+    assert ids == ["outer", "after-commit"]

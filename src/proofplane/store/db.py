@@ -181,11 +181,14 @@ class _Gate:
     """One SQLite database's writer queue in this process: a thread lock (threads share the
     process's open file, and a ``flock`` already held by it would not block them) and an
     exclusive ``flock`` on a file opened by this process (after a fork the child opens its own,
-    so its lock is its own)."""
+    so its lock is its own). Re-entrant in the thread holding it: work a committed transaction
+    triggers (an ``after_commit`` hook writing its own record) runs before the gate is let go,
+    and must not wait for itself."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
+        self.depth = 0  # changed only by the thread holding ``lock``
         self.fd: int | None = None
         self.pid = 0
 
@@ -195,14 +198,20 @@ class _Gate:
         if not self.lock.acquire(timeout=BUSY_TIMEOUT_S):
             raise Unavailable("the database is busy: no write slot within 30 s")
         try:
-            if self.fd is None or self.pid != os.getpid():
-                self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_MODE)
-                self.pid = os.getpid()
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            if self.depth == 0:
+                if self.fd is None or self.pid != os.getpid():
+                    self.fd = os.open(
+                        self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_MODE
+                    )
+                    self.pid = os.getpid()
+                fcntl.flock(self.fd, fcntl.LOCK_EX)
+            self.depth += 1
             try:
                 yield
             finally:
-                fcntl.flock(self.fd, fcntl.LOCK_UN)
+                self.depth -= 1
+                if self.depth == 0 and self.fd is not None:
+                    fcntl.flock(self.fd, fcntl.LOCK_UN)
         finally:
             self.lock.release()
 
