@@ -419,22 +419,27 @@ def _sync_endpoints(tx: Tx, st: _NetTx) -> tuple[dict[str, _Ep | None], bool]:
     tenant_vni: dict[str, int | None] = {}
     policies: dict[str, NetworkPolicy] = {}
     wrote = False
+    # First what ended: its addresses are free (and deleted, flushed) before any is handed out
+    # again in this transaction (a flush inserts before it deletes).
+    ended = [r for r in rows if WorkloadStatus(r[2]).is_terminal]
+    for wid, name, status, tenant, _profile, _node, _members in ended:
+        for ep in existing.get(wid, {}).values():
+            out[ep.key] = None
+            released.setdefault(tenant, []).append(
+                {"workload": name, "member": ep.member, "vni": ep.vni, "ip": ep.ip,
+                 "mac": ep.mac}
+            )  # fmt: skip
+            st.used_ips.get(ep.vni, set()).discard(ep.ip)
+            session.delete(ep)
+            wrote = True
+        seg = own_segments.get(wid)
+        if seg is not None:
+            release_segment(tx, seg, f"workload {name} {status}")
+    session.flush()
     for wid, name, status, tenant, profile, node, members in rows:
-        eps = existing.get(wid, {})
         if WorkloadStatus(status).is_terminal:
-            for ep in eps.values():
-                out[ep.key] = None
-                released.setdefault(tenant, []).append(
-                    {"workload": name, "member": ep.member, "vni": ep.vni, "ip": ep.ip,
-                     "mac": ep.mac}
-                )  # fmt: skip
-                st.used_ips.get(ep.vni, set()).discard(ep.ip)
-                session.delete(ep)
-                wrote = True
-            seg = own_segments.get(wid)
-            if seg is not None:
-                release_segment(tx, seg, f"workload {name} {status}")
             continue
+        eps = existing.get(wid, {})
         nodes = _parts_nodes(node, members) if status in _HOLDING else []
         for member, ep in eps.items():
             where = nodes[member] if member < len(nodes) else None
