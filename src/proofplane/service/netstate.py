@@ -730,9 +730,10 @@ def _listen(tx: Tx, cache: NetworkCache, st: _NetTx) -> None:
 
 def _bump(tx: Tx, index: NetworkIndex, affected: Iterable[str]) -> None:
     """Give each affected node whose desired SHA-256 changed the next generation (and record
-    which segments each generation brought); one ``network.desired`` event for them all."""
+    which segments each generation brought); one ``network.desired`` event for them all.
+    Everything is computed before the first row changes: a refusal leaves no node half-done."""
     names = sorted(n for n in affected if n in index.nodes)
-    changed: dict[str, dict[str, Any]] = {}
+    updates: list[tuple[NodeNetworkRow, NodeDesired, str | None]] = []
     for at in range(0, len(names), _IN_CHUNK):
         rows = tx.session.execute(
             select(NodeNetworkRow, NodeRow.name)
@@ -741,22 +742,24 @@ def _bump(tx: Tx, index: NetworkIndex, affected: Iterable[str]) -> None:
         ).all()
         for row, name in rows:
             d = index.desired(name)
-            if d.sha256 == row.desired_sha256:
-                continue
-            generation = row.desired_generation + 1
-            since = dict(row.segment_since or {})
-            row.segment_since = {str(s.vni): int(since.get(str(s.vni), generation))
-                                 for s in d.segments}  # fmt: skip
-            row.desired_generation = generation
-            row.desired_sha256 = d.sha256
-            row.expected_ruleset_sha256 = expected_ruleset_sha256(d)
-            row.drift = note_drift(row)
-            row.updated_at = tx.now
-            changed[name] = {
-                "generation": generation,
-                "sha256": d.sha256,
-                "segments": [s.vni for s in d.segments],
-            }
+            if d.sha256 != row.desired_sha256:
+                updates.append((row, d, expected_ruleset_sha256(d)))
+    changed: dict[str, dict[str, Any]] = {}
+    for row, d, ruleset in updates:
+        generation = row.desired_generation + 1
+        since = dict(row.segment_since or {})
+        row.segment_since = {str(s.vni): int(since.get(str(s.vni), generation))
+                             for s in d.segments}  # fmt: skip
+        row.desired_generation = generation
+        row.desired_sha256 = d.sha256
+        row.expected_ruleset_sha256 = ruleset
+        row.drift = note_drift(row)
+        row.updated_at = tx.now
+        changed[d.node] = {
+            "generation": generation,
+            "sha256": d.sha256,
+            "segments": [s.vni for s in d.segments],
+        }
     if changed:
         tx.session.flush()
         tx.record("network.desired", "network", "desired", details={"nodes": changed})
@@ -767,7 +770,21 @@ def _finish(tx: Tx) -> None:
     if st.idle():
         return
     changes, _ = _sync_endpoints(tx, st)
-    _sync_desired(tx, st, changes)
+    try:
+        _sync_desired(tx, st, changes)  # writes nothing before it has computed everything
+    except ProofplaneError as exc:
+        # The work this transaction placed stands; the nodes keep their last desired state
+        # until the next change recomputes it, and the audit log says why.
+        log.exception("network: the desired state could not be recomputed")
+        _cache_for(tx.session).drop()
+        st.index = None
+        tx.record(
+            "network.desired",
+            "network",
+            "desired",
+            outcome=Outcome.FAILURE,
+            details={"error": exc.code, "message": exc.message},
+        )
     st.reset()
 
 
