@@ -57,6 +57,7 @@ from proofplane.network.desired import (
 )
 from proofplane.network.policy import NetworkPolicy, parse_policy
 from proofplane.network.segments import (
+    SegmentKind,
     SegmentPoolExhausted,
     check_manual,
     format_pkey,
@@ -187,15 +188,12 @@ class _Pools:
     def pool(self, kind: str) -> tuple[int, int]:
         return self.settings.vni_pool if kind == "vni" else self.settings.pkey_pool
 
-    def take(self, kind: str, manual: int | None) -> int:
+    def take(self, kind: SegmentKind, manual: int | None) -> int:
         lo, hi = self.pool(kind)
         used, cooling, cooldown = self.used[kind], self.cooling[kind], self.settings.cooldown
-        k = "vni" if kind == "vni" else "pkey"
         if manual is not None:
-            value = check_manual(manual, lo, hi, used, cooling, self.now, cooldown, kind=k)
-        else:
-            value = next_free(lo, hi, used, cooling, self.now, cooldown, kind=k)
-        return value
+            return check_manual(manual, lo, hi, used, cooling, self.now, cooldown, kind=kind)
+        return next_free(lo, hi, used, cooling, self.now, cooldown, kind=kind)
 
     def hold(self, vni: int, pkey: int) -> None:
         self.used["vni"].add(vni)
@@ -432,9 +430,9 @@ def _sync_endpoints(tx: Tx, st: _NetTx) -> tuple[dict[str, _Ep | None], bool]:
             st.used_ips.get(ep.vni, set()).discard(ep.ip)
             session.delete(ep)
             wrote = True
-        seg = own_segments.get(wid)
-        if seg is not None:
-            release_segment(tx, seg, f"workload {name} {status}")
+        own = own_segments.get(wid)
+        if own is not None:
+            release_segment(tx, own, f"workload {name} {status}")
     session.flush()
     for wid, name, status, tenant, profile, node, members in rows:
         if WorkloadStatus(status).is_terminal:
@@ -451,10 +449,10 @@ def _sync_endpoints(tx: Tx, st: _NetTx) -> tuple[dict[str, _Ep | None], bool]:
             if member in eps:
                 continue
             key = endpoint_key(tenant, name, member)
-            seg = own_segments.get(wid)
+            own = own_segments.get(wid)
             vni: int | None
-            if seg is not None:
-                vni = seg.vni
+            if own is not None:
+                vni = own.vni
             else:
                 if tenant not in tenant_vni:
                     tenant_vni[tenant] = _ensure_tenant_vni(tx, tenant)
@@ -666,7 +664,10 @@ def _apply(index: NetworkIndex, st: _NetTx, changes: Mapping[str, _Ep | None]) -
     here = [
         Endpoint(e.key, e.tenant, e.node, e.vni, e.ip, e.mac)
         for e in changes.values()
-        if e is not None and e.node in index.nodes and e.vni in index.segments
+        if e is not None
+        and e.node is not None
+        and e.node in index.nodes
+        and e.vni in index.segments
     ]
     affected |= place_endpoints(index, here)
     for vni in st.released:
@@ -701,6 +702,7 @@ def _sync_desired(tx: Tx, st: _NetTx, changes: Mapping[str, _Ep | None]) -> None
             cache.drop()
         index = load_index(session)
         affected = set(index.nodes)
+    assert index is not None
     _bump(tx, index, affected)
     st.index = index
     if not st.listening:
@@ -857,20 +859,20 @@ def load_readiness(session: Session) -> Readiness | None:
         if BLOCKS_ALL & set(drift_reasons(row)):
             blocked_all.add(name)
         applied = row.applied_generation or 0
-        for vni, since in (row.segment_since or {}).items():
+        for text, since in (row.segment_since or {}).items():
             if int(since) > applied:
-                by_vni.setdefault(int(vni), set()).add(name)
+                by_vni.setdefault(int(text), set()).add(name)
     tenant_vni: dict[str, int] = {}
     workload_vni: dict[int, int] = {}
-    for tenant, wid, vni in session.execute(
+    for tenant, wid, seg_vni in session.execute(
         select(SegmentRow.tenant, SegmentRow.workload_id, SegmentRow.vni).where(
             SegmentRow.state == ACTIVE
         )
     ):
         if wid is None:
-            tenant_vni[tenant] = vni
+            tenant_vni[tenant] = seg_vni
         else:
-            workload_vni[wid] = vni
+            workload_vni[wid] = seg_vni
     per_workload = frozenset(
         name
         for name, profile in session.execute(
