@@ -699,3 +699,44 @@ def test_a_new_per_workload_segment_is_not_held_back(store: Store) -> None:
     # its own new segment: not held back by w1's, which n1 has not applied yet
     out = workloads_svc.submit_workloads(store, SYSTEM, [WorkloadSpec("w2", "iso")])
     assert out[0].status is WorkloadStatus.PLACED
+
+
+def test_an_address_freed_and_taken_in_one_transaction(store: Store) -> None:
+    """Cancelling a workload frees its address and places a waiting one in the same
+    transaction, which may take that very address."""
+    cluster(store, ("n1",), gpus=2)
+    tiny = ComplianceProfile(network_policy={"subnet": "10.20.0.0/30"})
+    tenants_svc.create_tenant(store, SYSTEM, Tenant("t", profile=tiny))
+    submit(store, "w1", "t")
+    submit(store, "w2", "t")
+    assert submit(store, "w3", "t").status is WorkloadStatus.PENDING
+    freed = endpoints(store)["t/w1"][0]
+    workloads_svc.cancel_workload(store, SYSTEM, "w1")
+    assert workloads_svc.get_workload(store, SYSTEM, "w3").status is WorkloadStatus.PLACED
+    assert endpoints(store)["t/w3"][0] == freed
+    consistent(store)
+
+
+def test_a_desired_state_that_cannot_be_computed_never_fails_a_placement(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster(store, ("n1", "n2"))
+    tenants_svc.create_tenant(store, SYSTEM, Tenant("a"))
+    before = consistent(store)
+
+    def broken(_d: Any) -> str:
+        raise ProofplaneError("renderer broke", code="boom")
+
+    monkeypatch.setattr(netstate, "expected_ruleset_sha256", broken)
+    assert submit(store, "w", "a").status is WorkloadStatus.PLACED
+    with store.read() as s:
+        ev = s.scalars(select(EventRow).order_by(EventRow.seq.desc())).first()
+        query = select(NodeNetworkRow, NodeRow.name).join(
+            NodeRow, NodeRow.id == NodeNetworkRow.node_id
+        )
+        stored = {n: (nn.desired_generation, nn.desired_sha256) for nn, n in s.execute(query)}
+    assert (ev.action, ev.outcome, ev.details["error"]) == ("network.desired", "failure", "boom")
+    assert stored == before  # no node half-done
+    monkeypatch.undo()
+    submit(store, "x", "a")  # the next change recomputes every node
+    consistent(store)

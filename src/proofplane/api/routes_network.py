@@ -37,7 +37,9 @@ StoreDep = Annotated[Store, Depends(get_store)]
 Limit = Annotated[int, Query(ge=1, le=500, description="page size")]
 Cursor = Annotated[str | None, Query(description="the `next` value of the previous page")]
 Resource = dict[str, Any]
-_TEXT = {200: {"content": {"text/plain": {}, "application/json": {}}}}
+_TEXT: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/plain": {}, "application/json": {}}}
+}
 
 
 class UnderlayIn(BodyIn):

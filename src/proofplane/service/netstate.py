@@ -57,6 +57,7 @@ from proofplane.network.desired import (
 )
 from proofplane.network.policy import NetworkPolicy, parse_policy
 from proofplane.network.segments import (
+    SegmentKind,
     SegmentPoolExhausted,
     check_manual,
     format_pkey,
@@ -187,15 +188,12 @@ class _Pools:
     def pool(self, kind: str) -> tuple[int, int]:
         return self.settings.vni_pool if kind == "vni" else self.settings.pkey_pool
 
-    def take(self, kind: str, manual: int | None) -> int:
+    def take(self, kind: SegmentKind, manual: int | None) -> int:
         lo, hi = self.pool(kind)
         used, cooling, cooldown = self.used[kind], self.cooling[kind], self.settings.cooldown
-        k = "vni" if kind == "vni" else "pkey"
         if manual is not None:
-            value = check_manual(manual, lo, hi, used, cooling, self.now, cooldown, kind=k)
-        else:
-            value = next_free(lo, hi, used, cooling, self.now, cooldown, kind=k)
-        return value
+            return check_manual(manual, lo, hi, used, cooling, self.now, cooldown, kind=kind)
+        return next_free(lo, hi, used, cooling, self.now, cooldown, kind=kind)
 
     def hold(self, vni: int, pkey: int) -> None:
         self.used["vni"].add(vni)
@@ -419,22 +417,27 @@ def _sync_endpoints(tx: Tx, st: _NetTx) -> tuple[dict[str, _Ep | None], bool]:
     tenant_vni: dict[str, int | None] = {}
     policies: dict[str, NetworkPolicy] = {}
     wrote = False
+    # First what ended: its addresses are free (and deleted, flushed) before any is handed out
+    # again in this transaction (a flush inserts before it deletes).
+    ended = [r for r in rows if WorkloadStatus(r[2]).is_terminal]
+    for wid, name, status, tenant, _profile, _node, _members in ended:
+        for ep in existing.get(wid, {}).values():
+            out[ep.key] = None
+            released.setdefault(tenant, []).append(
+                {"workload": name, "member": ep.member, "vni": ep.vni, "ip": ep.ip,
+                 "mac": ep.mac}
+            )  # fmt: skip
+            st.used_ips.get(ep.vni, set()).discard(ep.ip)
+            session.delete(ep)
+            wrote = True
+        own = own_segments.get(wid)
+        if own is not None:
+            release_segment(tx, own, f"workload {name} {status}")
+    session.flush()
     for wid, name, status, tenant, profile, node, members in rows:
-        eps = existing.get(wid, {})
         if WorkloadStatus(status).is_terminal:
-            for ep in eps.values():
-                out[ep.key] = None
-                released.setdefault(tenant, []).append(
-                    {"workload": name, "member": ep.member, "vni": ep.vni, "ip": ep.ip,
-                     "mac": ep.mac}
-                )  # fmt: skip
-                st.used_ips.get(ep.vni, set()).discard(ep.ip)
-                session.delete(ep)
-                wrote = True
-            seg = own_segments.get(wid)
-            if seg is not None:
-                release_segment(tx, seg, f"workload {name} {status}")
             continue
+        eps = existing.get(wid, {})
         nodes = _parts_nodes(node, members) if status in _HOLDING else []
         for member, ep in eps.items():
             where = nodes[member] if member < len(nodes) else None
@@ -446,10 +449,10 @@ def _sync_endpoints(tx: Tx, st: _NetTx) -> tuple[dict[str, _Ep | None], bool]:
             if member in eps:
                 continue
             key = endpoint_key(tenant, name, member)
-            seg = own_segments.get(wid)
+            own = own_segments.get(wid)
             vni: int | None
-            if seg is not None:
-                vni = seg.vni
+            if own is not None:
+                vni = own.vni
             else:
                 if tenant not in tenant_vni:
                     tenant_vni[tenant] = _ensure_tenant_vni(tx, tenant)
@@ -661,7 +664,10 @@ def _apply(index: NetworkIndex, st: _NetTx, changes: Mapping[str, _Ep | None]) -
     here = [
         Endpoint(e.key, e.tenant, e.node, e.vni, e.ip, e.mac)
         for e in changes.values()
-        if e is not None and e.node in index.nodes and e.vni in index.segments
+        if e is not None
+        and e.node is not None
+        and e.node in index.nodes
+        and e.vni in index.segments
     ]
     affected |= place_endpoints(index, here)
     for vni in st.released:
@@ -696,6 +702,7 @@ def _sync_desired(tx: Tx, st: _NetTx, changes: Mapping[str, _Ep | None]) -> None
             cache.drop()
         index = load_index(session)
         affected = set(index.nodes)
+    assert index is not None
     _bump(tx, index, affected)
     st.index = index
     if not st.listening:
@@ -725,9 +732,10 @@ def _listen(tx: Tx, cache: NetworkCache, st: _NetTx) -> None:
 
 def _bump(tx: Tx, index: NetworkIndex, affected: Iterable[str]) -> None:
     """Give each affected node whose desired SHA-256 changed the next generation (and record
-    which segments each generation brought); one ``network.desired`` event for them all."""
+    which segments each generation brought); one ``network.desired`` event for them all.
+    Everything is computed before the first row changes: a refusal leaves no node half-done."""
     names = sorted(n for n in affected if n in index.nodes)
-    changed: dict[str, dict[str, Any]] = {}
+    updates: list[tuple[NodeNetworkRow, NodeDesired, str | None]] = []
     for at in range(0, len(names), _IN_CHUNK):
         rows = tx.session.execute(
             select(NodeNetworkRow, NodeRow.name)
@@ -736,22 +744,24 @@ def _bump(tx: Tx, index: NetworkIndex, affected: Iterable[str]) -> None:
         ).all()
         for row, name in rows:
             d = index.desired(name)
-            if d.sha256 == row.desired_sha256:
-                continue
-            generation = row.desired_generation + 1
-            since = dict(row.segment_since or {})
-            row.segment_since = {str(s.vni): int(since.get(str(s.vni), generation))
-                                 for s in d.segments}  # fmt: skip
-            row.desired_generation = generation
-            row.desired_sha256 = d.sha256
-            row.expected_ruleset_sha256 = expected_ruleset_sha256(d)
-            row.drift = note_drift(row)
-            row.updated_at = tx.now
-            changed[name] = {
-                "generation": generation,
-                "sha256": d.sha256,
-                "segments": [s.vni for s in d.segments],
-            }
+            if d.sha256 != row.desired_sha256:
+                updates.append((row, d, expected_ruleset_sha256(d)))
+    changed: dict[str, dict[str, Any]] = {}
+    for row, d, ruleset in updates:
+        generation = row.desired_generation + 1
+        since = dict(row.segment_since or {})
+        row.segment_since = {str(s.vni): int(since.get(str(s.vni), generation))
+                             for s in d.segments}  # fmt: skip
+        row.desired_generation = generation
+        row.desired_sha256 = d.sha256
+        row.expected_ruleset_sha256 = ruleset
+        row.drift = note_drift(row)
+        row.updated_at = tx.now
+        changed[d.node] = {
+            "generation": generation,
+            "sha256": d.sha256,
+            "segments": [s.vni for s in d.segments],
+        }
     if changed:
         tx.session.flush()
         tx.record("network.desired", "network", "desired", details={"nodes": changed})
@@ -762,7 +772,21 @@ def _finish(tx: Tx) -> None:
     if st.idle():
         return
     changes, _ = _sync_endpoints(tx, st)
-    _sync_desired(tx, st, changes)
+    try:
+        _sync_desired(tx, st, changes)  # writes nothing before it has computed everything
+    except ProofplaneError as exc:
+        # The work this transaction placed stands; the nodes keep their last desired state
+        # until the next change recomputes it, and the audit log says why.
+        log.exception("network: the desired state could not be recomputed")
+        _cache_for(tx.session).drop()
+        st.index = None
+        tx.record(
+            "network.desired",
+            "network",
+            "desired",
+            outcome=Outcome.FAILURE,
+            details={"error": exc.code, "message": exc.message},
+        )
     st.reset()
 
 
@@ -835,20 +859,20 @@ def load_readiness(session: Session) -> Readiness | None:
         if BLOCKS_ALL & set(drift_reasons(row)):
             blocked_all.add(name)
         applied = row.applied_generation or 0
-        for vni, since in (row.segment_since or {}).items():
+        for text, since in (row.segment_since or {}).items():
             if int(since) > applied:
-                by_vni.setdefault(int(vni), set()).add(name)
+                by_vni.setdefault(int(text), set()).add(name)
     tenant_vni: dict[str, int] = {}
     workload_vni: dict[int, int] = {}
-    for tenant, wid, vni in session.execute(
+    for tenant, wid, seg_vni in session.execute(
         select(SegmentRow.tenant, SegmentRow.workload_id, SegmentRow.vni).where(
             SegmentRow.state == ACTIVE
         )
     ):
         if wid is None:
-            tenant_vni[tenant] = vni
+            tenant_vni[tenant] = seg_vni
         else:
-            workload_vni[wid] = vni
+            workload_vni[wid] = seg_vni
     per_workload = frozenset(
         name
         for name, profile in session.execute(

@@ -168,7 +168,8 @@ def _nodes_by_vni(session: Session, vnis: Iterable[int]) -> dict[int, list[str]]
             .where(EndpointRow.vni.in_(wanted[at : at + 500]), EndpointRow.node.is_not(None))
             .distinct()
         ):
-            out.setdefault(vni, set()).add(node)
+            if node is not None:
+                out.setdefault(vni, set()).add(node)
     return {vni: sorted(nodes) for vni, nodes in out.items()}
 
 
@@ -322,7 +323,7 @@ def desired_of(session: Session, name: str) -> tuple[NodeDesired, NetworkIndex]:
     vnis = sorted(
         set(session.scalars(select(EndpointRow.vni).where(EndpointRow.node == name).distinct()))
     )
-    eps = []
+    eps: list[Any] = []
     for at in range(0, len(vnis), 500):
         eps.extend(
             session.execute(
@@ -332,7 +333,7 @@ def desired_of(session: Session, name: str) -> tuple[NodeDesired, NetworkIndex]:
             ).all()
         )  # fmt: skip
     names = sorted({name} | {e[2] for e in eps})
-    nodes = []
+    nodes: list[NodeNet] = []
     for at in range(0, len(names), 500):
         nodes.extend(
             NodeNet(n, vtep, dev, tuple(guids or ()))
@@ -611,6 +612,7 @@ def _check_report(body: Any) -> tuple[int, str, str | None, dict[str, Any]]:
                 code="invalid_report",
                 details={field: str(value)[:80]},
             )
+    assert isinstance(sha, str) and (ruleset is None or isinstance(ruleset, str))
     check = body.get("self_check")
     if not isinstance(check, dict) or not isinstance(check.get("ok"), bool):
         raise ValidationFailed(
