@@ -209,3 +209,37 @@ def test_reads_are_scoped_to_the_readers_tenants(cluster: Store) -> None:
     assert page.items[0] != second.items[0]
     assert tel.list_telemetry(cluster, SYSTEM, node="n1", field_name=G, tenant="beta").items
     assert not tel.list_telemetry(cluster, SYSTEM, start=now + timedelta(seconds=1)).items
+
+
+def test_the_database_sums_agree_with_the_pure_rollup(cluster: Store) -> None:
+    """``aggregate`` (gauges summed up in SQL, counters in Python) equals ``meter.rollup`` over
+    the same raw points, for a GPU several holders share and a GPU one holder has."""
+    from proofplane.meter.rollup import hour_of, rollup
+
+    placed = _placed_at(cluster)
+    entries = []
+    for k in range(-3, 12):  # before and after the placements
+        ts = placed + timedelta(minutes=5 * k, seconds=1)
+        entries.append(tc.entry(tc.MIG_GPU, ts, {P: 100 + 7 * k, E: 1000.0 * k * k,
+                                                  F.GPU_TEMP: 40 + k}))  # fmt: skip
+        entries.append(tc.entry(gpu_uuid("n1", 1), ts, {P: 300 - k, G: 0.1 * (k % 3)}))
+    now = placed + timedelta(hours=1)
+    _post(cluster, "n1", entries, now=now)
+    base, end = hour_of(placed - timedelta(minutes=20)), now
+    with cluster.read() as session:
+        got = tel.aggregate(session, base, end)
+        points, previous = tel._points(session, base, end)
+    want = rollup(points, previous)
+
+    def key(rows):
+        return sorted((r.hour, r.gpu_uuid, r.field, r.workload or "", r.count,
+                       round(r.sum, 6), r.min, r.max, r.last) for r in rows)  # fmt: skip
+
+    assert key(got) == key(want)
+    assert {r.workload for r in got} == {None, "slice", "whole"}
+    with cluster.read() as session:
+        only = tel.aggregate(session, base, end, tenant="beta", field_name=E)
+    assert {(r.tenant, r.field) for r in only} == {("beta", E)}
+    # the tenant's increase is the same whether or not the others' readings are asked for
+    beta = [r for r in got if r.tenant == "beta" and r.field == E]
+    assert sum(r.sum for r in only) == pytest.approx(sum(r.sum for r in beta))
