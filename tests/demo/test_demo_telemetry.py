@@ -61,3 +61,16 @@ def test_demo_telemetry(demo: Store) -> None:  # the demo cluster loaded
 
 def demo_xid() -> int:
     return sim.XID
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_first_pass_writes_the_history(demo: Store) -> None:
+    now = datetime.now(UTC)
+    t = sim.DemoTelemetry(demo, started_at=now, backfill_days=1)
+    assert t.run_at_start
+    out = t.run_once(now)
+    assert t.backfilled is not None and t.backfilled["hourly"] > 0 and out["stored"] > 0
+    rows = tel.hourly(demo, start=now - timedelta(days=2), end=now, field=F.TOTAL_ENERGY)
+    assert rows and all(r["simulated"] for r in rows)
+    t.run_once(now + timedelta(seconds=15))  # no second history
+    assert t.rounds == 2

@@ -34,6 +34,7 @@ from proofplane.audit.export import ocsf, ocsf_schema
 from proofplane.demo import attester as demo
 from proofplane.errors import ProofplaneError
 from proofplane.hardware.cluster_file import parse_cluster
+from proofplane.meter.anomaly import EVALUATED_RULES
 from proofplane.model import Event, Outcome
 from proofplane.service import access
 from proofplane.service import sinks as sinks_svc
@@ -382,7 +383,12 @@ _RECORDERS = frozenset({"record", "_record", "NewEvent"})
 _MACHINERY = frozenset({"record", "record_many", "_prepare", "_record"})
 # An f-string placeholder the analysis below cannot resolve from the code, and the values it
 # takes: (module, the f-string's source) -> actions. Empty while every one resolves.
-_KNOWN_EXPANSIONS: dict[tuple[str, str], tuple[str, ...]] = {}
+_KNOWN_EXPANSIONS: dict[tuple[str, str], tuple[str, ...]] = {
+    # the alert worker raises alert.<rule> for each rule it evaluates (issue 15)
+    ("proofplane.service.alerts", "f'{core.PREFIX}{f.rule}'"): tuple(
+        f"alert.{rule}" for rule in EVALUATED_RULES
+    ),
+}
 _DEPTH = 4  # callers of callers of … a helper that passes an action on
 
 _Function = ast.FunctionDef | ast.AsyncFunctionDef

@@ -904,23 +904,21 @@ def up(
 
 def _demo_telemetry(store: Store, demo: bool) -> DemoTelemetry | None:
     """The demo's SIMULATED GPU telemetry (issue 15): ``PROOFPLANE_DEMO_TELEMETRY_DAYS``
-    (default 14, 0..60) days of simulated hourly history, a few minutes of raw readings, then
-    a reading of every GPU every 15 s while the demo serves (PROOFPLANE_DEMO_TELEMETRY=0:
-    none). Every row is marked simulated."""
+    (default 14, 0..60) days of simulated hourly history and a few minutes of raw readings,
+    written by its first pass (on its own thread, as the server starts), then a reading of
+    every GPU every 15 s while the demo serves (PROOFPLANE_DEMO_TELEMETRY=0: none). Every row
+    is marked simulated."""
     if not demo or os.environ.get("PROOFPLANE_DEMO_TELEMETRY", "1") == "0":
         return None
     raw_days = os.environ.get("PROOFPLANE_DEMO_TELEMETRY_DAYS", "14").strip()
     if not raw_days.isdigit() or int(raw_days) > 60:
         raise CliError("proofplane: PROOFPLANE_DEMO_TELEMETRY_DAYS must be 0..60")
-    telemetry = DemoTelemetry(store)
-    with store_errors("cannot write the demo's simulated telemetry"):
-        rows = telemetry.backfill(days=int(raw_days))
     render.print_line(
-        f"simulated GPU telemetry (marked simulated): {rows['hourly']} hourly rows over "
-        f"{raw_days} days, {rows['raw']} raw readings, then every GPU every 15 s (one idle "
-        "workload, one off-hours spike, one XID error)"
+        f"simulated GPU telemetry (marked simulated): {raw_days} days of history written in the "
+        "background, then every GPU every 15 s (one idle workload, one off-hours spike, one "
+        "XID error)"
     )
-    return telemetry
+    return DemoTelemetry(store, backfill_days=int(raw_days))
 
 
 @db_app.command("upgrade")

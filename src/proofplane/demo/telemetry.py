@@ -16,7 +16,8 @@ What it shows:
 * **one XID error**: on the ``XID_AT``-th pass, the first GPU held by ``XID_WORKLOAD`` reports
   XID 48 (double-bit ECC): the GPU is drained and its work re-placed on compliant capacity.
 
-``backfill`` writes ``days`` of simulated hourly rollups (so baselines and reports have a past)
+``backfill`` writes ``days`` of simulated hourly rollups of utilisation, PCIe traffic and
+energy (so baselines and reports have a past)
 and the last ``raw_minutes`` of raw readings through the ingest path (so idle detection and
 the newest readings work at once).
 """
@@ -29,7 +30,7 @@ import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import select
 
 from proofplane.access import SYSTEM, Actor
 from proofplane.meter import fields as F
@@ -39,7 +40,7 @@ from proofplane.model import NodeState
 from proofplane.service import idle
 from proofplane.service import telemetry as tel
 from proofplane.service.context import Store
-from proofplane.store.tables import NodeRow, TelemetryHourlyRow
+from proofplane.store.tables import NodeRow
 from proofplane.workers.base import Worker
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,6 @@ SPIKE_FOR = timedelta(minutes=20)
 XID_WORKLOAD = ("st-marys-hospital", "pathology-finetune")
 XID_AT = 3  # the pass that reports it (about 45 s into the demo)
 XID = 48
-BACKFILL_FIELDS = (F.GR_ENGINE_ACTIVE, F.POWER_USAGE, F.TOTAL_ENERGY, F.PCIE_TX_BYTES,
-                   F.PCIE_RX_BYTES)  # fmt: skip
 SKIP_STATES = frozenset({NodeState.REGISTERED.value, NodeState.DECOMMISSIONED.value})
 
 
@@ -77,10 +76,14 @@ class DemoTelemetry(Worker):
     leader_only = False
 
     def __init__(self, store: Store, *, interval_s: float = INTERVAL_S,
-                 started_at: datetime | None = None) -> None:  # fmt: skip
-        super().__init__("demo-telemetry", interval_s)
+                 started_at: datetime | None = None,
+                 backfill_days: int | None = None) -> None:  # fmt: skip
+        # the first pass runs at once: it writes the history (``backfill_days``, None: none)
+        super().__init__("demo-telemetry", interval_s, run_at_start=True)
         self.store = store
         self.started_at = started_at or datetime.now(UTC)
+        self.backfill_days = backfill_days
+        self.backfilled: dict[str, int] | None = None
         self.energy: dict[str, float] = {}  # GPU → its energy counter (mJ)
         self.rounds = 0
         self.xid_sent: str | None = None
@@ -175,6 +178,9 @@ class DemoTelemetry(Worker):
 
     def run_once(self, now: datetime | None = None) -> dict[str, Any]:
         now = now or datetime.now(UTC)
+        if self.backfill_days is not None and self.backfilled is None:
+            self.backfilled = self.backfill(now, days=self.backfill_days)
+            log.info("demo telemetry: simulated history written: %s", self.backfilled)
         self.rounds += 1
         posted, drained = 0, []
         for node in self._nodes():
@@ -208,19 +214,20 @@ class DemoTelemetry(Worker):
         nodes = self._nodes()
         raw_start = now - timedelta(minutes=raw_minutes)
         first = hour_of(raw_start) - timedelta(days=days)
-        rows: list[dict[str, Any]] = []
+        rows: list[tuple[Any, ...]] = []
         hour = first
         while hour < hour_of(raw_start):
+            if self.stopping:  # the demo is stopping: no history is needed any more
+                return {"hourly": 0, "raw": 0}
             for node in nodes:
                 rows.extend(self._hour_rows(node, hour))
             hour += HOUR
         if rows:
             with self.store.write(SYSTEM, now) as tx:
-                for i in range(0, len(rows), 5000):
-                    tx.session.execute(insert(TelemetryHourlyRow), rows[i : i + 5000])
+                tel.insert_hourly(tx.session, rows)
         raw = 0
         ts = raw_start
-        while ts <= now:
+        while ts <= now and not self.stopping:
             for node in nodes:
                 samples = self.samples(node, ts, dt_s=step_s, live=False)
                 raw += tel.store_samples(self.store, Actor(f"node:{node.node}"), node.node,
@@ -233,10 +240,10 @@ class DemoTelemetry(Worker):
             log.info("demo telemetry: no tenant %s for the idle policy", tenant)
         return {"hourly": len(rows), "raw": raw}
 
-    def _hour_rows(self, node: tel.NodeDevices, hour: datetime) -> list[dict[str, Any]]:
+    def _hour_rows(self, node: tel.NodeDevices, hour: datetime) -> list[tuple[Any, ...]]:
         """One simulated hour of ``node``: per GPU and field, one row per holder (split by
         share as the ingest splits a shared GPU's readings)."""
-        out: list[dict[str, Any]] = []
+        out: list[tuple[Any, ...]] = []
         mid = hour + timedelta(minutes=30)
         for uuid in sorted(node.gpus):
             whole = node.whole.get(uuid)
@@ -252,17 +259,16 @@ class DemoTelemetry(Worker):
             energy_mj = power * 3600 * 1000
             self.energy[uuid] = before + energy_mj
             values = {
-                F.GR_ENGINE_ACTIVE: (util, util, util, util),
-                F.POWER_USAGE: (power * 240, power, power, power),
+                F.GR_ENGINE_ACTIVE: (util * 240, util, util, util),
                 F.PCIE_TX_BYTES: (2e8 * util * 240, 2e8 * util, 2e8 * util, 2e8 * util),
-                F.PCIE_RX_BYTES: (4e8 * util * 240, 4e8 * util, 4e8 * util, 4e8 * util),
             }
             for holder, share in targets:
                 workload = holder.workload if holder else None
                 tenant = holder.tenant if holder else None
-                for f, (total, lo, hi, last) in values.items():
-                    out.append(self._row(hour, node.node, uuid, f, workload, tenant, 240,
-                                         total, lo, hi, last))  # fmt: skip
+                if holder is not None:  # an idle, unheld GPU's history: its energy only
+                    for f, (total, lo, hi, last) in values.items():
+                        out.append(self._row(hour, node.node, uuid, f, workload, tenant, 240,
+                                             total, lo, hi, last))  # fmt: skip
                 out.append(self._row(hour, node.node, uuid, F.TOTAL_ENERGY, workload, tenant,
                                      240, energy_mj * share, before, before + energy_mj,
                                      before + energy_mj))  # fmt: skip
@@ -271,7 +277,7 @@ class DemoTelemetry(Worker):
     @staticmethod
     def _row(hour: datetime, node: str, uuid: str, field: str, workload: str | None,
              tenant: str | None, count: int, total: float, lo: float, hi: float,
-             last: float) -> dict[str, Any]:  # fmt: skip
-        return {"hour": hour, "node": node, "gpu_uuid": uuid, "gi_id": None, "field": field,
-                "workload": workload, "tenant": tenant, "count": count, "sum": total,
-                "min": lo, "max": hi, "last": last, "simulated": True}  # fmt: skip
+             last: float) -> tuple[Any, ...]:  # fmt: skip
+        """A rollup row in ``tel.insert_hourly``'s order (``meter.rollup.Hourly``'s)."""
+        return (hour, node, uuid, None, field, workload, tenant, count, total, lo, hi, last,
+                True)  # fmt: skip

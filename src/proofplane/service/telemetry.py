@@ -43,14 +43,14 @@ from typing import Any
 from sqlalchemy import Select, and_, delete, func, insert, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from proofplane.access import Actor, Permission, authorize
 from proofplane.errors import InvalidState, NotFound, ValidationFailed
 from proofplane.hardware.skus import COMPUTE_SLICES, SKUS
 from proofplane.meter.fields import COUNTERS, FIELDS, GR_ENGINE_ACTIVE, TOTAL_ENERGY
 from proofplane.meter.health import HEALTH_FIELDS, Finding, assess, worth_checking
-from proofplane.meter.rollup import HOUR, Hourly, Point, SeriesKey, hour_of, rollup
+from proofplane.meter.rollup import HOUR, Hourly, Point, SeriesKey, hour_of, merge, rollup
 from proofplane.meter.samples import MAX_SAMPLES, Sample, parse_batch
 from proofplane.model import NodeState
 from proofplane.service.context import Store
@@ -529,9 +529,10 @@ def _points(
     tenant: str | None = None,
     field_name: str | None = None,
     node: str | None = None,
+    fields: Iterable[str] | None = None,
 ) -> tuple[list[Point], dict[SeriesKey, float]]:
-    """Raw points in [start, end) (filtered), and the previous reading of each counter
-    device before ``start`` (within ``COUNTER_LOOKBACK``)."""
+    """Raw points in [start, end) (filtered; ``fields``: only these), and the previous reading
+    of each counter device before ``start`` (within ``COUNTER_LOOKBACK``)."""
     cols = (_S.node, _S.gpu_uuid, _S.gi_id, _S.field, _R.ts, _R.value, _S.workload, _S.tenant,
             _S.share, _S.simulated)  # fmt: skip
     q = (
@@ -545,6 +546,8 @@ def _points(
         q = q.where(_S.field == field_name)
     if node is not None:
         q = q.where(_S.node == node)
+    if fields is not None:
+        q = q.where(_S.field.in_(sorted(fields)))
     points = [
         Point(n, g, gi, f, from_ms(ts), v, w, t, sh, bool(sim))
         for n, g, gi, f, ts, v, w, t, sh, sim in session.execute(q)
@@ -566,6 +569,105 @@ def _points(
             if (g, gi, f) in counters:
                 previous[(g, gi, f)] = v
     return points, previous
+
+
+HOUR_MS = 3_600_000
+
+
+def aggregate(
+    session: Session,
+    start: datetime,
+    end: datetime,
+    *,
+    tenant: str | None = None,
+    field_name: str | None = None,
+    node: str | None = None,
+) -> list[Hourly]:
+    """The hourly rollups of the raw readings in [start, end): gauges summed up in the
+    database (per series and hour), counters' increases in Python (``meter.rollup``) from all
+    of each device's readings (a holder's increase needs the readings before it held the
+    device), then filtered. Series of the same holder (another share, profile) are merged."""
+    lo, hi = to_ms(start), to_ms(end)
+    out: dict[tuple[Any, ...], Hourly] = {}
+    gauge_fields = [f for f in FIELDS if f not in COUNTERS]
+    want = [f for f in gauge_fields if field_name is None or f == field_name]
+    if want or field_name not in FIELDS:
+        bucket = (_R.ts // HOUR_MS).label("bucket")
+        agg = (
+            select(_R.series_id, bucket, func.count().label("n"), func.sum(_R.value).label("s"),
+                   func.min(_R.value).label("lo"), func.max(_R.value).label("hi"),
+                   func.max(_R.ts).label("mt"))
+            .join(_S, _S.id == _R.series_id)
+            .where(_R.ts >= lo, _R.ts < hi, _S.field.not_in(sorted(COUNTERS)))
+            .group_by(_R.series_id, bucket)
+        )  # fmt: skip
+        if tenant is not None:
+            agg = agg.where(_S.tenant == tenant)
+        if field_name is not None:
+            agg = agg.where(_S.field == field_name)
+        if node is not None:
+            agg = agg.where(_S.node == node)
+        a = agg.subquery()
+        last = aliased(TelemetryRawRow)
+        q = (
+            select(a.c.bucket, _S.node, _S.gpu_uuid, _S.gi_id, _S.field, _S.workload, _S.tenant,
+                   a.c.n, a.c.s, a.c.lo, a.c.hi, last.value, _S.simulated, a.c.mt)
+            .join(_S, _S.id == a.c.series_id)
+            .join(last, and_(last.series_id == a.c.series_id, last.ts == a.c.mt))
+            .order_by(a.c.mt)
+        )  # fmt: skip
+        for b, n_, g, gi, f, w, t, cnt, total, mn, mx, lv, sim, _mt in session.execute(q):
+            row = Hourly(from_ms(int(b) * HOUR_MS), n_, g, gi, f, w, t, int(cnt), float(total),
+                         float(mn), float(mx), float(lv), bool(sim))  # fmt: skip
+            key = (row.hour, n_, g, gi, f, w, t)
+            seen = out.get(key)
+            out[key] = row if seen is None else merge(seen, row)
+    counters = [f for f in COUNTERS if field_name is None or f == field_name]
+    if counters:
+        points, previous = _points(session, start, end, node=node, fields=counters)
+        for row in rollup(points, previous):
+            if tenant is None or row.tenant == tenant:
+                key = (row.hour, row.node, row.gpu_uuid, row.gi_id, row.field, row.workload,
+                       row.tenant)  # fmt: skip
+                seen = out.get(key)
+                out[key] = row if seen is None else merge(seen, row)
+    return sorted(out.values(), key=_order)
+
+
+def _order(h: Hourly) -> tuple[Any, ...]:
+    return (h.hour, h.node, h.gpu_uuid, -1 if h.gi_id is None else h.gi_id, h.field,
+            h.workload or "", h.tenant or "")  # fmt: skip
+
+
+_HOURLY_COLS = ("hour", "node", "gpu_uuid", "gi_id", "field", "workload", "tenant", "count",
+                "sum", "min", "max", "last", "simulated")  # fmt: skip
+
+
+def insert_hourly(session: Session, rows: Sequence[Hourly] | Sequence[tuple[Any, ...]]) -> int:
+    """Store rollup rows (``Hourly`` values, or tuples in its field order) in bulk: prepared
+    tuples on SQLite (the hour as its column type stores it), a Core insert elsewhere."""
+    if not rows:
+        return 0
+    tuples = [tuple(r) if isinstance(r, tuple) else _hourly_tuple(r) for r in rows]
+    raw = sqlite_connection(session)
+    if raw is not None:
+        process = _H.__table__.c.hour.type._cached_bind_processor(session.get_bind().dialect)
+        sql = (f"INSERT INTO telemetry_hourly ({', '.join(_HOURLY_COLS)}) "
+               f"VALUES ({', '.join('?' * len(_HOURLY_COLS))})")  # fmt: skip
+        hours: dict[Any, Any] = {}  # a batch holds few distinct hours: format each once
+        for t in tuples:
+            if t[0] not in hours:
+                hours[t[0]] = process(t[0]) if process else t[0]
+        raw.executemany(sql, [(hours[t[0]], *t[1:]) for t in tuples])
+        return len(tuples)
+    session.execute(insert(_H.__table__), [dict(zip(_HOURLY_COLS, t, strict=True))
+                                           for t in tuples])  # fmt: skip
+    return len(tuples)
+
+
+def _hourly_tuple(h: Hourly) -> tuple[Any, ...]:
+    return (h.hour, h.node, h.gpu_uuid, h.gi_id, h.field, h.workload, h.tenant, h.count, h.sum,
+            h.min, h.max, h.last, h.simulated)  # fmt: skip
 
 
 def _stored_hourly(
@@ -619,9 +721,8 @@ def hourly_rows(
         rows = _stored_hourly(session, first, stored_end, tenant=tenant, field_name=field_name)
         live_start = max(first, stored_end)
         if live_start < end:
-            points, previous = _points(session, live_start, end, tenant=tenant,
-                                       field_name=field_name)  # fmt: skip
-            rows.extend(rollup(points, previous))
+            rows.extend(aggregate(session, live_start, end, tenant=tenant,
+                                  field_name=field_name))  # fmt: skip
     return rows
 
 
@@ -835,17 +936,17 @@ def _list_hourly(
 def rollup_hours(
     store: Store, actor: Actor, now: datetime, *, max_hours: int = 48
 ) -> list[datetime]:
-    """Store the hourly rollups of the complete hours not stored yet that have readings
-    (each hour in its own transaction; at most ``max_hours`` per call), oldest first. An
-    hour is complete ``ROLLUP_GRACE`` after it ended. Returns the hours rolled up."""
+    """Store the hourly rollups of the complete hours not stored yet that have readings,
+    oldest first (at most ``max_hours`` per call). An hour is complete ``ROLLUP_GRACE`` after
+    it ended. Each hour is summed up in a read transaction (it never holds up writers) and
+    stored in a short write transaction, unless another process stored it meanwhile. Returns
+    the hours rolled up."""
     done: list[datetime] = []
     last_complete = hour_of(now - ROLLUP_GRACE) - HOUR  # the newest hour that has ended
-    with store.read() as session:
-        hour = rolled_through(session)
+    hour: datetime | None = None
     while len(done) < max_hours:
-        with store.write(actor, now) as tx:
-            session = tx.session
-            stored = rolled_through(session)  # another process may have rolled some up
+        with store.read() as session:
+            stored = rolled_through(session)
             if stored is not None and (hour is None or stored > hour):
                 hour = stored
             q = select(func.min(_R.ts))
@@ -854,13 +955,15 @@ def rollup_hours(
             first = session.scalar(q)  # skip to the next hour with readings
             if first is None:
                 break
-            hour = hour_of(from_ms(first)) if hour is None else max(hour, hour_of(from_ms(first)))
+            at = hour_of(from_ms(first))
+            hour = at if hour is None else max(hour, at)
             if hour > last_complete:
                 break
-            points, previous = _points(session, hour, hour + HOUR)
-            rows = [h.as_dict() for h in rollup(points, previous)]
-            if rows:
-                session.execute(insert(_H), rows)
+            rows = aggregate(session, hour, hour + HOUR)
+        with store.write(actor, now) as tx:
+            again = rolled_through(tx.session)
+            if again is None or again <= hour:
+                insert_hourly(tx.session, rows)
         done.append(hour)
         hour += HOUR
     return done
