@@ -105,8 +105,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("tenants") as batch:
-        batch.drop_column("idle_policy")
+    # ALTER TABLE … DROP COLUMN in place (SQLite 3.35+): a batch copy of tenants would trip
+    # the workloads' foreign key (as in 0015)
+    op.drop_column("tenants", "idle_policy")
     op.drop_index("ix_gpu_health_node", table_name="gpu_health")
     op.drop_table("gpu_health")
     op.drop_index("ix_telemetry_hourly_tenant", table_name="telemetry_hourly")
