@@ -116,7 +116,7 @@ def agent_node(actor: Actor) -> str | None:
     return None
 
 
-def _authorize_node(actor: Actor, name: str) -> None:
+def authorize_node(actor: Actor, name: str) -> None:
     """An agent acts for its own node only (another node does not exist for it); anyone else
     needs ``nodes:write``."""
     own = agent_node(actor)
@@ -209,7 +209,7 @@ def enroll(
 
     ``simulated``: the keys are software keys of the demo's simulated attester; accepted only
     with ``allow_simulated`` (the server's demo mode) and marked on the identity for good."""
-    _authorize_node(actor, name)
+    authorize_node(actor, name)
     if simulated and not allow_simulated:
         raise InvalidState(
             SERVICE_REASONS["simulated_attester_refused"],
@@ -306,7 +306,7 @@ def activate(
     store: Store, actor: Actor, name: str, secret: bytes, *, now: datetime | None = None
 ) -> dict[str, Any]:
     """Finish binding: the secret ActivateCredential recovered must match the challenge's."""
-    _authorize_node(actor, name)
+    authorize_node(actor, name)
     with store.write(actor, now) as tx:
         row = node_row(tx.session, name)
         ident = _identity(tx.session, row)
@@ -347,7 +347,7 @@ def activate(
 
 def issue_nonce(store: Store, actor: Actor, name: str, now: datetime | None = None) -> Nonce:
     """A fresh single-use nonce, and which PCRs the policy wants quoted."""
-    _authorize_node(actor, name)
+    authorize_node(actor, name)
     with store.write(actor, now) as tx:
         row = node_row(tx.session, name)
         _bound(tx.session, row)
@@ -398,7 +398,7 @@ def submit_evidence(
     A node enrolled by a simulated attester is judged only with ``allow_simulated`` (demo
     mode); otherwise its round is refused (``simulated_attester_refused``). Its records,
     events and state reasons say ``simulated``."""
-    _authorize_node(actor, name)
+    authorize_node(actor, name)
     with store.write(actor, now) as tx:
         row = node_row(tx.session, name)
         ident = _bound(tx.session, row)

@@ -53,6 +53,7 @@ from proofplane.meter.health import HEALTH_FIELDS, Finding, assess, worth_checki
 from proofplane.meter.rollup import HOUR, Hourly, Point, SeriesKey, hour_of, merge, rollup
 from proofplane.meter.samples import MAX_SAMPLES, Sample, parse_batch
 from proofplane.model import NodeState
+from proofplane.service.attestation import authorize_node
 from proofplane.service.context import Store
 from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
 from proofplane.store.audit_log import sqlite_connection
@@ -207,24 +208,6 @@ def _cache(engine: Engine) -> _DeviceCache:
 # --- ingest ----------------------------------------------------------------------------------
 
 
-def agent_node(actor: Actor) -> str | None:
-    """The node an agent credential speaks for; None for every other identity."""
-    if not actor.roles and actor.name.startswith("node:"):
-        return actor.name.removeprefix("node:")
-    return None
-
-
-def _authorize_node(actor: Actor, name: str) -> None:
-    """An agent posts for its own node only (another does not exist for it); anyone else
-    needs ``nodes:write``."""
-    own = agent_node(actor)
-    if own is not None:
-        if own != name:
-            raise NotFound(f"node {name!r} not found", details={"node": name})
-        return
-    authorize(actor, Permission.NODES_WRITE)
-
-
 def _series_key(*parts: object) -> str:
     return _SEP.join("" if p is None else str(p) for p in parts)
 
@@ -261,7 +244,7 @@ def ingest(
     ``too_many_samples`` (422) for a body that is not the form; ``gpu_not_on_node`` (422) for
     a reading of a GPU the node does not have; 404 for a node an agent is not; 409
     ``decommissioned_node``."""
-    _authorize_node(actor, name)
+    authorize_node(actor, name)
     now = now or datetime.now(UTC)
     batch = parse_batch(
         body, node=name, now=now, oldest=now - timedelta(hours=raw_hours), max_samples=max_samples
