@@ -23,7 +23,8 @@ node attests every two hours (nonce + verdict). The job length is chosen so the 
 grouped by SKU, priced with the shipped rate card, then rendered as FOCUS CSV: the median of
 ``--runs`` runs on a warm page cache (``report_s_runs`` lists them; ``report_s_cold`` is the
 first). A log this large is metered by one worker process per CPU (``workers``), each
-reading the whole table and metering its share of the workload names; ``report_cpu_s`` is
+reading one consecutive range of the log, the holds open at a range's end joined to the
+next range's releases (``meter.usage.join_ranges``); ``report_cpu_s`` is
 the CPU time of the run, parent and workers together (on a shared machine the wall time
 depends on what else runs: the CPU time does much less). ``peak_rss_mib`` is the parent's
 peak resident memory (the report streams: no event objects are kept).

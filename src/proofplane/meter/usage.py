@@ -25,7 +25,7 @@ rollups, and energy (kWh) from metered counters; both are shown beside the usage
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -142,6 +142,26 @@ class Metered:
 Key = tuple[str, str, str, str, str, str]  # a UsageKey as a plain tuple (cheaper to make)
 Parts = tuple[tuple[int, int], ...]  # (line id, units) of what a placement holds
 Held = tuple[str, int, "str | None", Parts]  # tenant, start µs, node, parts
+# A hold handed from the meter of one range of the log to the join (``join_ranges``): tenant,
+# name, start µs, node, and what it holds as (line, units) with the line spelled out (line
+# ids are each meter's own).
+Carried = tuple[str, str, int, "str | None", tuple[tuple[Key, int], ...]]
+# The first usage event of (tenant, name) in range ``j`` of the log, as µs; None: there is none.
+FirstEvent = Callable[[int, str, str], "int | None"]
+
+
+@dataclass
+class RangePart:
+    """What the meter of one range of the log hands to the join: the intervals that opened
+    and closed in the range, the holds still open at its end (not cut), the first release of
+    each (tenant, name) that found no hold of the range's own with whether that name was
+    placed in the range before it, and every release that named no tenant (time, name, node,
+    the tenant whose hold it ended or None)."""
+
+    metered: Metered
+    holds: list[Carried]
+    orphans: dict[tuple[str, str], tuple[int, bool]]
+    tenantless: list[tuple[int, str, str | None, str | None]]
 
 
 class Meter:
@@ -169,6 +189,7 @@ class Meter:
         cuts: Sequence[datetime] = (),
         by_workload: bool = False,
         tracked: Collection[tuple[str, str]] = (),
+        ranged: bool = False,
     ) -> None:
         self.start = micros(start)
         self.end = micros(end)
@@ -188,6 +209,14 @@ class Meter:
         self.events = 0
         self._tags: dict[Any, str] = {}
         self._skus: dict[str | None, str] = {}
+        # What a meter over one range of the log (``range_meter``) tells the join: the first
+        # release of each (tenant, name) that found no hold of this range (a hold from before
+        # it ends there), whether that name had been placed in the range before it (if so the
+        # release may not be that hold's end: the join looks it up), and every release that
+        # names no tenant (matched by name and node, possibly against a hold from before).
+        self.orphans: dict[tuple[str, str], tuple[int, bool]] = {}
+        self.placed: set[str] | None = set() if ranged else None
+        self.tenantless: list[tuple[int, str, str | None, str | None]] = []
 
     # -- the stream ---------------------------------------------------------------------------
 
@@ -205,6 +234,8 @@ class Meter:
         by_workload = self.by_workload
         fromiso = datetime.fromisoformat
         epoch = _EPOCH
+        orphans = self.orphans
+        placed = self.placed
         count = 0
         for (
             action,
@@ -229,6 +260,8 @@ class Meter:
             if action == PLACE_ACTION:
                 if tenant is None:
                     continue
+                if placed is not None:
+                    placed.add(name)
                 if members is None and devices is None:
                     sku = skus.get(first)
                     if sku is None:
@@ -269,6 +302,7 @@ class Meter:
                 continue
             if tenant is None:  # an older workload.cancel names no tenant: the name and node
                 held = self._by_name(name, node)
+                self.tenantless.append((t, name, node, None if held is None else held[0]))
                 if held is None:
                     continue
             else:
@@ -276,10 +310,10 @@ class Meter:
                 if held is None or held[0] != tenant:
                     if held is not None:  # a namesake's: put it back
                         opened[name] = held
-                    if not others:
-                        continue
-                    held = others.pop((tenant, name), None)
-                    if held is None:
+                    held = others.pop((tenant, name), None) if others else None
+                    if held is None:  # no hold of this meter's: one from before, if any
+                        if (tenant, name) not in orphans:
+                            orphans[(tenant, name)] = (t, placed is None or name not in placed)
                         continue
             if not single or (tracked_names and (tenant, name) in tracked_names):
                 self._close(name, held, t)
@@ -316,6 +350,31 @@ class Meter:
             set(self.unknown),
             self.events,
         )
+
+    def hand_over(self) -> RangePart:
+        """``finish`` for the meter of one range of the log (made with ``ranged=True``): the
+        holds still open are handed over, not cut (a later range ends them, or the join cuts
+        them at the window's end)."""
+        lines = self.lines
+        holds: list[Carried] = [
+            (h[0], name, h[1], h[2], tuple((lines[lid], u) for lid, u in h[3]))
+            for name, h in self.open.items()
+        ]
+        holds.extend(
+            (tenant, name, h[1], h[2], tuple((lines[lid], u) for lid, u in h[3]))
+            for (tenant, name), h in self.others.items()
+        )
+        self.open, self.others = {}, {}
+        return RangePart(self.finish(), holds, dict(self.orphans), list(self.tenantless))
+
+    def end_hold(self, hold: Carried, end: int) -> None:
+        """Add up a hold handed over by another range's meter, ended at ``end`` (µs)."""
+        tenant, name, start, node, parts = hold
+        ids = []
+        for line, units in parts:
+            lid = self.line_ids.get(line)
+            ids.append((self._line(line) if lid is None else lid, units))
+        self._close(name, (tenant, start, node, tuple(ids)), end)
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -415,6 +474,43 @@ class Meter:
                 acc[lid] += (e - s) * units
                 if tracked is not None:
                     tracked[(i, lid)] = tracked.get((i, lid), 0) + (e - s) * units
+
+
+def join_ranges(
+    meter: Meter, parts: Sequence[RangePart], first_event: FirstEvent
+) -> Metered | None:
+    """What one meter over the whole log in order adds up, from meters over consecutive
+    ranges of ``seq`` (``parts``, in log order, each made with ``ranged=True``: it knew
+    nothing of the holds open at its range's start). ``meter`` is a fresh meter of the same
+    window, cuts and tracking: it ends the holds handed over.
+
+    A hold open at the end of a range ends at the first usage event of its (tenant, name) in
+    a later range: a release that found no hold there (``RangePart.orphans``), when nothing
+    of that name was placed in that range before it; otherwise ``first_event`` looks it up
+    (a placement again, or a release after one). Holds open at the end of the last range are
+    cut at the window's end, as ``Meter.finish`` does. None when a release that names no
+    tenant meets a handed-over hold of its name: the meter that matched it by name and node
+    did not know that hold, so the caller meters the log in one pass instead."""
+    carried: dict[tuple[str, str], Carried] = {}
+    for j, part in enumerate(parts):
+        if carried:
+            names = {name for _tenant, name in carried}
+            if any(name in names for _t, name, _node, _tenant in part.tenantless):
+                return None
+            for key, hold in list(carried.items()):
+                orphan = part.orphans.get(key)
+                t = orphan[0] if orphan is not None and orphan[1] else first_event(j, *key)
+                if t is not None:
+                    meter.end_hold(hold, t)
+                    del carried[key]
+        for hold in part.holds:
+            carried[(hold[0], hold[1])] = hold
+    for hold in carried.values():
+        meter.end_hold(hold, meter.end)
+    total = meter.finish()
+    for part in parts:
+        total.add(part.metered)
+    return total
 
 
 # --- pricing -------------------------------------------------------------------------------------
