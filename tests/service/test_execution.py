@@ -225,3 +225,32 @@ def test_api_jobs_logs_backends_and_admission_webhook(
     assert allowed == {"uid": "u-1", "allowed": True}
     bad = client.post(f"{API}/k8s/admission", json={"kind": "nope"})
     assert bad.status_code == 422
+
+
+def test_dispatch_reads_only_placed_workloads_with_a_command(
+    client: TestClient, store: Store, tmp_path: Path
+) -> None:
+    """Placements without a command (reservations, another engine's work) are never read by
+    the dispatch pass every placing transaction runs: its cost does not grow with them."""
+    from sqlalchemy import event
+
+    setup_cluster(client)
+    for i in range(2):
+        submit(client, f"reservation-{i}", [], count=1)  # both GPUs held, nothing to run
+    submit(client, "job", ["true"], count=1)  # waits: no GPU left
+    loaded: list[str] = []
+
+    def count(_session: Any, instance: object) -> None:
+        if isinstance(instance, WorkloadRow):
+            loaded.append(instance.name)
+
+    backend = local(tmp_path)
+    with store.write(SYSTEM) as tx:
+        event.listen(tx.session, "loaded_as_persistent", count)
+        tx.backend = backend
+        assert execution.dispatch_new(tx) == []
+    assert loaded == []  # the two placed reservations were not read
+    assert client.post(f"{API}/workloads/reservation-0/cancel").status_code == 200
+    report = reconcile.sync(store, backend)  # "job" took the freed GPU; dispatched now
+    assert status(client, "job")["status"] in ("placed", "running", "succeeded")
+    assert "job" in (report.dispatched or []) or _jobs(store, "job")

@@ -247,3 +247,31 @@ def test_a_catch_up_that_fails_falls_back_to_a_full_load(
     assert _submit(demo, "z-1").placement is not None  # the request is served all the same
     assert cache.loads == loads + 1
     _assert_cache_is_a_fresh_load(demo)
+
+
+def test_cancels_and_certifications_use_the_cache_not_a_cluster_load(demo: Store) -> None:
+    """A cancel gives its capacity back through the cached scheduler (and pending work takes
+    it there); a grant or a revoke tells it the node's new certifications and evicts through
+    it: none of them loads the whole cluster, and the cache stays what a fresh load is."""
+    cache = _cache(demo)
+    placed = [_submit(demo, f"k-{i}", count=8) for i in range(30)]
+    waiting = [w for w in placed if w.placement is None]
+    assert waiting, "the demo cluster should be full enough that some wait"
+    loads = cache.loads
+    running = next(w for w in placed if w.placement is not None)
+    workloads_svc.cancel_workload(demo, SYSTEM, running.name)
+    assert cache.loads == loads and cache.scheduler is not None
+    _assert_cache_is_a_fresh_load(demo)
+    assert any(  # the freed GPUs went to a waiting workload, decided from the cache
+        workloads_svc.get_workload(demo, SYSTEM, w.name).placement is not None for w in waiting
+    )
+    node = next(w for w in placed if w.placement is not None).placement.node
+    nodes_svc.grant_certification(demo, SYSTEM, node, "pci-dss", "isolated")
+    _assert_cache_is_a_fresh_load(demo)
+    nodes_svc.revoke_certification(demo, SYSTEM, node, "pci-dss")
+    _assert_cache_is_a_fresh_load(demo)
+    with demo.read() as session:  # a node the cache holds with its certifications as stored
+        fresh = {n.name: n for n in ClusterView(session).scheduler.nodes()}
+    assert cache.scheduler is not None
+    assert cache.scheduler.node(node) == fresh[node]
+    assert cache.loads == loads

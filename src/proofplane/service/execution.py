@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event as sa_event
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from proofplane.access import Actor, Permission, authorize
 from proofplane.backends.base import (
@@ -231,9 +231,17 @@ def dispatch_new(tx: Tx, view: ClusterView | None = None) -> list[str]:
         )
         .exists()
     )
+    # only workloads with a command run anywhere: placements without one (the engine is
+    # somebody else's, or nothing runs) are never read here, however many a fleet holds
+    postgres = tx.session.get_bind().dialect.name == "postgresql"
+    length = func.jsonb_array_length if postgres else func.json_array_length
     query = (
         select(WorkloadRow)
-        .where(WorkloadRow.status == WorkloadStatus.PLACED.value, ~has_job)
+        .where(
+            WorkloadRow.status == WorkloadStatus.PLACED.value,
+            length(WorkloadRow.command) > 0,
+            ~has_job,
+        )
         .options(*WORKLOAD_LOAD)
         .order_by(WorkloadRow.priority.desc(), WorkloadRow.created_at, WorkloadRow.id)
     )

@@ -230,9 +230,11 @@ def revoke_certification(store: Store, actor: Actor, name: str, key: str) -> Nod
 
 
 def _recheck_workloads(tx: Tx, row: NodeRow) -> None:
-    """Evict every workload on the node whose tags the node no longer satisfies."""
+    """Evict every workload on the node whose tags the node no longer satisfies. Placement,
+    if any is needed, starts from the process's cached scheduler, caught up from the events
+    (this transaction's certification event included): one node is read, not the cluster."""
     held = {c.key: c.value for c in row.certifications}
-    view = ClusterView(tx.session)
+    view = ClusterView(tx.session, from_cache=True)
     for wl in workloads_on(tx, row):
         lost = missing_tags(wl.tags, held)
         if lost:

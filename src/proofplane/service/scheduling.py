@@ -52,12 +52,16 @@ class ClusterView:
 
     ``ClusterView(session)`` loads every node and placement. ``ClusterView.cached(tx)`` reuses
     the scheduler the previous transaction left behind when nothing has been written since
-    (see ``SchedulerCache``): the hot path of submitting work then reads no cluster state."""
+    (see ``SchedulerCache``): the hot path of submitting work then reads no cluster state.
+    ``ClusterView(session, from_cache=True)`` takes the cache on first use instead, caught up
+    from the events since its version, this transaction's own included: for a flow that
+    changes capacity itself (a cancel, a certification) before it may need to place."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, *, from_cache: bool = False) -> None:
         # Loaded on first use: a flow that turns out to need no placement (no pending work,
         # nothing to evict) does not pay for reading the whole cluster.
         self.session = session
+        self._from_cache = from_cache
         self._scheduler: Scheduler | None = None
         self._node_rows: NodeRows | None = None
         self._readiness: netstate.Readiness | None = None
@@ -89,6 +93,10 @@ class ClusterView:
 
     def _load(self) -> None:
         session = self.session
+        if self._from_cache:
+            cached = _cache_for(session).view(session)
+            self._scheduler, self._node_rows = cached.scheduler, cached.node_rows
+            return
         rows = list(session.scalars(select(NodeRow).options(*NODE_LOAD).order_by(NodeRow.name)))
         node_rows = NodeRows(session, {row.name: row.id for row in rows})
         for row in rows:
@@ -193,6 +201,12 @@ class SchedulerCache:
         self.lock = threading.Lock()
 
     def view(self, session: Session) -> ClusterView:
+        # The transaction's first statement takes the database's write lock (PostgreSQL's
+        # advisory lock, store.db.write_session): take it before this thread lock, never
+        # while holding it. One order for both locks everywhere (write lock, then this
+        # one), so a transaction that takes the cache late (after writing: a cancel, a
+        # certification) cannot deadlock with one that takes it first thing (a submit).
+        session.connection()
         with self.lock:
             return self._view(session)
 

@@ -594,8 +594,11 @@ def cancel_workload(
             },
         )
         if node is not None:
-            reschedule_pending(tx)
-            execution.dispatch_new(tx)
+            # pending work may take the capacity, placed from the cached scheduler caught up
+            # from the events (this cancel's included): no cluster load
+            view = ClusterView(tx.session, from_cache=True)
+            reschedule_pending(tx, view)
+            execution.dispatch_new(tx, view)
         return workload_from_row(row)
 
 

@@ -1,0 +1,279 @@
+"""Benchmark: API replicas on one PostgreSQL (issue 20: two replicas' submit throughput
+≥ 1.5× one replica's, no GPU allocated twice, the audit log gap-free and verifying).
+
+Setup (not timed), for each phase on a fresh throwaway PostgreSQL database (``--db``: the
+server to make it on): the demo cluster and an admin token (``_server.load_demo``), then
+``--replicas-max`` phases: ``one`` runs one ``proofplane serve --workers 1``, ``two`` runs
+two of them on the same database (separate processes, as two hosts would; each its own
+scheduler cache caught up from the event stream, the background loops on the leader).
+
+Timed: ``--clients`` closed-loop requesters for ``--duration`` s, requester i talking to
+replica i mod replicas on its own keep-alive connection, each repeating: submit a one-GPU
+workload (``POST /api/v1/workloads``, placed or pending), then cancel it (``POST
+/api/v1/workloads/{name}/cancel``), so the cluster never fills and every submit is a
+placement decision. ``submits_per_s`` = answered submits / wall time; latency p50/p99 per
+request kind; the server processes' CPU seconds. Meanwhile a sampler reads
+``pg_stat_activity`` every 20 ms: ``write_lock_waiters`` is the mean number of this
+database's backends waiting on the write lock (``store.db``: every write transaction takes
+one transaction-scoped advisory lock, so writes of all replicas queue there) and
+``write_lock_busy`` the share of samples with a backend holding or waiting on it.
+
+After each phase: every placement from ``GET /api/v1/workloads`` is checked against the
+others (no GPU or MIG slot holds more than 1000 thousandths: ``double_allocations``); the
+event log is gap-free (``seq`` 1..N with N rows); ``proofplane audit verify --db`` recomputes
+the whole log against the newest signed checkpoint (``audit_verify``).
+``speedup`` = two's ``submits_per_s`` / one's; target ≥ 1.5.
+
+    .venv/bin/python bench/replicas.py --json [--quick] [--db postgresql://127.0.0.1:5432/test]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy import create_engine, text
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _server import Server, cpu_delta, load_demo, pct, throwaway_postgres
+from proofplane.machine import machine
+from proofplane.store.db import WRITE_LOCK_KEY
+
+TOKEN = "ppt_bench-replicas-token-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+TENANT = "research-lab"  # a demo tenant with no compliance tags
+TARGET_SPEEDUP = 1.5
+
+
+def engine_url(url: str) -> str:
+    return url.replace("postgresql://", "postgresql+psycopg://", 1)
+
+
+class LockSampler:
+    """Samples ``pg_stat_activity`` of one database: backends waiting on the write lock
+    (an advisory lock with the write lock's key) and whether anyone holds it."""
+
+    def __init__(self, url: str, interval: float = 0.02) -> None:
+        self.engine = create_engine(engine_url(url), isolation_level="AUTOCOMMIT")
+        self.interval = interval
+        self.waiting: list[int] = []
+        self.busy: list[bool] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        query = text(
+            "SELECT count(*) FILTER (WHERE NOT l.granted), count(*) FILTER (WHERE l.granted) "
+            "FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+            "WHERE l.locktype = 'advisory' AND d.datname = current_database() "
+            "AND l.objid = :key"
+        )
+        with self.engine.connect() as conn:
+            while not self._stop.wait(self.interval):
+                waiting, held = conn.execute(query, {"key": WRITE_LOCK_KEY}).one()
+                self.waiting.append(int(waiting))
+                self.busy.append(bool(waiting or held))
+
+    def __enter__(self) -> LockSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.engine.dispose()
+
+    def summary(self) -> dict[str, Any]:
+        n = len(self.waiting)
+        return {
+            "samples": n,
+            "write_lock_waiters": round(statistics.fmean(self.waiting), 2) if n else None,
+            "write_lock_busy": round(sum(self.busy) / n, 3) if n else None,
+        }
+
+
+def no_device_twice(base: str) -> tuple[int, int]:
+    """(placements seen, slots held more than once) from the workloads API."""
+    used: Counter[tuple[str, int, object]] = Counter()
+    placed = 0
+    cursor: str | None = None
+    with httpx.Client(base_url=base, headers=AUTH, timeout=60) as c:
+        while True:
+            params: dict[str, Any] = {"limit": 500}
+            if cursor:
+                params["cursor"] = cursor
+            page = c.get("/api/v1/workloads", params=params).json()
+            for w in page["items"]:
+                p = w.get("placement")
+                if not p:
+                    continue
+                placed += 1
+                for part in p.get("parts") or [p]:
+                    for d in part["devices"]:
+                        used[(part["node"], d["gpu_index"], d["mig_start"])] += (
+                            d["share_milli"] or 1000
+                        )
+            cursor = page.get("next_cursor")
+            if not cursor:
+                break
+    return placed, sum(1 for v in used.values() if v > 1000)
+
+
+def log_checks(url: str, workdir: Path) -> dict[str, Any]:
+    engine = create_engine(engine_url(url))
+    try:
+        with engine.connect() as conn:
+            n, lo, hi = conn.execute(text("SELECT count(*), min(seq), max(seq) FROM events")).one()
+    finally:
+        engine.dispose()
+    out = subprocess.run(
+        [sys.executable, "-m", "proofplane.cli.main", "audit", "verify", "--db", url, "--json",
+         "--require-checkpoint"],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PROOFPLANE_AUDIT_KEY_FILE": str(workdir / "audit.key"),
+             "PROOFPLANE_MASTER_KEY_FILE": str(workdir / "master.key"),
+             "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    try:
+        verdict = json.loads(out.stdout)
+    except json.JSONDecodeError:
+        verdict = {"ok": False, "output": (out.stdout + out.stderr)[-500:]}
+    return {
+        "events": int(n),
+        "gap_free": lo == 1 and hi == n,
+        "audit_verify_ok": out.returncode == 0 and bool(verdict.get("ok")),
+        "audit_verify_exit": out.returncode,
+        "verified_against_checkpoint": bool(verdict.get("verified_against_checkpoint")),
+    }
+
+
+def phase(admin_url: str, replicas: int, clients: int, duration: float) -> dict[str, Any]:
+    with throwaway_postgres(admin_url) as url, tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        load_demo(url, TOKEN)
+        env = {"PROOFPLANE_AUDIT_CHECKPOINT_INTERVAL_SECONDS": "1"}
+        servers = [Server(url, workdir, workers=1, env=env) for _ in range(replicas)]
+        try:
+            for s in servers:
+                s.wait_ready()
+            lat: dict[str, list[float]] = {"submit": [], "cancel": []}
+            codes: Counter[int] = Counter()
+            lock = threading.Lock()
+            stop = time.monotonic() + duration
+
+            def requester(i: int) -> int:
+                base = servers[i % replicas].base
+                done = 0
+                with httpx.Client(base_url=base, headers=AUTH, timeout=60) as c:
+                    k = 0
+                    while time.monotonic() < stop:
+                        name = f"r{replicas}-c{i}-{k}"
+                        k += 1
+                        body = {"name": name, "tenant": TENANT, "gpus": {"count": 1}}
+                        t = time.perf_counter()
+                        r = c.post("/api/v1/workloads", json=body)
+                        ms = (time.perf_counter() - t) * 1000
+                        with lock:
+                            codes[r.status_code] += 1
+                        if r.status_code != 201:
+                            continue
+                        done += 1
+                        t2 = time.perf_counter()
+                        rc = c.post(f"/api/v1/workloads/{name}/cancel")
+                        with lock:
+                            lat["submit"].append(ms)
+                            lat["cancel"].append((time.perf_counter() - t2) * 1000)
+                            codes[rc.status_code] += 1
+                return done
+
+            before = {s.port: s.cpu_seconds() for s in servers}
+            with LockSampler(url) as sampler, ThreadPoolExecutor(clients) as pool:
+                t0 = time.perf_counter()
+                submits = sum(pool.map(requester, range(clients)))
+                wall = time.perf_counter() - t0
+            cpu = {
+                f"replica_{k}": cpu_delta(before[s.port], s.cpu_seconds())["total"]
+                for k, s in enumerate(servers)
+            }
+            placed, twice = no_device_twice(servers[0].base)
+        finally:
+            for s in servers:
+                s.stop()
+        return {
+            "replicas": replicas,
+            "clients": clients,
+            "submits": submits,
+            "submits_per_s": round(submits / wall, 1),
+            "latency_ms": {
+                kind: {"p50": round(pct(xs, 0.5), 2), "p99": round(pct(xs, 0.99), 2)}
+                for kind, xs in lat.items()
+            },
+            "status_codes": {str(k): v for k, v in sorted(codes.items())},
+            "server_cpu_s": cpu,
+            **sampler.summary(),
+            "placements_checked": placed,
+            "double_allocations": twice,
+            **log_checks(url, workdir),
+        }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="CI-sized smoke run")
+    ap.add_argument("--db", default="postgresql://127.0.0.1:5432/test")
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--duration", type=float, default=20.0)
+    ap.add_argument("--runs", type=int, default=3, help="runs of each phase (medians)")
+    args = ap.parse_args()
+    duration = 3.0 if args.quick else args.duration
+    runs = 1 if args.quick else args.runs
+    phases: dict[str, list[dict[str, Any]]] = {"one": [], "two": []}
+    for _ in range(runs):  # interleaved, so both phases see the same machine
+        phases["one"].append(phase(args.db, 1, args.clients, duration))
+        phases["two"].append(phase(args.db, 2, args.clients, duration))
+
+    def median(name: str) -> float:
+        return statistics.median(r["submits_per_s"] for r in phases[name])
+
+    speedup = median("two") / median("one") if median("one") else 0.0
+    out = {
+        "machine": machine(),
+        "store": "postgresql",
+        "duration_s": duration,
+        "runs": runs,
+        "one": {"submits_per_s": median("one"), "runs": phases["one"]},
+        "two": {"submits_per_s": median("two"), "runs": phases["two"]},
+        "speedup": round(speedup, 2),
+        "target_speedup": TARGET_SPEEDUP,
+        "meets": speedup >= TARGET_SPEEDUP,
+        "double_allocations": sum(r["double_allocations"] for p in phases.values() for r in p),
+        "log_ok": all(r["gap_free"] and r["audit_verify_ok"] for p in phases.values() for r in p),
+        "note": "closed loop, client and servers share this machine; one replica = one "
+        "`serve --workers 1` process",
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(
+            f"one replica {median('one')} submits/s, two {median('two')} "
+            f"(x{speedup:.2f}); double allocations {out['double_allocations']}; "
+            f"log ok {out['log_ok']}"
+        )
+
+
+if __name__ == "__main__":
+    main()
