@@ -1,0 +1,38 @@
+"""bench/replicas.py --quick --json: one and two ``serve`` replicas on one PostgreSQL answer
+the submit/cancel loop, allocate no device twice, leave a gap-free log that verifies against
+a signed checkpoint, and print the speedup with its verdict against issue 20's target."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ci import REPO
+from dbtest import PG_ADMIN
+
+
+def test_bench_replicas_quick(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROOFPLANE_")}
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "replicas.py"), "--json", "--quick",
+         "--clients", "2", "--db", PG_ADMIN],
+        capture_output=True, text=True, timeout=300, check=True,
+        env={**env, "HOME": str(tmp_path)},
+    )  # fmt: skip
+    data = json.loads(out.stdout)
+    assert data["store"] == "postgresql" and data["runs"] == 1
+    for name, replicas in (("one", 1), ("two", 2)):
+        (run,) = data[name]["runs"]
+        assert run["replicas"] == replicas and len(run["server_cpu_s"]) == replicas
+        assert run["submits"] > 0 and run["submits_per_s"] == data[name]["submits_per_s"]
+        assert set(run["status_codes"]) <= {"200", "201"}, run["status_codes"]
+        assert run["double_allocations"] == 0 and run["placements_checked"] > 0
+        assert run["gap_free"] and run["audit_verify_ok"] and run["verified_against_checkpoint"]
+        assert run["samples"] > 0 and 0 <= run["write_lock_busy"] <= 1
+    speedup = data["two"]["submits_per_s"] / data["one"]["submits_per_s"]
+    assert data["speedup"] == round(speedup, 2)
+    assert data["target_speedup"] == 1.5 and data["meets"] is (speedup >= 1.5)
+    assert data["double_allocations"] == 0 and data["log_ok"] is True
