@@ -169,3 +169,5 @@ class Workload:
     created_at: datetime | None = None
     updated_at: datetime | None = None
     co_residency: bool = True  # may its MIG slice or share sit on a GPU with other tenants'?
+    cpu_milli: int = 0  # issue 17: CPU (milli-cores) and memory (MiB) it asks for, besides GPUs
+    memory_mib: int = 0

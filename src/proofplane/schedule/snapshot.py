@@ -54,6 +54,7 @@ the capacity signatures and buckets (``schedule.buckets``); this module is the s
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -61,8 +62,9 @@ from typing import TypeVar
 
 from proofplane.model import IsolationLevel, Node, PlacedDevice, Placement
 from proofplane.schedule.buckets import Buckets, Signature, request_class, signature
-from proofplane.schedule.fit import fit, gpu_model, tenancy
+from proofplane.schedule.fit import fit, gpu_model, resources, tenancy
 from proofplane.schedule.reasons import (
+    FILTER_CODES,
     GPU_MODEL_UNAVAILABLE,
     INSUFFICIENT_CAPACITY,
     INSUFFICIENT_GPU_CAPACITY,
@@ -74,8 +76,15 @@ from proofplane.schedule.reasons import (
     blocking,
     template,
 )
+from proofplane.schedule.scoring import CPU_UNTRACKED, FULL, Scorer, Shape, State
 from proofplane.schedule.usage import NO_USAGE, ClassKey, NodeInfo, Usage, decrement, node_info
-from proofplane.schedule.values import Allocation, Decision, Request
+from proofplane.schedule.values import (
+    MODEL_SEPARATOR,
+    Allocation,
+    Decision,
+    Request,
+    allowed_models,
+)
 
 _Best = tuple[int, str, tuple[PlacedDevice, ...]]  # (idle GPUs left, node, devices)
 _K = TypeVar("_K", bound=Hashable)
@@ -118,8 +127,11 @@ class ClusterSnapshot:
         allocations: Mapping[Hashable, Allocation] | None = None,
         *,
         tuning: Tuning | None = None,
+        scorer: Scorer | None = None,
     ) -> None:
         self.tuning = tuning or Tuning()
+        self.scorer = scorer
+        self._scored = ScoreIndex(scorer) if scorer is not None else None
         self._intern: dict[ClassKey, ClassKey] = {}
         self._info: dict[str, NodeInfo] = {}
         self._usage: dict[str, Usage] = {}
@@ -321,6 +333,10 @@ class ClusterSnapshot:
             self._vacant.add(name)
         elif was_vacant:
             self._vacant.discard(name)
+        if self._scored is not None:
+            self._scored.changed(
+                name, score_state(info, u) if info is not None and new is not None else None
+            )
 
     def _owner_buckets(self, owner: str | None) -> Buckets:
         if owner is None:
@@ -337,11 +353,17 @@ class ClusterSnapshot:
         snapshot is not changed (``reserve`` the result to take the capacity)."""
         compliant = self._compliant_set(req.tags)
         best: _Best | None = None
-        if compliant:
+        if compliant and self._scored is not None:
+            best = self._place_scored(req, compliant)
+        elif compliant:
             cls = request_class(req)
-            if cls is None or (
-                (not req.co_residency or req.tenant in self._private)
-                and (req.gpus.mig_profile is not None or req.gpus.share_milli is not None)
+            if (
+                cls is None
+                or _exact_only(req)
+                or (
+                    (not req.co_residency or req.tenant in self._private)
+                    and (req.gpus.mig_profile is not None or req.gpus.share_milli is not None)
+                )
             ):
                 # the signatures describe what a request allowing co-residency, of a tenant
                 # holding nothing that refuses it, can take; anyone else is scanned exactly
@@ -353,6 +375,39 @@ class ClusterSnapshot:
         if best is None:
             return self._pending(req, compliant)
         return Decision(Placement(best[1], best[2]), None, f"placed on {best[1]}")
+
+    def observe(self, req: Request) -> None:
+        """Show the scorer one request before its decision (its workload mix learns from the
+        stream of requests); when the mix changes, every cached score is dropped."""
+        if self._scored is not None:
+            self._scored.observe(shape_of(req))
+
+    def _place_scored(self, req: Request, compliant: Set[str]) -> _Best | None:
+        """The scorer's best node among the compliant ones that pass every filter: the
+        shape's heap of scores, popped until a node passes the exact per-node filters (nodes
+        that fail only for this request, e.g. tenancy or memory, are put back)."""
+        index = self._scored
+        assert index is not None
+        shape = shape_of(req)
+        heap = index.heap(shape, tuple(sorted(req.tags.items())), compliant)
+        aside = []
+        best: _Best | None = None
+        version = index.version
+        while heap:
+            top = heap[0]
+            name = top[1]
+            if top[2] != version.get(name) or name not in compliant:
+                heapq.heappop(heap)
+                continue
+            found = self._evaluate(name, req, top[3])
+            if found is None:
+                aside.append(heapq.heappop(heap))
+                continue
+            best = (0, name, found[1])
+            break
+        for entry in aside:
+            heapq.heappush(heap, entry)
+        return best
 
     def _compliant_set(self, tags: Mapping[str, str]) -> Set[str]:
         """Admitted nodes certified for every tag: the first two filters, as one set."""
@@ -415,16 +470,26 @@ class ClusterSnapshot:
             best = self._scan(req, key, need, most, self._vacant & compliant, best)
         return best
 
-    def _evaluate(self, name: str, req: Request) -> tuple[int, tuple[PlacedDevice, ...]] | None:
-        """The per-node filters (tenancy, GPU model, capacity) and the best-fit score for one
-        admitted, certified node: (idle GPUs left after placing, devices), or None."""
+    def _evaluate(
+        self, name: str, req: Request, position: int = -1
+    ) -> tuple[int, tuple[PlacedDevice, ...]] | None:
+        """The per-node filters (tenancy, GPU model, CPU, memory, capacity) and the best-fit
+        score for one admitted, certified node: (idle GPUs left after placing, devices), or
+        None. ``position``: the GPU a scorer chose for a share (plain GPUs) or a MIG slice (MIG
+        GPUs), in node order; the fit rule's own choice when it cannot take it."""
         u = self._usage.get(name, NO_USAGE)
         if tenancy(u, req) is not None:
             return None
         info = self._info[name]
         if gpu_model(info, req) is not None:
             return None
-        devices = fit(info, u, req)
+        if (req.cpu_milli or req.memory_mib) and resources(info, u, req) is not None:
+            return None
+        devices = None
+        if position >= 0:
+            devices = fit_at(info, u, req, position)
+        if devices is None:
+            devices = fit(info, u, req)
         if devices is None:
             return None
         idle = self._sig[name][0]
@@ -533,6 +598,8 @@ class ClusterSnapshot:
         tenancy and GPU-model filters was rejected for capacity. Counted from the indexes
         (set sizes, and loops over the smaller side only): admitted nodes are either vacant
         or occupied, a node's sole tenant is its dedicated owner if it has one."""
+        if _exact_only(req):
+            return self._pending_exact(req, compliant)
         rejections: dict[str, int] = {}
 
         def count(code: str, n: int) -> None:
@@ -589,6 +656,195 @@ class ClusterSnapshot:
             _INSUFFICIENT_MESSAGE.format(compliant=n_compliant, blocking=blocking(rejections)),
             rejections,
         )
+
+    def _pending_exact(self, req: Request, compliant: Set[str]) -> Decision:
+        """``_pending`` by one pass over the compliant nodes, each filter in order (for requests
+        the indexes do not describe: CPU or memory asked, GPU model alternatives)."""
+        total = len(self._info)
+        rejections: dict[str, int] = {}
+        for code, n in (
+            (NODE_NOT_ADMITTED, total - len(self._admitted)),
+            (MISSING_CERTIFICATION, len(self._admitted) - len(compliant)),
+        ):
+            if n:
+                rejections[code] = n
+        for name in compliant:
+            u = self._usage.get(name, NO_USAGE)
+            info = self._info[name]
+            code = (
+                tenancy(u, req)
+                or gpu_model(info, req)
+                or resources(info, u, req)
+                or INSUFFICIENT_GPU_CAPACITY
+            )
+            rejections[code] = rejections.get(code, 0) + 1
+        if not compliant:
+            return Decision(
+                None,
+                NO_COMPLIANT_CAPACITY,
+                _NO_COMPLIANT_MESSAGE.format(total=total, tags=dict(req.tags) or "this"),
+                rejections,
+            )
+        ordered = {c: rejections[c] for c in FILTER_CODES if c in rejections}
+        return Decision(
+            None,
+            INSUFFICIENT_CAPACITY,
+            _INSUFFICIENT_MESSAGE.format(compliant=len(compliant), blocking=blocking(ordered)),
+            ordered,
+        )
+
+
+def _exact_only(req: Request) -> bool:
+    """Requests the capacity signatures do not describe (answered by exact scans)."""
+    model = req.gpus.model
+    return bool(req.cpu_milli or req.memory_mib or (model and MODEL_SEPARATOR in model))
+
+
+def shape_of(req: Request) -> Shape:
+    """What a scorer sees of a request (``schedule.scoring.Shape``)."""
+    g = req.gpus
+    if g.mig_profile is not None:
+        return (req.cpu_milli, g.count, 0, g.model, g.mig_profile)
+    if g.share_milli is not None:
+        return (req.cpu_milli, 1, g.share_milli, g.model, None)
+    return (req.cpu_milli, g.count, FULL if g.count else 0, g.model, None)
+
+
+def score_state(info: NodeInfo, u: Usage) -> State:
+    """What a scorer sees of a node (``schedule.scoring.State``)."""
+    whole, shares, held = u.whole, u.shares, u.mig
+    frees = tuple(0 if g.index in whole else FULL - shares.get(g.index, 0) for g in info.plain)
+    mig = tuple(
+        tuple(sorted(ks[0][1] or "" for ks, slots in groups for slot in slots if slot not in held))
+        for _i, groups in info.mig_gpus
+    )
+    cap = info.cpu if info.cpu is not None else CPU_UNTRACKED
+    cpu = cap - u.cpu if info.cpu is not None else CPU_UNTRACKED
+    return (info.models, cpu, frees, mig, cap, not u.keys)
+
+
+def fit_at(
+    info: NodeInfo, u: Usage, req: Request, position: int
+) -> tuple[PlacedDevice, ...] | None:
+    """The devices of a one-device request on the GPU a scorer chose (``position`` among the
+    node's plain GPUs for a share, among its MIG GPUs for a slice), or None when that GPU
+    cannot take it (the caller falls back to ``fit``)."""
+    g = req.gpus
+    if g.mig_profile is not None:
+        if g.count != 1 or position >= len(info.mig_gpus):
+            return None
+        return fit(info, u, req, only=info.mig_gpus[position][0])
+    if g.share_milli is None or position >= len(info.plain):
+        return None
+    return fit(info, u, req, only=info.plain[position].index)
+
+
+class ScoreIndex:
+    """Per request shape (and compliance tags), a heap of ``(score key, node, version, GPU
+    position)`` over the nodes that can take the shape, caught up lazily: each visit re-scores
+    only the nodes changed since the shape's previous visit (stale entries are dropped when
+    they surface). Scores are memoised per (node state, shape), so nodes in equal states cost
+    one evaluation. A change of the scorer's workload mix drops everything."""
+
+    def __init__(self, scorer: Scorer) -> None:
+        self.scorer = scorer
+        self.state: dict[str, State] = {}
+        self.version: dict[str, int] = {}
+        self._changes: list[str] = []
+        self._base = 0  # how many changes were trimmed off the front of ``_changes``
+        self._heaps: dict[tuple[Shape, _Tags], tuple[list[_Entry], list[int]]] = {}
+        self._memo: dict[tuple[State, Shape], tuple[Hashable, int] | None] = {}
+        self._tick = 0
+
+    def changed(self, name: str, state: State | None) -> None:
+        self._tick += 1
+        self.version[name] = self._tick
+        if state is None:
+            self.state.pop(name, None)
+        else:
+            self.state[name] = state
+        self._changes.append(name)
+        if len(self._changes) > 65536 + 4 * len(self.state):
+            # heaps behind the trimmed part are rebuilt on their next visit
+            cut = len(self._changes) // 2
+            del self._changes[:cut]
+            self._base += cut
+
+    def observe(self, shape: Shape) -> None:
+        if self.scorer.observe(shape):
+            self._heaps.clear()
+            self._memo.clear()
+
+    def _score(self, name: str, shape: Shape) -> tuple[Hashable, int] | None:
+        st = self.state.get(name)
+        if st is None:
+            return None
+        key = (st, shape)
+        memo = self._memo
+        if key in memo:
+            return memo[key]
+        out = self.scorer.score(st, shape) if can_take(st, shape) else None
+        if len(memo) > 262144:
+            memo.clear()
+        memo[key] = out
+        return out
+
+    def heap(
+        self, shape: Shape, tags: tuple[tuple[str, str], ...], compliant: Set[str]
+    ) -> list[_Entry]:
+        hkey = (shape, tags)
+        entry = self._heaps.get(hkey)
+        end = self._base + len(self._changes)
+        version = self.version
+        if entry is None or entry[1][0] < self._base:
+            heap: list[_Entry] = []
+            for name in compliant:
+                s = self._score(name, shape)
+                if s is not None:
+                    heap.append((s[0], name, version[name], s[1]))
+            heapq.heapify(heap)
+            if len(self._heaps) > 4096:
+                self._heaps.clear()
+            self._heaps[hkey] = (heap, [end])
+            return heap
+        heap, pos = entry
+        if pos[0] < end:
+            for name in set(self._changes[pos[0] - self._base :]):
+                if name not in compliant:
+                    continue
+                s = self._score(name, shape)
+                if s is not None:
+                    heapq.heappush(heap, (s[0], name, version[name], s[1]))
+            pos[0] = end
+            if len(heap) > 4 * len(compliant) + 64:  # mostly stale: compact
+                live = [e for e in heap if e[2] == version.get(e[1])]
+                heapq.heapify(live)
+                heap[:] = live
+        return heap
+
+
+_Tags = tuple[tuple[str, str], ...]
+_Entry = tuple[Hashable, str, int, int]  # (score key, node, version, GPU position)
+
+
+def can_take(state: State, shape: Shape) -> bool:
+    """Whether a node in ``state`` has the room for ``shape`` (CPU, GPU model, devices); the
+    exact filters run again on the node that wins."""
+    models, cpu, frees, mig = state[0], state[1], state[2], state[3]
+    p_cpu, k, m, spec, profile = shape
+    if cpu < p_cpu:
+        return False
+    if spec is not None:
+        allowed = allowed_models(spec)
+        if allowed is not None and allowed.isdisjoint(models):
+            return False
+    if profile is not None:
+        return sum(gpu.count(profile) for gpu in mig) >= k
+    if m <= 0:
+        return True
+    if k == 1:
+        return bool(frees) and max(frees) >= m
+    return sum(1 for g in frees if g >= m) >= k
 
 
 _EMPTY: frozenset[str] = frozenset()
