@@ -36,6 +36,7 @@ from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Protocol
 
 FULL = 1000
@@ -71,6 +72,7 @@ def spec_set(spec: str | None) -> frozenset[str] | None:
     return frozenset(s for s in spec.split("|") if s)
 
 
+@lru_cache(maxsize=256)
 def mig_slices(profile: str) -> int:
     """Compute slices of a MIG profile from its name (``3g.40gb`` → 3)."""
     head = profile.split("g", 1)[0]
@@ -227,15 +229,29 @@ def _distance(a: Sequence[Typical], b: Sequence[Typical]) -> float:
 
 
 class Fragmentation:
-    """``F`` of a node state against a mix (see the module docstring), memoised per (models,
-    CPU level, sorted free GPU milli, MIG free profiles). The sum runs per FGD category in the
-    mix's order, as FGD's simulator sums it, so the ``fgd`` plugin reproduces its decisions."""
+    """``F`` of a node state against a mix (see the module docstring), in two parts that are
+    memoised apart: the plain part, per (models, CPU level, sorted free GPU milli), summed per
+    FGD category in the mix's order as FGD's simulator sums it (so the ``fgd`` plugin
+    reproduces its decisions); and the MIG part, a sum over the MIG GPUs of a term that
+    depends only on that GPU's free instances (memoised per free-instance tuple). A MIG
+    placement changes one GPU's term, so its ΔF is one lookup, not a recomputation."""
 
     def __init__(self, typical: Sequence[Typical]) -> None:
         self.typical = tuple(typical)
         self.cpu_levels = sorted({t.cpu for t in self.typical})
         self._rows: dict[frozenset[str], list[_Row]] = {}
-        self._memo: dict[object, float] = {}
+        self._memo: dict[tuple[frozenset[str], int, tuple[int, ...]], float] = {}
+        self._gpu_memo: dict[tuple[str, ...], float] = {}
+        # the MIG part's weights: per profile, and what plain requests (which cannot use a
+        # slice at all) add
+        self._mig_weight: dict[str, float] = {}
+        plain = 0.0
+        for t in self.typical:
+            if t.mig is not None:
+                self._mig_weight[t.mig] = self._mig_weight.get(t.mig, 0.0) + t.weight
+            else:
+                plain += t.weight
+        self._plain_weight = plain
 
     def _rows_for(self, models: frozenset[str]) -> list[_Row]:
         rows = self._rows.get(models)
@@ -252,37 +268,50 @@ class Fragmentation:
         models: frozenset[str],
         cpu: int,
         sorted_frees: tuple[int, ...],
-        mig: tuple[tuple[str, ...], ...] = (),
+        mig: MigFree = (),
     ) -> float:
-        key = (models, bisect_right(self.cpu_levels, cpu), sorted_frees, mig)
+        """``F`` of a node: the plain part plus every MIG GPU's term."""
+        out = self.plain(models, cpu, sorted_frees)
+        for gpu in mig:
+            out += self.gpu(gpu)
+        return out
+
+    def plain(self, models: frozenset[str], cpu: int, sorted_frees: tuple[int, ...]) -> float:
+        key = (models, bisect_right(self.cpu_levels, cpu), sorted_frees)
         hit = self._memo.get(key)
         if hit is None:
             if len(self._memo) > 500_000:
                 self._memo.clear()
-            hit = self._memo[key] = self.compute(models, cpu, sorted_frees, mig)
+            hit = self._memo[key] = self.compute(models, cpu, sorted_frees)
         return hit
 
-    def compute(
-        self,
-        models: frozenset[str],
-        cpu: int,
-        frees: tuple[int, ...],
-        mig: tuple[tuple[str, ...], ...] = (),
-    ) -> float:
-        """Unmemoised ``F`` (``frees`` in any order)."""
+    def gpu(self, free: tuple[str, ...]) -> float:
+        """One MIG GPU's term: its free compute (in milli) times the weight of the requests
+        that cannot use it: MIG profiles with no free instance on it, and plain requests."""
+        hit = self._gpu_memo.get(free)
+        if hit is None:
+            if not free:
+                hit = 0.0
+            else:
+                milli = sum(mig_slices(p) for p in free) * FULL / MIG_SLICES
+                stuck = self._plain_weight
+                for profile, w in self._mig_weight.items():
+                    if profile not in free:
+                        stuck += w
+                hit = stuck * milli
+            self._gpu_memo[free] = hit
+        return hit
+
+    def compute(self, models: frozenset[str], cpu: int, frees: tuple[int, ...]) -> float:
+        """Unmemoised plain part of ``F`` (``frees`` in any order); MIG typical requests count
+        every free plain milli as fragment."""
         total = sum(frees)
-        mig_free = [sum(mig_slices(p) for p in gpu) for gpu in mig]
-        mig_total = sum(mig_free) * FULL / MIG_SLICES
         q = [0.0] * 7
         for f, t_cpu, t_m, t_k, access, t_mig in self._rows_for(models):
             cpu_ok = cpu >= t_cpu
             if t_mig is not None:
-                stuck = sum(s for s, gpu in zip(mig_free, mig, strict=True) if t_mig not in gpu)
-                q[_Q2] += f * (total + stuck * FULL / MIG_SLICES)
-                continue
-            if mig_total:
-                q[_NA] += f * mig_total  # plain requests cannot use MIG slices
-            if t_k == 0:
+                q[_Q2] += f * total
+            elif t_k == 0:
                 q[_XL if cpu_ok else _XR] += f * total
             elif not access:
                 q[_NA] += f * total
@@ -326,12 +355,6 @@ def _sigmoid_score(delta: float) -> int:
     return int(100 * (1.0 / (1.0 + math.exp(-delta / 1000))))
 
 
-def _without(mig: tuple[tuple[str, ...], ...], j: int, profile: str) -> tuple[tuple[str, ...], ...]:
-    gpu = list(mig[j])
-    gpu.remove(profile)
-    return mig[:j] + (tuple(gpu),) + mig[j + 1 :]
-
-
 class FGD:
     """FGD (its §7.3): the placement that grows the expected fragmentation least; a share goes
     on the lowest-position GPU with the best truncated score. The mix is the trace's typical
@@ -349,19 +372,19 @@ class FGD:
             return True
         return False
 
-    def potential(
-        self, models: frozenset[str], cpu: int, frees: tuple[int, ...], mig: MigFree
-    ) -> float:
-        return self.frag.value(models, cpu, frees, mig)
+    def potential(self, models: frozenset[str], cpu: int, frees: tuple[int, ...]) -> float:
+        """The part of the node's potential that plain GPUs and CPU carry (``frees``
+        sorted); the MIG GPUs' terms are ``Fragmentation.gpu``."""
+        return self.frag.plain(models, cpu, frees)
 
     def score(self, state: State, shape: Shape) -> Score:
-        models, cpu, frees, mig = state[0], state[1], state[2], state[3]
+        models, cpu, frees = state[0], state[1], state[2]
         p_cpu, k, m, _spec, profile = shape
-        potential = self.potential
-        base = potential(models, cpu, tuple(sorted(frees)), mig)
-        left = cpu - p_cpu
         if profile is not None:
-            return self._mig(state, shape, base)
+            return self._mig(state, shape)
+        potential = self.potential
+        base = potential(models, cpu, tuple(sorted(frees)))
+        left = cpu - p_cpu
         if k == 1 and 0 < m < FULL:
             best = -1
             dev = -1
@@ -373,26 +396,37 @@ class FGD:
                 if s is None:
                     after = list(frees)
                     after[j] = g - m
-                    s = _sigmoid_score(base - potential(models, left, tuple(sorted(after)), mig))
+                    s = _sigmoid_score(base - potential(models, left, tuple(sorted(after))))
                     seen[g] = s
                 if s > best:
                     best, dev = s, j
             return -best, dev
-        moved = potential(models, left, after_placement(frees, k, m), mig)
+        moved = potential(models, left, after_placement(frees, k, m))
         return -_sigmoid_score(base - moved), -1
 
-    def _mig(self, state: State, shape: Shape, base: float) -> Score:
+    def _mig(self, state: State, shape: Shape) -> Score:
+        """A MIG slice: the GPU whose term grows least (CPU's part is the same on every GPU);
+        ``k`` slices count ``k`` times the best GPU's change, placed by the fit rule."""
         models, cpu, frees, mig = state[0], state[1], state[2], state[3]
         p_cpu, k, _m, _spec, profile = shape
         assert profile is not None
         sorted_frees = tuple(sorted(frees))
+        plain_delta = self.potential(models, cpu, sorted_frees) - self.potential(
+            models, cpu - p_cpu, sorted_frees
+        )
+        gpu = self.frag.gpu
         best = -1
         dev = -1
-        for j, gpu in enumerate(mig):
-            if profile not in gpu:
+        seen: dict[tuple[str, ...], int] = {}
+        for j, free in enumerate(mig):
+            if profile not in free:
                 continue
-            after = self.potential(models, cpu - p_cpu, sorted_frees, _without(mig, j, profile))
-            s = _sigmoid_score((base - after) * max(k, 1))
+            s = seen.get(free)
+            if s is None:
+                after = list(free)
+                after.remove(profile)
+                delta = gpu(free) - gpu(tuple(after))
+                s = seen[free] = _sigmoid_score(plain_delta + delta * max(k, 1))
             if s > best:
                 best, dev = s, j
         return -best, dev if k == 1 else -1
@@ -426,10 +460,8 @@ class Proofplane(FGD):
             return True
         return False
 
-    def potential(
-        self, models: frozenset[str], cpu: int, frees: tuple[int, ...], mig: MigFree
-    ) -> float:
-        value = self.frag.value(models, cpu, frees, mig)
+    def potential(self, models: frozenset[str], cpu: int, frees: tuple[int, ...]) -> float:
+        value = self.frag.plain(models, cpu, frees)
         if self.rho > 0 and cpu < CPU_UNTRACKED:
             starved = sum(frees) - cpu / self.rho
             if starved > 0:
@@ -437,14 +469,14 @@ class Proofplane(FGD):
         return value
 
     def score(self, state: State, shape: Shape) -> Score:
-        models, cpu, frees, mig, _cap, fresh = state
+        models, cpu, frees, _mig, _cap, fresh = state
         p_cpu, k, m, _spec, profile = shape
-        potential = self.potential
-        base = potential(models, cpu, tuple(sorted(frees)), mig)
         used = 1 if fresh else 0
         if profile is not None:
-            key, dev = self._mig(state, shape, base)
+            key, dev = self._mig(state, shape)
             return (key, used, 0), dev
+        potential = self.potential
+        base = potential(models, cpu, tuple(sorted(frees)))
         left = cpu - p_cpu
         if k == 1 and 0 < m < FULL:
             best: tuple[int, int, int] | None = None
@@ -454,14 +486,14 @@ class Proofplane(FGD):
                     continue
                 after = list(frees)
                 after[j] = g - m
-                delta = base - potential(models, left, tuple(sorted(after)), mig)
+                delta = base - potential(models, left, tuple(sorted(after)))
                 key = (-_sigmoid_score(delta), used, g)
                 if best is None or key < best:
                     best, dev = key, j
             if best is None:
                 return (0, used, 0), -1
             return best, dev
-        delta = base - potential(models, left, after_placement(frees, k, m), mig)
+        delta = base - potential(models, left, after_placement(frees, k, m))
         return (-_sigmoid_score(delta), used, 0), -1
 
 

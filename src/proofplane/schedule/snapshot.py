@@ -389,6 +389,10 @@ class ClusterSnapshot:
         index = self._scored
         assert index is not None
         shape = shape_of(req)
+        if req.isolation is _DEDICATED:
+            # only vacant nodes and the tenant's own may take it: score those few directly
+            own = self._sole.get(req.tenant, _EMPTY)
+            return self._scan_scored(req, shape, (self._vacant | own) & compliant)
         heap = index.heap(shape, tuple(sorted(req.tags.items())), compliant)
         aside = []
         best: _Best | None = None
@@ -408,6 +412,22 @@ class ClusterSnapshot:
         for entry in aside:
             heapq.heappush(heap, entry)
         return best
+
+    def _scan_scored(self, req: Request, shape: Shape, names: Iterable[str]) -> _Best | None:
+        """The scorer's best among ``names`` that passes the exact filters."""
+        index = self._scored
+        assert index is not None
+        ranked = []
+        for name in names:
+            s = index.score(name, shape)
+            if s is not None:
+                ranked.append((s[0], name, s[1]))
+        ranked.sort()
+        for _key, name, position in ranked:
+            found = self._evaluate(name, req, position)
+            if found is not None:
+                return (0, name, found[1])
+        return None
 
     def _compliant_set(self, tags: Mapping[str, str]) -> Set[str]:
         """Admitted nodes certified for every tag: the first two filters, as one set."""
@@ -743,51 +763,80 @@ class ScoreIndex:
     """Per request shape (and compliance tags), a heap of ``(score key, node, version, GPU
     position)`` over the nodes that can take the shape, caught up lazily: each visit re-scores
     only the nodes changed since the shape's previous visit (stale entries are dropped when
-    they surface). Scores are memoised per (node state, shape), so nodes in equal states cost
-    one evaluation. A change of the scorer's workload mix drops everything."""
+    they surface). Node states are interned to small ids and scores memoised per shape and
+    state id, so nodes in equal states cost one evaluation and a re-score of a known state is
+    one dictionary lookup. A change of the scorer's workload mix drops every score."""
 
     def __init__(self, scorer: Scorer) -> None:
         self.scorer = scorer
-        self.state: dict[str, State] = {}
+        self.sid: dict[str, int] = {}  # node → id of its state
         self.version: dict[str, int] = {}
+        self._states: dict[State, int] = {}
+        self._by_id: list[State] = []
         self._changes: list[str] = []
         self._base = 0  # how many changes were trimmed off the front of ``_changes``
         self._heaps: dict[tuple[Shape, _Tags], tuple[list[_Entry], list[int]]] = {}
-        self._memo: dict[tuple[State, Shape], tuple[Hashable, int] | None] = {}
+        self._memo: dict[Shape, dict[int, tuple[Hashable, int] | None]] = {}
         self._tick = 0
 
     def changed(self, name: str, state: State | None) -> None:
         self._tick += 1
         self.version[name] = self._tick
         if state is None:
-            self.state.pop(name, None)
+            self.sid.pop(name, None)
         else:
-            self.state[name] = state
+            sid = self._states.get(state)
+            if sid is None:
+                if len(self._by_id) >= _MAX_STATES:
+                    self._reset_states()
+                sid = self._states[state] = len(self._by_id)
+                self._by_id.append(state)
+            self.sid[name] = sid
         self._changes.append(name)
-        if len(self._changes) > 65536 + 4 * len(self.state):
+        if len(self._changes) > 65536 + 4 * len(self.sid):
             # heaps behind the trimmed part are rebuilt on their next visit
             cut = len(self._changes) // 2
             del self._changes[:cut]
             self._base += cut
+
+    def _reset_states(self) -> None:
+        """Re-intern only the current states (ids change: every score and heap is dropped)."""
+        current = {name: self._by_id[sid] for name, sid in self.sid.items()}
+        self._states.clear()
+        self._by_id.clear()
+        self._memo.clear()
+        self._heaps.clear()
+        for name, st in current.items():
+            sid = self._states.get(st)
+            if sid is None:
+                sid = self._states[st] = len(self._by_id)
+                self._by_id.append(st)
+            self.sid[name] = sid
 
     def observe(self, shape: Shape) -> None:
         if self.scorer.observe(shape):
             self._heaps.clear()
             self._memo.clear()
 
-    def _score(self, name: str, shape: Shape) -> tuple[Hashable, int] | None:
-        st = self.state.get(name)
-        if st is None:
+    def score(self, name: str, shape: Shape) -> tuple[Hashable, int] | None:
+        """The scorer's answer for one node (None: its state cannot take the shape)."""
+        sid = self.sid.get(name)
+        if sid is None:
             return None
-        key = (st, shape)
-        memo = self._memo
-        if key in memo:
-            return memo[key]
-        out = self.scorer.score(st, shape) if can_take(st, shape) else None
-        if len(memo) > 262144:
-            memo.clear()
-        memo[key] = out
-        return out
+        memo = self._memo.get(shape)
+        if memo is None:
+            memo = self._memo[shape] = {}
+        return self._lookup(memo, sid, shape)
+
+    def _lookup(
+        self, memo: dict[int, tuple[Hashable, int] | None], sid: int, shape: Shape
+    ) -> tuple[Hashable, int] | None:
+        out = memo.get(sid, _MISS)
+        if out is _MISS:
+            st = self._by_id[sid]
+            out = self.scorer.score(st, shape) if can_take(st, shape) else None
+            memo[sid] = out
+        return out  # type: ignore[return-value]
 
     def heap(
         self, shape: Shape, tags: tuple[tuple[str, str], ...], compliant: Set[str]
@@ -796,12 +845,22 @@ class ScoreIndex:
         entry = self._heaps.get(hkey)
         end = self._base + len(self._changes)
         version = self.version
+        sid_of = self.sid
+        memo = self._memo.get(shape)
+        if memo is None:
+            memo = self._memo[shape] = {}
+        lookup = self._lookup
         if entry is None or entry[1][0] < self._base:
             heap: list[_Entry] = []
             for name in compliant:
-                s = self._score(name, shape)
+                sid = sid_of.get(name)
+                if sid is None:
+                    continue
+                s = memo.get(sid, _MISS)
+                if s is _MISS:
+                    s = lookup(memo, sid, shape)
                 if s is not None:
-                    heap.append((s[0], name, version[name], s[1]))
+                    heap.append((s[0], name, version[name], s[1]))  # type: ignore[index]
             heapq.heapify(heap)
             if len(self._heaps) > 4096:
                 self._heaps.clear()
@@ -809,18 +868,28 @@ class ScoreIndex:
             return heap
         heap, pos = entry
         if pos[0] < end:
+            push = heapq.heappush
             for name in set(self._changes[pos[0] - self._base :]):
                 if name not in compliant:
                     continue
-                s = self._score(name, shape)
+                sid = sid_of.get(name)
+                if sid is None:
+                    continue
+                s = memo.get(sid, _MISS)
+                if s is _MISS:
+                    s = lookup(memo, sid, shape)
                 if s is not None:
-                    heapq.heappush(heap, (s[0], name, version[name], s[1]))
+                    push(heap, (s[0], name, version[name], s[1]))  # type: ignore[index]
             pos[0] = end
             if len(heap) > 4 * len(compliant) + 64:  # mostly stale: compact
                 live = [e for e in heap if e[2] == version.get(e[1])]
                 heapq.heapify(live)
                 heap[:] = live
         return heap
+
+
+_MISS = object()
+_MAX_STATES = 1 << 20
 
 
 _Tags = tuple[tuple[str, str], ...]
