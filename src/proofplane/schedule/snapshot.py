@@ -132,6 +132,7 @@ class ClusterSnapshot:
         self.tuning = tuning or Tuning()
         self.scorer = scorer
         self._scored = ScoreIndex(scorer) if scorer is not None else None
+        self._heap_tags_cache: dict[_Tags, _Tags] = {}
         self._intern: dict[ClassKey, ClassKey] = {}
         self._info: dict[str, NodeInfo] = {}
         self._usage: dict[str, Usage] = {}
@@ -270,6 +271,7 @@ class ClusterSnapshot:
     def _recheck_compliance(self, name: str) -> None:
         """Keep the cached compliant sets current for one changed node (or drop the cache when
         it is large: rebuilding an entry costs one set intersection)."""
+        self._heap_tags_cache.clear()
         cache = self._compliant
         if len(cache) > 64:
             cache.clear()
@@ -313,7 +315,11 @@ class ClusterSnapshot:
         # ones (only its owner may use it); vacant nodes also have buckets of their own
         info = self._info.get(name)
         old = self._sig.get(name)
-        new = signature(info, u) if info is not None and info.admitted else None
+        new: Signature | None = None
+        if info is not None and info.admitted:
+            # with a scoring plugin the search never walks the capacity buckets: one constant
+            # signature keeps them (and the work of keeping them) out of the way
+            new = signature(info, u) if self._scored is None else _UNSIGNED
         was_vacant = name in self._vacant
         vacant = new is not None and not u.tenants
         if owner == old_owner:
@@ -393,17 +399,18 @@ class ClusterSnapshot:
             # only vacant nodes and the tenant's own may take it: score those few directly
             own = self._sole.get(req.tenant, _EMPTY)
             return self._scan_scored(req, shape, (self._vacant | own) & compliant)
-        heap = index.heap(shape, tuple(sorted(req.tags.items())), compliant)
+        tags = self._heap_tags(tuple(sorted(req.tags.items())), compliant)
+        heap = index.heap(shape, tags, self._compliant_set(dict(tags)) if tags else self._admitted)
         aside = []
         best: _Best | None = None
         version = index.version
         while heap:
             top = heap[0]
             name = top[1]
-            if top[2] != version.get(name) or name not in compliant:
-                heapq.heappop(heap)
+            if top[2] != version.get(name):
+                heapq.heappop(heap)  # stale: the node changed since this score
                 continue
-            found = self._evaluate(name, req, top[3])
+            found = self._evaluate(name, req, top[3]) if name in compliant else None
             if found is None:
                 aside.append(heapq.heappop(heap))
                 continue
@@ -412,6 +419,30 @@ class ClusterSnapshot:
         for entry in aside:
             heapq.heappush(heap, entry)
         return best
+
+    def _heap_tags(self, tags: _Tags, compliant: Set[str]) -> _Tags:
+        """The tags whose score heaps serve a request with ``tags``: drop a tag while the
+        request's compliant nodes are still at least half of the larger set (its pop then
+        skips at most about one node per hit), so a few heaps serve many tag sets and each
+        reservation re-scores fewer heaps."""
+        hit = self._heap_tags_cache.get(tags)
+        if hit is not None:
+            return hit
+        chosen = tags
+        while chosen:
+            best: tuple[int, _Tags] | None = None
+            for i in range(len(chosen)):
+                sub = chosen[:i] + chosen[i + 1 :]
+                size = len(self._compliant_set(dict(sub)) if sub else self._admitted)
+                if 2 * len(compliant) >= size and (best is None or size > best[0]):
+                    best = (size, sub)
+            if best is None:
+                break
+            chosen = best[1]
+        if len(self._heap_tags_cache) > 4096:
+            self._heap_tags_cache.clear()
+        self._heap_tags_cache[tags] = chosen
+        return chosen
 
     def _scan_scored(self, req: Request, shape: Shape, names: Iterable[str]) -> _Best | None:
         """The scorer's best among ``names`` that passes the exact filters."""
@@ -512,6 +543,8 @@ class ClusterSnapshot:
             devices = fit(info, u, req)
         if devices is None:
             return None
+        if self._scored is not None:
+            return 0, devices  # the scorer ranked the nodes; no best-fit count needed
         idle = self._sig[name][0]
         if len(devices) == 1:
             return (idle - 1 if u.idle(devices[0].gpu_index) else idle), devices
@@ -775,6 +808,7 @@ class ScoreIndex:
         self._by_id: list[State] = []
         self._changes: list[str] = []
         self._base = 0  # how many changes were trimmed off the front of ``_changes``
+        # (shape, tags) → (heap, [position in the change log, tick] at its last visit)
         self._heaps: dict[tuple[Shape, _Tags], tuple[list[_Entry], list[int]]] = {}
         self._memo: dict[Shape, dict[int, tuple[Hashable, int] | None]] = {}
         self._tick = 0
@@ -794,7 +828,7 @@ class ScoreIndex:
             self.sid[name] = sid
         self._changes.append(name)
         if len(self._changes) > 65536 + 4 * len(self.sid):
-            # heaps behind the trimmed part are rebuilt on their next visit
+            # heaps behind the trimmed part catch up by node versions on their next visit
             cut = len(self._changes) // 2
             del self._changes[:cut]
             self._base += cut
@@ -850,7 +884,7 @@ class ScoreIndex:
         if memo is None:
             memo = self._memo[shape] = {}
         lookup = self._lookup
-        if entry is None or entry[1][0] < self._base:
+        if entry is None:
             heap: list[_Entry] = []
             for name in compliant:
                 sid = sid_of.get(name)
@@ -864,12 +898,20 @@ class ScoreIndex:
             heapq.heapify(heap)
             if len(self._heaps) > 4096:
                 self._heaps.clear()
-            self._heaps[hkey] = (heap, [end])
+            self._heaps[hkey] = (heap, [end, self._tick])
             return heap
         heap, pos = entry
-        if pos[0] < end:
+        behind = end - pos[0]
+        if behind:
+            if pos[0] >= self._base and behind <= len(compliant):
+                changed: Iterable[str] = set(self._changes[pos[0] - self._base :])
+            else:
+                # more changes than nodes (or trimmed away): the nodes changed since the
+                # heap's last visit are those with a newer version
+                since = pos[1]
+                changed = [n for n in compliant if version.get(n, 0) > since]
             push = heapq.heappush
-            for name in set(self._changes[pos[0] - self._base :]):
+            for name in changed:
                 if name not in compliant:
                     continue
                 sid = sid_of.get(name)
@@ -881,7 +923,8 @@ class ScoreIndex:
                 if s is not None:
                     push(heap, (s[0], name, version[name], s[1]))  # type: ignore[index]
             pos[0] = end
-            if len(heap) > 4 * len(compliant) + 64:  # mostly stale: compact
+            pos[1] = self._tick
+            if len(heap) > 2 * len(compliant) + 64:  # mostly stale: compact
                 live = [e for e in heap if e[2] == version.get(e[1])]
                 heapq.heapify(live)
                 heap[:] = live
@@ -889,6 +932,7 @@ class ScoreIndex:
 
 
 _MISS = object()
+_UNSIGNED: Signature = (0, {})
 _MAX_STATES = 1 << 20
 
 
