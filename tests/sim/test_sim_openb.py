@@ -191,7 +191,7 @@ def test_pod_request_maps_the_trace_shapes() -> None:
 
 def test_cluster_node_is_named_by_rank_and_carries_capacities() -> None:
     n = cluster_node(Node("openb-node-0007", 96000, 262144, 2, "G2"), 12)
-    assert n.name == "0012-openb-node-0007"
+    assert n.name == "r0012-openb-node-0007"
     assert (n.cpu_milli, n.memory_mib) == (96000, 262144)
     assert [g.model for g in n.gpus] == ["G2", "G2"] and not any(g.mig_enabled for g in n.gpus)
 
@@ -292,7 +292,7 @@ def test_first_fit_follows_rank() -> None:
     pods = [Pod("a", 100, 1, 0, 0)]
     arr = Arrivals(pods=pods, nodes=nodes, rank=[2, 0, 1], originals=1, total_gpu_milli=3000)
     res = replay(arr, scorer_for("first-fit", typical_pods(pods)))
-    assert res.placements[0] is not None and res.placements[0].node == "0000-n1"
+    assert res.placements[0] is not None and res.placements[0].node == "r0000-n1"
 
 
 @pytest.mark.parametrize(("policy", "label"), [("best-fit", "05-BestFit"), ("fgd", "06-FGD")])

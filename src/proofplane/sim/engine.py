@@ -5,7 +5,7 @@ placing is not the simulator's: every pod becomes a ``schedule.values.Request`` 
 through ``schedule.engine.Scheduler.schedule`` (the snapshot, the filters and the scoring
 plugin the server runs), and the placement it returns is held in that scheduler. ``sim/``
 keeps only what is the protocol's: the nodes and pods as a cluster and a request stream, the
-tie-break rank (as the node names: ``"%04d-" % rank + name``, the smallest name wins a tie in
+tie-break rank (as the node names: ``"r%04d-" % rank + name``, the smallest name wins a tie in
 the snapshot as the smallest rank does in the protocol) and the ``(arrived, used)`` log.
 """
 
@@ -27,7 +27,7 @@ TENANT = "openb"
 def cluster_node(node: TraceNode, rank: int) -> Node:
     """A trace node as an admitted cluster node: its GPUs as plain (non-MIG) GPUs of its
     model, its CPU and memory as capacities, named by its tie-break rank."""
-    name = f"{rank:04d}-{node.name}"
+    name = f"r{rank:04d}-{node.name}"
     return Node(
         name=name,
         region="openb",
