@@ -25,6 +25,8 @@ from proofplane.model import (
     NodeState,
     missing_tags,
 )
+from proofplane.schedule.engine import Job, Scheduler
+from proofplane.schedule.explain import explain_job
 from proofplane.schedule.reference import reference_place
 from proofplane.schedule.scoring import (
     FGD,
@@ -305,3 +307,27 @@ def test_shape_of_requests() -> None:
     assert shape_of(req(GpuRequest(1, share_milli=300))) == (0, 1, 300, None, None)
     assert shape_of(req(GpuRequest(1, None, "1g.10gb"))) == (0, 1, 0, None, "1g.10gb")
     assert shape_of(req(GpuRequest(0))) == (0, 0, 0, None, None)
+
+
+def test_explain_ranks_candidates_by_the_scorer() -> None:
+    # two nodes with one share each: FGD-style scoring prefers the GPU the share fits tightly
+    nodes = [
+        Node(f"n{i}", "r", "z", state=NodeState.ADMITTED, gpus=(Gpu(0, f"u{i}", "T4", 0),))
+        for i in range(3)
+    ]
+    sched = Scheduler(nodes, scorer=make_scorer("proofplane"))
+    share = GpuRequest(1, share_milli=500)
+    for i, milli in enumerate((300, 600)):
+        out = sched.schedule(
+            Job(f"a{i}", Request(f"a{i}", "t", {}, IsolationLevel.SHARED,
+                                 GpuRequest(1, share_milli=milli)))
+        )  # fmt: skip
+        assert out.placement is not None
+    job = Job("b", Request("b", "t", {}, IsolationLevel.SHARED, share))
+    out = sched.schedule(job)
+    assert out.placement is not None
+    explained = explain_job(sched, job, out.placement.nodes)
+    assert explained["scorer"] == "proofplane" and explained["score"].startswith("proofplane")
+    first = explained["candidates"][0]
+    assert first["node"] == out.placement.node and "score_key" in first
+    assert explained["placed_on"][0]["rank"] == 1

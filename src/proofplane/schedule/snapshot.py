@@ -388,6 +388,14 @@ class ClusterSnapshot:
         if self._scored is not None:
             self._scored.observe(shape_of(req))
 
+    def score_key(self, name: str, req: Request) -> Hashable | None:
+        """The scorer's key for placing ``req`` on node ``name`` as it stands (None without a
+        scorer, or when the node's free capacity cannot take the request's shape)."""
+        if self._scored is None:
+            return None
+        found = self._scored.score(name, shape_of(req))
+        return found[0] if found is not None else None
+
     def _place_scored(self, req: Request, compliant: Set[str]) -> _Best | None:
         """The scorer's best node among the compliant ones that pass every filter: the
         shape's heap of scores, popped until a node passes the exact per-node filters (nodes
