@@ -126,17 +126,18 @@ def test_derive_typical_covers_95_percent_and_renormalises() -> None:
 
 
 def test_mix_is_learned_from_the_stream_and_adopted_only_when_it_moves() -> None:
-    mix = WorkloadMix()
+    mix = WorkloadMix(first=16, every=64)
     whole = (0, 1, 1000, None, None)
     share = (0, 1, 500, None, None)
     changed = [mix.observe(whole) for _ in range(16)]
     assert changed[-1] and not any(changed[:-1])  # first adoption at 16 requests
     assert [(t.m, t.weight) for t in mix.typical] == [(1000, 1.0)]
-    # the same mix again: the re-derivation at 32 finds no drift, nothing changes
-    assert not any(mix.observe(whole) for _ in range(16))
-    # a new shape that moves the weights: adopted at the next re-derivation
-    assert any(mix.observe(share) for _ in range(32))
+    # the same mix again: the re-derivation (at 80) finds no drift, nothing changes
+    assert not any(mix.observe(whole) for _ in range(64))
+    # a new shape that moves the weights: adopted at the next re-derivation (at 144)
+    assert any(mix.observe(share) for _ in range(64))
     assert {t.m for t in mix.typical} == {1000, 500}
+    assert mix.version == 2
     fixed = WorkloadMix(fixed=[typ(0, 1000, 1, 1.0)])
     assert not fixed.observe(share) and len(fixed.typical) == 1
 

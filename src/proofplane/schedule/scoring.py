@@ -144,15 +144,17 @@ class WorkloadMix:
 
     Counts per shape, halved every ``window`` requests (so the mix follows the recent work);
     the typical set is the most frequent shapes covering ``coverage`` of the requests (FGD's
-    95 %), re-derived at 16, 32, 64, … requests and then every ``every``, and adopted only
-    when it moved by more than ``drift`` (L1 over the weights): between adoptions every score
-    stays valid, which is what lets the snapshot keep its heaps."""
+    95 %), derived at ``first`` requests, then at 8 × ``first``, then every ``every``, and
+    adopted only when it moved by more than ``drift`` (L1 over the weights). Between adoptions
+    every score stays valid, which is what lets the snapshot keep its heaps; an adoption
+    re-scores every node the next requests look at, so it is rare by design."""
 
     def __init__(
         self,
         coverage: float = 0.95,
         *,
-        every: int = 1024,
+        first: int = 256,
+        every: int = 8192,
         drift: float = 0.05,
         window: int = 1 << 16,
         fixed: Sequence[Typical] | None = None,
@@ -166,7 +168,8 @@ class WorkloadMix:
         self.version = 0
         self._counts: Counter[tuple[int, int, int, str | None, str | None]] = Counter()
         self._seen = 0
-        self._next = 16
+        self._first = first
+        self._next = first
 
     def observe(self, shape: Shape) -> bool:
         """Count one request; True when the adopted mix changed."""
@@ -183,7 +186,10 @@ class WorkloadMix:
                     del self._counts[key]
         if self._seen < self._next:
             return False
-        self._next = self._seen * 2 if self._seen < self.every else self._seen + self.every
+        if self._seen == self._first:
+            self._next = min(8 * self._first, self._seen + self.every)
+        else:
+            self._next = self._seen + self.every
         new = derive_typical(self._counts.items(), self.coverage)
         if self.typical and _distance(self.typical, new) <= self.drift:
             return False
