@@ -12,7 +12,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -27,7 +27,7 @@ from proofplane.model import GpuRequest, IsolationLevel, Node, Outcome, Placemen
 from proofplane.schedule.engine import Held, Job, Repartition, Scheduler, pool_of
 from proofplane.schedule.engine import Outcome as Decision
 from proofplane.schedule.reasons import PREEMPTED, render
-from proofplane.schedule.scoring import DEFAULT_SCORER, SCORERS, Shape, make_scorer
+from proofplane.schedule.scoring import DEFAULT_SCORER, SCORERS, Scorer, Shape, make_scorer
 from proofplane.schedule.values import Request
 from proofplane.service import netstate
 from proofplane.service.context import Tx
@@ -63,6 +63,15 @@ def placement_scorer() -> str:
             details={"scorer": name, "known": list(SCORERS)},
         )
     return name
+
+
+def server_scorer(held: Iterable[Held]) -> Scorer:
+    """The production scorer (issue 17), its workload mix primed with the work held now (it
+    then learns from every request the scheduler decides)."""
+    scorer = make_scorer(placement_scorer())
+    for h in held:
+        scorer.observe(held_shape(h))
+    return scorer
 
 
 def held_shape(h: Held) -> Shape:
@@ -133,12 +142,7 @@ class ClusterView:
         )
         held = [held_of(w) for w in placed if w.placement is not None]
         quotas = {t.name: tenant_from_row(t).quota for t in session.scalars(select(TenantRow))}
-        # the production scorer (issue 17): its workload mix learns from the work held now,
-        # then from every request this scheduler decides
-        scorer = make_scorer(placement_scorer())
-        for h in held:
-            scorer.observe(held_shape(h))
-        self._scheduler = Scheduler(nodes, held, quotas, scorer=scorer)
+        self._scheduler = Scheduler(nodes, held, quotas, scorer=server_scorer(held))
         self._node_rows = node_rows
 
     @classmethod
