@@ -263,7 +263,9 @@ def test_scored_snapshot_places_only_where_the_reference_allows(
     scorer: str, case: tuple[list[Node], list[tuple[Request, bool]]]
 ) -> None:
     nodes, steps = case
-    snap = ClusterSnapshot(nodes, scorer=make_scorer(scorer))
+    # an eager mix (re-derived every few requests) so the fragmentation scores really vary
+    eager = WorkloadMix(first=2, every=3, drift=0.0) if scorer in ("fgd", "proofplane") else None
+    snap = ClusterSnapshot(nodes, scorer=make_scorer(scorer, eager))
     held: list[int] = []
     by_name = {n.name: n for n in nodes}
     for i, (req, release_one) in enumerate(steps):
