@@ -57,6 +57,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass
+from functools import lru_cache
 from types import MappingProxyType
 from typing import TypeVar
 
@@ -77,7 +78,15 @@ from proofplane.schedule.reasons import (
     template,
 )
 from proofplane.schedule.scoring import CPU_UNTRACKED, FULL, Scorer, Shape, State
-from proofplane.schedule.usage import NO_USAGE, ClassKey, NodeInfo, Usage, decrement, node_info
+from proofplane.schedule.usage import (
+    NO_USAGE,
+    ClassKey,
+    NodeInfo,
+    Slot,
+    Usage,
+    decrement,
+    node_info,
+)
 from proofplane.schedule.values import (
     MODEL_SEPARATOR,
     Allocation,
@@ -341,7 +350,10 @@ class ClusterSnapshot:
             self._vacant.discard(name)
         if self._scored is not None:
             self._scored.changed(
-                name, score_state(info, u) if info is not None and new is not None else None
+                name,
+                score_state(info, u, self._scored.slots_of(name, info))
+                if info is not None and new is not None
+                else None,
             )
 
     def _owner_buckets(self, owner: str | None) -> Buckets:
@@ -771,17 +783,37 @@ def shape_of(req: Request) -> Shape:
     return (req.cpu_milli, g.count, FULL if g.count else 0, g.model, None)
 
 
-def score_state(info: NodeInfo, u: Usage) -> State:
-    """What a scorer sees of a node (``schedule.scoring.State``)."""
+def score_state(info: NodeInfo, u: Usage, slots: MigSlots) -> State:
+    """What a scorer sees of a node (``schedule.scoring.State``); ``slots``: ``mig_slots(info)``."""
     whole, shares, held = u.whole, u.shares, u.mig
-    frees = tuple(0 if g.index in whole else FULL - shares.get(g.index, 0) for g in info.plain)
-    mig = tuple(
-        tuple(sorted(ks[0][1] or "" for ks, slots in groups for slot in slots if slot not in held))
-        for _i, groups in info.mig_gpus
-    )
+    if whole or shares:
+        frees = tuple(0 if g.index in whole else FULL - shares.get(g.index, 0) for g in info.plain)
+    else:
+        frees = _all_free(len(info.plain))
+    if held:
+        mig = tuple(tuple(profile for profile, slot in gpu if slot not in held) for gpu in slots)
+    else:
+        mig = tuple(tuple(profile for profile, _slot in gpu) for gpu in slots)
     cap = info.cpu if info.cpu is not None else CPU_UNTRACKED
     cpu = cap - u.cpu if info.cpu is not None else CPU_UNTRACKED
     return (info.models, cpu, frees, mig, cap, not u.keys)
+
+
+@lru_cache(maxsize=64)
+def _all_free(n: int) -> tuple[int, ...]:
+    return (FULL,) * n
+
+
+def mig_slots(info: NodeInfo) -> MigSlots:
+    """Per MIG GPU of the node, its instances as (profile, slot), sorted by profile (what
+    ``score_state`` filters by the slots held)."""
+    return tuple(
+        tuple(sorted((ks[0][1] or "", slot) for ks, slots in groups for slot in slots))
+        for _i, groups in info.mig_gpus
+    )
+
+
+MigSlots = tuple[tuple[tuple[str, Slot], ...], ...]
 
 
 def fit_at(
@@ -811,6 +843,7 @@ class ScoreIndex:
     def __init__(self, scorer: Scorer) -> None:
         self.scorer = scorer
         self.sid: dict[str, int] = {}  # node → id of its state
+        self._slots: dict[str, tuple[NodeInfo, MigSlots]] = {}
         self.version: dict[str, int] = {}
         self._states: dict[State, int] = {}
         self._by_id: list[State] = []
@@ -821,11 +854,19 @@ class ScoreIndex:
         self._memo: dict[Shape, dict[int, tuple[Hashable, int] | None]] = {}
         self._tick = 0
 
+    def slots_of(self, name: str, info: NodeInfo) -> MigSlots:
+        """``mig_slots(info)``, computed once per node inventory."""
+        hit = self._slots.get(name)
+        if hit is None or hit[0] is not info:
+            hit = self._slots[name] = (info, mig_slots(info))
+        return hit[1]
+
     def changed(self, name: str, state: State | None) -> None:
         self._tick += 1
         self.version[name] = self._tick
         if state is None:
             self.sid.pop(name, None)
+            self._slots.pop(name, None)
         else:
             sid = self._states.get(state)
             if sid is None:
