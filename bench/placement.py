@@ -58,6 +58,7 @@ from proofplane.model import (
     Tenant,
 )
 from proofplane.schedule.reference import reference_place
+from proofplane.schedule.scoring import DEFAULT_SCORER, SCORERS, make_scorer
 from proofplane.schedule.snapshot import ClusterSnapshot
 from proofplane.schedule.values import Allocation, Decision, Request
 
@@ -249,11 +250,13 @@ def _pct(sorted_ns: Sequence[int], q: float) -> float:
 class Bench:
     """The pure-core benchmark: one snapshot, the requests behind every allocation."""
 
-    def __init__(self, nodes: list[Node], seed: int) -> None:
+    def __init__(self, nodes: list[Node], seed: int, scorer: str | None = DEFAULT_SCORER) -> None:
         self.rng = random.Random(seed)
         self.nodes = {n.name: n for n in nodes}
         t0 = time.perf_counter()
-        self.snap = ClusterSnapshot(nodes)
+        # the server's scheduler: the snapshot with the configured scoring plugin (None: the
+        # packing best fit of the bucket index, the reference's rule)
+        self.snap = ClusterSnapshot(nodes, scorer=make_scorer(scorer) if scorer else None)
         self.build_s = time.perf_counter() - t0
         self.requests: dict[int, Request] = {}  # key → request, for every held allocation
         self.held: list[int] = []  # keys held, for random departures
@@ -269,6 +272,7 @@ class Bench:
             self.next_key += 1
         c0 = time.thread_time_ns()
         t0 = time.perf_counter_ns()
+        snap.observe(req)  # what Scheduler.schedule does first: the scorer's mix learns
         d = snap.place(req)
         if d.placement is not None:
             snap.reserve(key, Allocation(req.workload, req.tenant, req.isolation, d.placement))
@@ -407,17 +411,25 @@ class Bench:
         }
 
     def reference(self, asks: Sequence[Ask]) -> dict[str, Any]:
-        """The scanning reference on the same state, and whether it agrees."""
+        """The scanning reference on the same state, and whether it agrees: on the decision
+        with the packing best fit (no scorer), on placed-or-pending and the reason with a
+        scoring plugin (which chooses among the feasible nodes by its own score)."""
         nodes = list(self.snap.nodes())
         allocs = list(self.snap.allocations.values())
         lat = []
         agree = True
+        scored = self.snap.scorer is not None
         for ask in asks:
             req = to_request(ask)
             t0 = time.perf_counter_ns()
             want = reference_place(req, nodes, allocs)
             lat.append(time.perf_counter_ns() - t0)
-            agree = agree and self.snap.place(req) == want
+            got = self.snap.place(req)
+            if scored:
+                agree = agree and (got.placement is None) == (want.placement is None)
+                agree = agree and got.reason == want.reason
+            else:
+                agree = agree and got == want
         return {
             "decisions": len(lat),
             "decisions_per_s": round(len(lat) / (sum(lat) / 1e9), 2) if lat else None,
@@ -604,6 +616,13 @@ def main(argv: list[str] | None = None) -> int:
         "as a long-lived service would after loading its snapshot; one extra round without "
         "it is always measured)",
     )
+    ap.add_argument(
+        "--scorer",
+        default=DEFAULT_SCORER,
+        choices=[*SCORERS, "packing"],
+        help="the snapshot's scoring plugin (default: the server's, proofplane); packing: the "
+        "bucket index's best fit without a plugin",
+    )
     ap.add_argument("-v", "--verbose", action="store_true", help="phase timings on stderr")
     args = ap.parse_args(argv)
     q = args.quick
@@ -627,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
         for n, c in entries
     ]
     rss_before = _rss_mb()
-    bench = Bench(nodes, args.seed + 1)
+    bench = Bench(nodes, args.seed + 1, None if args.scorer == "packing" else args.scorer)
     # Enough asks for the fill even when many end pending.
     fill = _timed("fill", lambda: bench.fill(make_asks(rng, target * 3, "f"), target), v)
     gc.collect()
@@ -693,6 +712,7 @@ def main(argv: list[str] | None = None) -> int:
             "gc_freeze": not args.no_gc_freeze,
         },
         "machine": machine(),
+        "scorer": args.scorer,
         "snapshot_build_s": round(bench.build_s, 3),
         "rss_mb_before_snapshot": rss_before,
         "peak_rss_mb": _peak_rss_mb(),

@@ -1,5 +1,8 @@
 """Benchmark: replay the Alibaba "openb" trace with the FGD paper's protocol.
 
+Every policy is a scoring plugin of the production scheduler (``proofplane.schedule``), which
+does the placing (``"engine"`` in the JSON).
+
 Default: the ``default`` trace, policies proofplane, fgd, best-fit and first-fit, seeds 42–51,
 Go-compatible RNG, two worker processes. Prints one JSON document: per policy the mean GPU
 allocation % at 130 % arrival (``mean_at_130``), the value per seed, the median seconds per
@@ -23,6 +26,7 @@ from pathlib import Path
 
 from proofplane.cli.sim import machine
 from proofplane.sim import loader
+from proofplane.sim.engine import ENGINE
 from proofplane.sim.runner import DEFAULT_POLICIES, POLICIES, SeedResult, parse_seeds, run_seed
 
 _PODS: dict[str, list] = {}
@@ -103,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     all_seconds = [r.seconds for rs in results.values() for r in rs]
     doc: dict = {
         "benchmark": "openb replay, FGD (ATC'23) protocol, GPU allocation % at 130 % arrival",
+        "engine": ENGINE,
+        "scorers": policies,
         "rng": args.rng,
         "seeds": seeds,
         "jobs": args.jobs,

@@ -176,7 +176,7 @@ def test_node_registration_and_inventory_validation(client: TestClient, store: S
     dup_uuid["gpus"][0]["uuid"] = "GPU-n1-0"
     error(client.post("/api/v1/nodes", json=dup_uuid), 409, "conflict")
     error(
-        client.post("/api/v1/nodes", json=node_body("n3", model="GTX-1080")),
+        client.post("/api/v1/nodes", json=node_body("n3", model="GTX-1080", mig=1)),
         422,
         "invalid_inventory",
     )
@@ -309,7 +309,9 @@ def test_tenant_profile_raises_isolation_and_refuses_conflicts(client: TestClien
         ({"mig_profile": "3g.40gb", "share_milli": 10}, "invalid_gpu_request"),
         ({"mig_profile": "9g.1tb"}, "unknown_mig_profile"),
         ({"mig_profile": "3g.71gb", "model": "H100-80GB"}, "unknown_mig_profile"),
-        ({"model": "TPUv5"}, "unknown_gpu_model"),
+        ({"model": "TPU v5!"}, "unknown_gpu_model"),
+        ({"model": "TPUv5", "mig_profile": "1g.10gb"}, "unknown_gpu_model"),
+        ({"count": 0, "share_milli": 100}, "invalid_gpu_request"),
     ],
 )
 def test_bad_gpu_requests(client: TestClient, store: Store, gpus: dict, code: str) -> None:

@@ -356,12 +356,21 @@ def test_normalize_empty_and_mig_enabled_without_instances():
     assert g.mig_enabled and g.mig_instances == ()
 
 
+def test_normalize_keeps_plain_models_that_are_not_skus():
+    # issue 17: a GPU without MIG may be any plain model (the openb trace's T4, P100, ...)
+    (g,) = normalize_gpus([gpu(0, "T4")])
+    assert g.model == "T4" and g.memory_mb == 0 and not g.mig_enabled
+    with pytest.raises(ValidationFailed) as exc:
+        normalize_gpus([gpu(0, "not a model!")])
+    assert "unknown GPU model 'not a model!'" in "\n".join(exc.value.details)
+
+
 def test_normalize_lists_every_problem_at_once():
     gpus = [
         gpu(0),
         gpu(0, uuid="GPU-x"),  # duplicate index
         gpu(1, uuid="GPU-0"),  # duplicate uuid
-        gpu(2, "RTX-9000", uuid="GPU-2"),  # unknown model
+        gpu(2, "RTX-9000", uuid="GPU-2", mig_enabled=True),  # MIG on a model that is no SKU
         gpu(3, uuid="GPU-3", mig_instances=(MigInstance("3g.40gb", 0),)),  # MIG not enabled
         gpu(
             4,

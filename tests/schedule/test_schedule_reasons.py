@@ -9,6 +9,7 @@ import ast
 import random
 import string
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,8 @@ def test_filter_codes_are_in_pipeline_order() -> None:
         "node_dedicated_to_other_tenant",
         "node_shared_with_other_tenant",
         "gpu_model_unavailable",
+        "insufficient_cpu",
+        "insufficient_memory",
         "insufficient_gpu_capacity",
         "gang_node_taken",
         "quota_exceeded",
@@ -167,6 +170,9 @@ def scenarios() -> list[tuple[Request, list[Node], list[Allocation]]]:
         (request(count=8), [node("a")], []),
         (request(mig_profile="1g.10gb"), [node("a", 1, mig=True)], []),
         (request(share=600), [node("a", 1)], [alloc("a", "o")]),
+        # issue 17: CPU and memory are filtered like GPUs
+        (replace(request(), cpu_milli=2000), [replace(node("a"), cpu_milli=1000)], []),
+        (replace(request(), memory_mib=4096), [replace(node("a"), memory_mib=1024)], []),
     ]
 
 

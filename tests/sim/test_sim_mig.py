@@ -334,6 +334,7 @@ def test_cli_mig_json_shape(tmp_path: Path) -> None:
     assert out.exit_code == 0, out.output
     doc = json.loads(out.stdout)
     assert doc["mode"] == "mig" and doc["sku"] == "H100-80GB" and doc["seeds"] == [1, 2]
+    assert doc["engine"] == "proofplane.sim.mig"  # not the production scheduler (yet)
     assert "cpu_count" in doc["machine"]
     assert set(doc["mixes"]) == {"openb", "synthetic"}
     for m in doc["mixes"].values():

@@ -275,6 +275,8 @@ def register_node(
             )
             for g in body.gpus
         ),
+        cpu_milli=body.cpu_milli,
+        memory_mib=body.memory_mib,
     )
     n = nodes_svc.register_node(store, actor, node)
     response.headers["Location"] = f"/api/v1/nodes/{n.name}"
@@ -371,6 +373,8 @@ def _workload_spec(body: WorkloadIn) -> workloads_svc.WorkloadSpec:
         gpus=body.gpus.to_domain(),
         priority=body.priority,
         command=tuple(body.command),
+        cpu_milli=body.cpu_milli,
+        memory_mib=body.memory_mib,
     )
 
 

@@ -238,6 +238,12 @@ class NodeIn(BodyIn):
     rack: Name | None = None
     labels: Tags = {}
     gpus: list[GpuIn] = Field([], max_length=64)
+    cpu_milli: int | None = Field(
+        None, ge=0, le=2**31 - 1, description="allocatable CPU, milli-cores (absent: not tracked)"
+    )
+    memory_mib: int | None = Field(
+        None, ge=0, le=2**31 - 1, description="allocatable memory, MiB (absent: not tracked)"
+    )
 
 
 class NodePatch(BodyIn):
@@ -283,6 +289,8 @@ class NodeOut(BaseModel):
         description="null: not under network management; true: its agent's last report "
         "differs from the desired network state (GET /api/v1/network/nodes says how)",
     )
+    cpu_milli: int | None = None
+    memory_mib: int | None = None
 
     @classmethod
     def of(cls, n: Node) -> NodeOut:
@@ -313,6 +321,8 @@ class NodeOut(BaseModel):
             created_at=n.created_at,
             updated_at=n.updated_at,
             network_drift=n.network_drift,
+            cpu_milli=n.cpu_milli,
+            memory_mib=n.memory_mib,
         )
 
 
@@ -345,6 +355,8 @@ def node_json(n: Node) -> dict[str, Any]:
         "created_at": n.created_at,
         "updated_at": n.updated_at,
         "network_drift": n.network_drift,
+        "cpu_milli": n.cpu_milli,
+        "memory_mib": n.memory_mib,
     }
 
 
@@ -401,6 +413,14 @@ class WorkloadIn(BodyIn):
     gpus: GpuRequestIO = GpuRequestIO()
     priority: int = Field(0, ge=-1000, le=1000)
     command: Command = []
+    cpu_milli: int = Field(
+        0,
+        ge=-(2**31),
+        le=2**31 - 1,
+        description="CPU in milli-cores besides the GPUs (0: none); with CPU or memory asked, "
+        "gpus.count may be 0",
+    )
+    memory_mib: int = Field(0, ge=-(2**31), le=2**31 - 1, description="memory in MiB (0: none)")
 
 
 class WorkloadBatchIn(BodyIn):
@@ -473,6 +493,8 @@ class WorkloadOut(BaseModel):
     created_at: datetime | None
     updated_at: datetime | None
     co_residency: bool
+    cpu_milli: int = 0
+    memory_mib: int = 0
 
     @classmethod
     def of(cls, w: Workload) -> WorkloadOut:
@@ -491,6 +513,8 @@ class WorkloadOut(BaseModel):
             created_at=w.created_at,
             updated_at=w.updated_at,
             co_residency=w.co_residency,
+            cpu_milli=w.cpu_milli,
+            memory_mib=w.memory_mib,
         )
 
 
@@ -525,6 +549,8 @@ def workload_json(w: Workload) -> dict[str, Any]:
         "created_at": w.created_at,
         "updated_at": w.updated_at,
         "co_residency": w.co_residency,
+        "cpu_milli": w.cpu_milli,
+        "memory_mib": w.memory_mib,
     }
 
 

@@ -87,6 +87,8 @@ class _Node(_Strict):
     certifications: dict[str, str] = {}
     gpus: list[_GpuGroup] = []
     network: _Underlay | None = None
+    cpu_milli: int | None = Field(None, ge=0, le=2**31 - 1)  # issue 17; absent: not tracked
+    memory_mib: int | None = Field(None, ge=0, le=2**31 - 1)
 
 
 class _Gpus(_Strict):
@@ -104,6 +106,8 @@ class _Workload(_Strict):
     gpus: _Gpus = _Gpus()
     priority: int = 0
     command: list[str] = []
+    cpu_milli: int = Field(0, ge=0, le=2**31 - 1)  # issue 17
+    memory_mib: int = Field(0, ge=0, le=2**31 - 1)
 
 
 class _Cluster(_Strict):
@@ -141,6 +145,8 @@ class WorkloadEntry:
     gpus: GpuRequest
     priority: int
     command: tuple[str, ...]
+    cpu_milli: int = 0
+    memory_mib: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +290,16 @@ def parse_cluster(text: str) -> ClusterSpec:
         ),
         nodes=tuple(
             NodeSpec(
-                Node(n.name, n.region, n.zone, n.rack, dict(n.labels), gpus=_gpus(n)),
+                Node(
+                    n.name,
+                    n.region,
+                    n.zone,
+                    n.rack,
+                    dict(n.labels),
+                    gpus=_gpus(n),
+                    cpu_milli=n.cpu_milli,
+                    memory_mib=n.memory_mib,
+                ),
                 NodeState(n.state),
                 dict(n.certifications),
                 underlay,
@@ -300,6 +315,8 @@ def parse_cluster(text: str) -> ClusterSpec:
                 GpuRequest(w.gpus.count, w.gpus.model, w.gpus.mig_profile, w.gpus.share_milli),
                 w.priority,
                 tuple(w.command),
+                w.cpu_milli,
+                w.memory_mib,
             )
             for w in c.workloads
         ),

@@ -8,6 +8,7 @@ consecutive memory slots from there.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -77,6 +78,29 @@ SKUS: dict[str, Sku] = {
 }
 # Short names people type (the issue texts and cluster files say "B200").
 ALIASES = {"B200": "B200-180GB", "H200": "H200-141GB", "H100": "H100-80GB"}
+
+
+PLAIN_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,62}")
+
+
+def plain_model(name: str) -> str:
+    """A GPU model that is not one of the MIG SKUs (issue 17: the openb trace's T4, P100, …),
+    allowed as a plain (non-MIG) model: the name as given, if it is a plain identifier (1 to
+    63 letters, digits, ``._+-``); ValidationFailed ``unknown_gpu_model`` otherwise."""
+    if not PLAIN_MODEL.fullmatch(name):
+        raise ValidationFailed(
+            f"unknown GPU model {name!r}: not a known SKU, nor a plain model name (1 to 63 "
+            "letters, digits, '._+-')",
+            code="unknown_gpu_model",
+            details={"model": name, "known": sorted(SKUS)},
+        )
+    return name
+
+
+def canonical_model(name: str) -> str:
+    """A SKU's canonical name, or a plain model's own (``plain_model``)."""
+    sku = SKUS.get(ALIASES.get(name, name))
+    return sku.name if sku is not None else plain_model(name)
 
 
 def get_sku(name: str) -> Sku:

@@ -81,3 +81,7 @@ class Node:
     # Issue 14: whether its network state differs from the desired one (its agent's last
     # report); None while it is not under network management. Set by the reads that serve it.
     network_drift: bool | None = None
+    # Issue 17: allocatable CPU (milli-cores) and memory (MiB) for workloads; None: not tracked
+    # (placement then never filters on that resource).
+    cpu_milli: int | None = None
+    memory_mib: int | None = None

@@ -38,6 +38,9 @@ MAX_COMMAND_ARG_CHARS = 4096  # characters in one argument
 MAX_COMMAND_CHARS = 16384  # characters in all arguments together
 MAX_SKU_CHARS = 63  # a GPU model or a MIG profile name (what the tables' columns hold)
 
+MAX_CPU_MILLI = 2**31 - 1  # what the 32-bit columns hold: ~2 million cores
+MAX_MEMORY_MIB = 2**31 - 1  # ~2 PiB
+
 
 @dataclass(frozen=True, slots=True)
 class GpuRequest:
@@ -169,3 +172,5 @@ class Workload:
     created_at: datetime | None = None
     updated_at: datetime | None = None
     co_residency: bool = True  # may its MIG slice or share sit on a GPU with other tenants'?
+    cpu_milli: int = 0  # issue 17: CPU (milli-cores) and memory (MiB) it asks for, besides GPUs
+    memory_mib: int = 0

@@ -67,6 +67,7 @@ from proofplane.schedule.reasons import (
     blocking,
     render,
 )
+from proofplane.schedule.scoring import Scorer
 from proofplane.schedule.snapshot import ClusterSnapshot
 from proofplane.schedule.values import Allocation, Decision, Request
 
@@ -103,6 +104,8 @@ class Held:
     pool: Pool
     placement: Placement
     co_residency: bool = True
+    cpu_milli: int = 0  # per part of the placement (issue 17)
+    memory_mib: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,8 +151,10 @@ class Scheduler:
         nodes: Iterable[Node] = (),
         held: Iterable[Held] = (),
         quotas: Mapping[str, Quota] | None = None,
+        *,
+        scorer: Scorer | None = None,
     ) -> None:
-        self.snapshot = ClusterSnapshot(nodes)
+        self.snapshot = ClusterSnapshot(nodes, scorer=scorer)
         self.quotas: dict[str, Quota] = dict(quotas or {})
         self._held: dict[Hashable, Held] = {}
         self._used: dict[str, Cost] = {}
@@ -201,7 +206,10 @@ class Scheduler:
         self._rank[h.key] = rank
         for i, part in enumerate(h.placement.parts):
             self.snapshot.reserve(
-                (h.key, i), Allocation(h.name, h.tenant, h.isolation, part, h.co_residency)
+                (h.key, i),
+                Allocation(
+                    h.name, h.tenant, h.isolation, part, h.co_residency, h.cpu_milli, h.memory_mib
+                ),
             )
         cost = sum((device_cost(p.devices) for p in h.placement.parts), Cost())
         self._used[h.tenant] = self.used(h.tenant) + cost
@@ -347,6 +355,7 @@ class Scheduler:
 
     def _schedule(self, job: Job, *, preempt: bool, repartition: bool) -> Outcome:
         req = job.request
+        self.snapshot.observe(req)
         over = self.quota_excess(req.tenant, req.gpus)
         if over is not None:
             what = ", ".join(
@@ -419,6 +428,8 @@ class Scheduler:
             job.pool,
             placement,
             req.co_residency,
+            req.cpu_milli,
+            req.memory_mib,
         )
         self.hold(held)
         return Outcome(placement, None, message)

@@ -6,8 +6,9 @@ own capacity counted as free (so a placed workload is judged as if it were being
 each node is either rejected by the first filter that fails, in the pipeline's order
 (``node_not_admitted``, ``missing_certification``, ``network_not_applied``, tenancy,
 ``gpu_model_unavailable``, ``insufficient_gpu_capacity``), or is a candidate with its
-best-fit score (idle GPUs left on the node after placing: fewer is better, ties broken by node
-name). The quota PreFilter is
+score: with a scoring plugin (``schedule.scoring``, the server's) its key, ranked as the plugin
+places; without one the best-fit score (idle GPUs left on the node after placing: fewer is
+better); ties broken by node name. The quota PreFilter is
 reported on its own. Pure: it reads the scheduler and leaves it as it found it.
 """
 
@@ -78,7 +79,15 @@ def _explain(scheduler: Scheduler, job: Job, unready: AbstractSet[str]) -> dict[
         taken = {dev.gpu_index for dev in d.placement.devices}
         idle_after = sum(1 for g in node.gpus if g.index not in busy and g.index not in taken)
         candidates.append((idle_after, node.name))
-    candidates.sort()
+    scorer = snap.scorer
+    keys: dict[str, object] = {}
+    if scorer is not None:
+        # the scoring plugin ranks the candidates as it places them: its key, then the name
+        for _idle, name in candidates:
+            keys[name] = snap.score_key(name, req)
+        candidates.sort(key=lambda c: (keys[c[1]] is None, _sortable(keys[c[1]]), c[1]))
+    else:
+        candidates.sort()
     tenant = job.request.tenant
     quota = scheduler.quotas.get(tenant)
     used = scheduler.used(tenant)
@@ -88,6 +97,7 @@ def _explain(scheduler: Scheduler, job: Job, unready: AbstractSet[str]) -> dict[
         "filters": dict(sorted(filters.items())),
         "candidates": [
             {"node": name, "idle_gpus_after": idle, "rank": rank}
+            | ({"score_key": _jsonable(keys.get(name))} if scorer is not None else {})
             for rank, (idle, name) in enumerate(candidates[:MAX_CANDIDATES], start=1)
         ],
         "candidates_total": len(candidates),
@@ -95,7 +105,14 @@ def _explain(scheduler: Scheduler, job: Job, unready: AbstractSet[str]) -> dict[
             name: {"rank": rank, "idle_gpus_after": idle}
             for rank, (idle, name) in enumerate(candidates, start=1)
         },
-        "score": "best fit: fewest idle GPUs left on the node after placing, then node name",
+        "score": (
+            f"{scorer.name}: the scoring plugin's key, smaller first (proofplane and fgd: minus "
+            "trunc(100·σ(−ΔF/1000)), ΔF the growth of the node's expected fragmentation), then "
+            "node name"
+            if scorer is not None
+            else "best fit: fewest idle GPUs left on the node after placing, then node name"
+        ),
+        "scorer": scorer.name if scorer is not None else None,
         "quota": {
             "limit": (
                 {"gpus": quota.gpus, "mig_slices": quota.mig_slices} if quota is not None else None
@@ -116,6 +133,14 @@ def _explain(scheduler: Scheduler, job: Job, unready: AbstractSet[str]) -> dict[
             "enough_candidates": len(candidates) >= job.request.gpus.nodes,
         }
     return out
+
+
+def _sortable(key: object) -> tuple[object, ...]:
+    return key if isinstance(key, tuple) else (key,)
+
+
+def _jsonable(key: object) -> object:
+    return list(key) if isinstance(key, tuple) else key
 
 
 def _cost_json(c: Cost) -> dict[str, float]:

@@ -12,11 +12,13 @@ from __future__ import annotations
 from proofplane.model import Gpu, IsolationLevel, PlacedDevice
 from proofplane.schedule.reasons import (
     GPU_MODEL_UNAVAILABLE,
+    INSUFFICIENT_CPU,
+    INSUFFICIENT_MEMORY,
     NODE_DEDICATED_TO_OTHER_TENANT,
     NODE_SHARED_WITH_OTHER_TENANT,
 )
 from proofplane.schedule.usage import NodeInfo, Usage, blocked_gpus
-from proofplane.schedule.values import FULL_GPU_MILLI, Request
+from proofplane.schedule.values import FULL_GPU_MILLI, Request, allowed_models
 
 _DEDICATED = IsolationLevel.DEDICATED_NODE
 _EMPTY_INTS: frozenset[int] = frozenset()
@@ -37,13 +39,29 @@ def gpu_model(info: NodeInfo, req: Request) -> str | None:
     model = req.gpus.model
     if model is None or model in info.models:
         return None
+    allowed = allowed_models(model)
+    if allowed and not allowed.isdisjoint(info.models):
+        return None
     return GPU_MODEL_UNAVAILABLE
 
 
-def fit(info: NodeInfo, u: Usage, req: Request) -> tuple[PlacedDevice, ...] | None:
-    """The devices this node would give the request, or None when it lacks the capacity."""
+def resources(info: NodeInfo, u: Usage, req: Request) -> str | None:
+    """Two rules (issue 17): the node's free CPU, then its free memory, must hold the request's
+    (a node that does not track a resource never refuses it)."""
+    if req.cpu_milli > 0 and info.cpu is not None and info.cpu - u.cpu < req.cpu_milli:
+        return INSUFFICIENT_CPU
+    if req.memory_mib > 0 and info.mem is not None and info.mem - u.mem < req.memory_mib:
+        return INSUFFICIENT_MEMORY
+    return None
+
+
+def fit(
+    info: NodeInfo, u: Usage, req: Request, *, only: int | None = None
+) -> tuple[PlacedDevice, ...] | None:
+    """The devices this node would give the request, or None when it lacks the capacity.
+    ``only``: a MIG slice or a share must go on the GPU of that index (a scorer's choice)."""
     g = req.gpus
-    model = g.model
+    allowed = allowed_models(g.model)
     if g.mig_profile is not None:
         # Pack: prefer GPUs that already carry work, so whole GPUs stay free; then the lowest
         # GPU index and start.
@@ -53,9 +71,9 @@ def fit(info: NodeInfo, u: Usage, req: Request) -> tuple[PlacedDevice, ...] | No
             pick = None
             pick_key = None
             for gpu, inst, slot in info.mig.get(g.mig_profile, ()):
-                if slot in slots or (model is not None and gpu.model != model):
+                if slot in slots or (allowed is not None and gpu.model not in allowed):
                     continue
-                if slot[0] in blocked:
+                if slot[0] in blocked or (only is not None and slot[0] != only):
                     continue
                 k = (-busy.get(slot[0], 0), slot[0], slot[1])
                 if pick_key is None or k < pick_key:
@@ -69,7 +87,7 @@ def fit(info: NodeInfo, u: Usage, req: Request) -> tuple[PlacedDevice, ...] | No
         free = [
             (gpu, inst)
             for gpu, inst, slot in info.mig.get(g.mig_profile, ())
-            if (model is None or gpu.model == model)
+            if (allowed is None or gpu.model in allowed)
             and slot not in slots
             and slot[0] not in blocked
         ]
@@ -88,7 +106,9 @@ def fit(info: NodeInfo, u: Usage, req: Request) -> tuple[PlacedDevice, ...] | No
         closed = blocked_gpus(u, req) or _EMPTY_INTS
         for gpu in info.plain:
             i = gpu.index
-            if i in whole or (model is not None and gpu.model != model) or i in closed:
+            if i in whole or (allowed is not None and gpu.model not in allowed) or i in closed:
+                continue
+            if only is not None and i != only:
                 continue
             held = shares.get(i, 0)
             if held + need > FULL_GPU_MILLI:
@@ -102,7 +122,7 @@ def fit(info: NodeInfo, u: Usage, req: Request) -> tuple[PlacedDevice, ...] | No
     plain = [
         gpu
         for gpu in info.plain
-        if (model is None or gpu.model == model) and gpu.index not in whole
+        if (allowed is None or gpu.model in allowed) and gpu.index not in whole
     ]
     idle = [gpu for gpu in plain if not shares.get(gpu.index)]
     if len(idle) < g.count:

@@ -15,7 +15,8 @@ Three kinds of codes:
   ``filters``) count the nodes under the first filter that rejected each, in the pipeline's
   order: ``node_not_admitted``, ``missing_certification``, ``network_not_applied``, tenancy
   (``node_dedicated_to_other_tenant``, ``node_shared_with_other_tenant``),
-  ``gpu_model_unavailable``, ``insufficient_gpu_capacity``; plus ``gang_node_taken`` (a node an
+  ``gpu_model_unavailable``, ``insufficient_cpu``, ``insufficient_memory``,
+  ``insufficient_gpu_capacity``; plus ``gang_node_taken`` (a node an
   earlier member of the same gang took) and the quota PreFilter's ``quota_exceeded`` (every
   node alike).
 * ``pending``: why a workload waits after a decision (``Workload.reason``), with the message
@@ -46,6 +47,8 @@ NETWORK_NOT_APPLIED = "network_not_applied"
 NODE_DEDICATED_TO_OTHER_TENANT = "node_dedicated_to_other_tenant"
 NODE_SHARED_WITH_OTHER_TENANT = "node_shared_with_other_tenant"
 GPU_MODEL_UNAVAILABLE = "gpu_model_unavailable"
+INSUFFICIENT_CPU = "insufficient_cpu"
+INSUFFICIENT_MEMORY = "insufficient_memory"
 INSUFFICIENT_GPU_CAPACITY = "insufficient_gpu_capacity"
 GANG_NODE_TAKEN = "gang_node_taken"
 # --- why a workload waits -----------------------------------------------------------------------
@@ -121,6 +124,18 @@ _ENTRIES = (
         "filter",
         "the node has no GPU of the model the workload asks for",
         filter="gpu_model",
+    ),
+    Reason(
+        INSUFFICIENT_CPU,
+        "filter",
+        "the node has not enough free CPU (milli-cores) for the workload's cpu_milli now",
+        filter="cpu",
+    ),
+    Reason(
+        INSUFFICIENT_MEMORY,
+        "filter",
+        "the node has not enough free memory (MiB) for the workload's memory_mib now",
+        filter="memory",
     ),
     Reason(
         INSUFFICIENT_GPU_CAPACITY,

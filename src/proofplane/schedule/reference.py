@@ -28,7 +28,9 @@ from proofplane.schedule.reasons import (
     COMPLIANCE_FILTERS,
     GPU_MODEL_UNAVAILABLE,
     INSUFFICIENT_CAPACITY,
+    INSUFFICIENT_CPU,
     INSUFFICIENT_GPU_CAPACITY,
+    INSUFFICIENT_MEMORY,
     MISSING_CERTIFICATION,
     NO_COMPLIANT_CAPACITY,
     NODE_DEDICATED_TO_OTHER_TENANT,
@@ -42,6 +44,7 @@ from proofplane.schedule.values import (
     Allocation,
     Decision,
     Request,
+    allowed_models,
     gpu_conflict,
 )
 
@@ -56,6 +59,8 @@ class _Usage:
     # GPU index → tenant holding a slice or share of it → whether all it holds there allows
     # co-residency
     holders: dict[int, dict[str, bool]] = field(default_factory=dict)
+    cpu: int = 0  # milli-cores held
+    mem: int = 0  # MiB held
 
     def idle(self, gpu: Gpu) -> bool:
         if gpu.index in self.whole or self.shares[gpu.index]:
@@ -68,6 +73,8 @@ def _usage(allocations: Iterable[Allocation]) -> dict[str, _Usage]:
     for alloc in allocations:
         u = usage.setdefault(alloc.placement.node, _Usage())
         u.tenants.add(alloc.tenant)
+        u.cpu += alloc.cpu_milli
+        u.mem += alloc.memory_mib
         if alloc.isolation is IsolationLevel.DEDICATED_NODE:
             u.dedicated_to = alloc.tenant
         for dev in alloc.placement.devices:
@@ -84,7 +91,8 @@ def _usage(allocations: Iterable[Allocation]) -> dict[str, _Usage]:
 
 
 def _model_ok(gpu: Gpu, req: Request) -> bool:
-    return req.gpus.model is None or gpu.model == req.gpus.model
+    allowed = allowed_models(req.gpus.model)
+    return allowed is None or gpu.model in allowed
 
 
 def _open(gpu: Gpu, u: _Usage, req: Request) -> bool:
@@ -150,12 +158,24 @@ def _tenancy(_node: Node, u: _Usage, req: Request) -> str | None:
 
 
 def _gpu_model(node: Node, _u: _Usage, req: Request) -> str | None:
-    if req.gpus.model is None or any(g.model == req.gpus.model for g in node.gpus):
+    if req.gpus.model is None or any(_model_ok(g, req) for g in node.gpus):
         return None
     return GPU_MODEL_UNAVAILABLE
 
 
-_FILTERS: tuple[_Filter, ...] = (_state, _certifications, _tenancy, _gpu_model)
+def _cpu(node: Node, u: _Usage, req: Request) -> str | None:
+    if node.cpu_milli is not None and req.cpu_milli > node.cpu_milli - u.cpu:
+        return INSUFFICIENT_CPU
+    return None
+
+
+def _memory(node: Node, u: _Usage, req: Request) -> str | None:
+    if node.memory_mib is not None and req.memory_mib > node.memory_mib - u.mem:
+        return INSUFFICIENT_MEMORY
+    return None
+
+
+_FILTERS: tuple[_Filter, ...] = (_state, _certifications, _tenancy, _gpu_model, _cpu, _memory)
 
 
 def reference_place(

@@ -54,15 +54,18 @@ the capacity signatures and buckets (``schedule.buckets``); this module is the s
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass
+from functools import lru_cache
 from types import MappingProxyType
 from typing import TypeVar
 
 from proofplane.model import IsolationLevel, Node, PlacedDevice, Placement
 from proofplane.schedule.buckets import Buckets, Signature, request_class, signature
-from proofplane.schedule.fit import fit, gpu_model, tenancy
+from proofplane.schedule.fit import fit, gpu_model, resources, tenancy
 from proofplane.schedule.reasons import (
+    FILTER_CODES,
     GPU_MODEL_UNAVAILABLE,
     INSUFFICIENT_CAPACITY,
     INSUFFICIENT_GPU_CAPACITY,
@@ -74,8 +77,23 @@ from proofplane.schedule.reasons import (
     blocking,
     template,
 )
-from proofplane.schedule.usage import NO_USAGE, ClassKey, NodeInfo, Usage, decrement, node_info
-from proofplane.schedule.values import Allocation, Decision, Request
+from proofplane.schedule.scoring import CPU_UNTRACKED, FULL, Scorer, Shape, State
+from proofplane.schedule.usage import (
+    NO_USAGE,
+    ClassKey,
+    NodeInfo,
+    Slot,
+    Usage,
+    decrement,
+    node_info,
+)
+from proofplane.schedule.values import (
+    MODEL_SEPARATOR,
+    Allocation,
+    Decision,
+    Request,
+    allowed_models,
+)
 
 _Best = tuple[int, str, tuple[PlacedDevice, ...]]  # (idle GPUs left, node, devices)
 _K = TypeVar("_K", bound=Hashable)
@@ -118,8 +136,12 @@ class ClusterSnapshot:
         allocations: Mapping[Hashable, Allocation] | None = None,
         *,
         tuning: Tuning | None = None,
+        scorer: Scorer | None = None,
     ) -> None:
         self.tuning = tuning or Tuning()
+        self.scorer = scorer
+        self._scored = ScoreIndex(scorer) if scorer is not None else None
+        self._heap_tags_cache: dict[_Tags, _Tags] = {}
         self._intern: dict[ClassKey, ClassKey] = {}
         self._info: dict[str, NodeInfo] = {}
         self._usage: dict[str, Usage] = {}
@@ -258,6 +280,7 @@ class ClusterSnapshot:
     def _recheck_compliance(self, name: str) -> None:
         """Keep the cached compliant sets current for one changed node (or drop the cache when
         it is large: rebuilding an entry costs one set intersection)."""
+        self._heap_tags_cache.clear()
         cache = self._compliant
         if len(cache) > 64:
             cache.clear()
@@ -301,7 +324,11 @@ class ClusterSnapshot:
         # ones (only its owner may use it); vacant nodes also have buckets of their own
         info = self._info.get(name)
         old = self._sig.get(name)
-        new = signature(info, u) if info is not None and info.admitted else None
+        new: Signature | None = None
+        if info is not None and info.admitted:
+            # with a scoring plugin the search never walks the capacity buckets: one constant
+            # signature keeps them (and the work of keeping them) out of the way
+            new = signature(info, u) if self._scored is None else _UNSIGNED
         was_vacant = name in self._vacant
         vacant = new is not None and not u.tenants
         if owner == old_owner:
@@ -321,6 +348,13 @@ class ClusterSnapshot:
             self._vacant.add(name)
         elif was_vacant:
             self._vacant.discard(name)
+        if self._scored is not None:
+            self._scored.changed(
+                name,
+                score_state(info, u, self._scored.slots_of(name, info))
+                if info is not None and new is not None
+                else None,
+            )
 
     def _owner_buckets(self, owner: str | None) -> Buckets:
         if owner is None:
@@ -337,11 +371,17 @@ class ClusterSnapshot:
         snapshot is not changed (``reserve`` the result to take the capacity)."""
         compliant = self._compliant_set(req.tags)
         best: _Best | None = None
-        if compliant:
+        if compliant and self._scored is not None:
+            best = self._place_scored(req, compliant)
+        elif compliant:
             cls = request_class(req)
-            if cls is None or (
-                (not req.co_residency or req.tenant in self._private)
-                and (req.gpus.mig_profile is not None or req.gpus.share_milli is not None)
+            if (
+                cls is None
+                or _exact_only(req)
+                or (
+                    (not req.co_residency or req.tenant in self._private)
+                    and (req.gpus.mig_profile is not None or req.gpus.share_milli is not None)
+                )
             ):
                 # the signatures describe what a request allowing co-residency, of a tenant
                 # holding nothing that refuses it, can take; anyone else is scanned exactly
@@ -353,6 +393,92 @@ class ClusterSnapshot:
         if best is None:
             return self._pending(req, compliant)
         return Decision(Placement(best[1], best[2]), None, f"placed on {best[1]}")
+
+    def observe(self, req: Request) -> None:
+        """Show the scorer one request before its decision (its workload mix learns from the
+        stream of requests); when the mix changes, every cached score is dropped."""
+        if self._scored is not None:
+            self._scored.observe(shape_of(req))
+
+    def score_key(self, name: str, req: Request) -> Hashable | None:
+        """The scorer's key for placing ``req`` on node ``name`` as it stands (None without a
+        scorer, or when the node's free capacity cannot take the request's shape)."""
+        if self._scored is None:
+            return None
+        found = self._scored.score(name, shape_of(req))
+        return found[0] if found is not None else None
+
+    def _place_scored(self, req: Request, compliant: Set[str]) -> _Best | None:
+        """The scorer's best node among the compliant ones that pass every filter: the
+        shape's heap of scores, popped until a node passes the exact per-node filters (nodes
+        that fail only for this request, e.g. tenancy or memory, are put back)."""
+        index = self._scored
+        assert index is not None
+        shape = shape_of(req)
+        if req.isolation is _DEDICATED:
+            # only vacant nodes and the tenant's own may take it: score those few directly
+            own = self._sole.get(req.tenant, _EMPTY)
+            return self._scan_scored(req, shape, (self._vacant | own) & compliant)
+        tags = self._heap_tags(tuple(sorted(req.tags.items())), compliant)
+        heap = index.heap(shape, tags, self._compliant_set(dict(tags)) if tags else self._admitted)
+        aside = []
+        best: _Best | None = None
+        version = index.version
+        while heap:
+            top = heap[0]
+            name = top[1]
+            if top[2] != version.get(name):
+                heapq.heappop(heap)  # stale: the node changed since this score
+                continue
+            found = self._evaluate(name, req, top[3]) if name in compliant else None
+            if found is None:
+                aside.append(heapq.heappop(heap))
+                continue
+            best = (0, name, found[1])
+            break
+        for entry in aside:
+            heapq.heappush(heap, entry)
+        return best
+
+    def _heap_tags(self, tags: _Tags, compliant: Set[str]) -> _Tags:
+        """The tags whose score heaps serve a request with ``tags``: drop a tag while the
+        request's compliant nodes are still at least half of the larger set (its pop then
+        skips at most about one node per hit), so a few heaps serve many tag sets and each
+        reservation re-scores fewer heaps."""
+        hit = self._heap_tags_cache.get(tags)
+        if hit is not None:
+            return hit
+        chosen = tags
+        while chosen:
+            best: tuple[int, _Tags] | None = None
+            for i in range(len(chosen)):
+                sub = chosen[:i] + chosen[i + 1 :]
+                size = len(self._compliant_set(dict(sub)) if sub else self._admitted)
+                if 2 * len(compliant) >= size and (best is None or size > best[0]):
+                    best = (size, sub)
+            if best is None:
+                break
+            chosen = best[1]
+        if len(self._heap_tags_cache) > 4096:
+            self._heap_tags_cache.clear()
+        self._heap_tags_cache[tags] = chosen
+        return chosen
+
+    def _scan_scored(self, req: Request, shape: Shape, names: Iterable[str]) -> _Best | None:
+        """The scorer's best among ``names`` that passes the exact filters."""
+        index = self._scored
+        assert index is not None
+        ranked = []
+        for name in names:
+            s = index.score(name, shape)
+            if s is not None:
+                ranked.append((s[0], name, s[1]))
+        ranked.sort()
+        for _key, name, position in ranked:
+            found = self._evaluate(name, req, position)
+            if found is not None:
+                return (0, name, found[1])
+        return None
 
     def _compliant_set(self, tags: Mapping[str, str]) -> Set[str]:
         """Admitted nodes certified for every tag: the first two filters, as one set."""
@@ -415,18 +541,30 @@ class ClusterSnapshot:
             best = self._scan(req, key, need, most, self._vacant & compliant, best)
         return best
 
-    def _evaluate(self, name: str, req: Request) -> tuple[int, tuple[PlacedDevice, ...]] | None:
-        """The per-node filters (tenancy, GPU model, capacity) and the best-fit score for one
-        admitted, certified node: (idle GPUs left after placing, devices), or None."""
+    def _evaluate(
+        self, name: str, req: Request, position: int = -1
+    ) -> tuple[int, tuple[PlacedDevice, ...]] | None:
+        """The per-node filters (tenancy, GPU model, CPU, memory, capacity) and the best-fit
+        score for one admitted, certified node: (idle GPUs left after placing, devices), or
+        None. ``position``: the GPU a scorer chose for a share (plain GPUs) or a MIG slice (MIG
+        GPUs), in node order; the fit rule's own choice when it cannot take it."""
         u = self._usage.get(name, NO_USAGE)
         if tenancy(u, req) is not None:
             return None
         info = self._info[name]
         if gpu_model(info, req) is not None:
             return None
-        devices = fit(info, u, req)
+        if (req.cpu_milli or req.memory_mib) and resources(info, u, req) is not None:
+            return None
+        devices = None
+        if position >= 0:
+            devices = fit_at(info, u, req, position)
+        if devices is None:
+            devices = fit(info, u, req)
         if devices is None:
             return None
+        if self._scored is not None:
+            return 0, devices  # the scorer ranked the nodes; no best-fit count needed
         idle = self._sig[name][0]
         if len(devices) == 1:
             return (idle - 1 if u.idle(devices[0].gpu_index) else idle), devices
@@ -533,6 +671,8 @@ class ClusterSnapshot:
         tenancy and GPU-model filters was rejected for capacity. Counted from the indexes
         (set sizes, and loops over the smaller side only): admitted nodes are either vacant
         or occupied, a node's sole tenant is its dedicated owner if it has one."""
+        if _exact_only(req):
+            return self._pending_exact(req, compliant)
         rejections: dict[str, int] = {}
 
         def count(code: str, n: int) -> None:
@@ -589,6 +729,284 @@ class ClusterSnapshot:
             _INSUFFICIENT_MESSAGE.format(compliant=n_compliant, blocking=blocking(rejections)),
             rejections,
         )
+
+    def _pending_exact(self, req: Request, compliant: Set[str]) -> Decision:
+        """``_pending`` by one pass over the compliant nodes, each filter in order (for requests
+        the indexes do not describe: CPU or memory asked, GPU model alternatives)."""
+        total = len(self._info)
+        rejections: dict[str, int] = {}
+        for code, n in (
+            (NODE_NOT_ADMITTED, total - len(self._admitted)),
+            (MISSING_CERTIFICATION, len(self._admitted) - len(compliant)),
+        ):
+            if n:
+                rejections[code] = n
+        for name in compliant:
+            u = self._usage.get(name, NO_USAGE)
+            info = self._info[name]
+            code = (
+                tenancy(u, req)
+                or gpu_model(info, req)
+                or resources(info, u, req)
+                or INSUFFICIENT_GPU_CAPACITY
+            )
+            rejections[code] = rejections.get(code, 0) + 1
+        if not compliant:
+            return Decision(
+                None,
+                NO_COMPLIANT_CAPACITY,
+                _NO_COMPLIANT_MESSAGE.format(total=total, tags=dict(req.tags) or "this"),
+                rejections,
+            )
+        ordered = {c: rejections[c] for c in FILTER_CODES if c in rejections}
+        return Decision(
+            None,
+            INSUFFICIENT_CAPACITY,
+            _INSUFFICIENT_MESSAGE.format(compliant=len(compliant), blocking=blocking(ordered)),
+            ordered,
+        )
+
+
+def _exact_only(req: Request) -> bool:
+    """Requests the capacity signatures do not describe (answered by exact scans)."""
+    model = req.gpus.model
+    return bool(req.cpu_milli or req.memory_mib or (model and MODEL_SEPARATOR in model))
+
+
+def shape_of(req: Request) -> Shape:
+    """What a scorer sees of a request (``schedule.scoring.Shape``)."""
+    g = req.gpus
+    if g.mig_profile is not None:
+        return (req.cpu_milli, g.count, 0, g.model, g.mig_profile)
+    if g.share_milli is not None:
+        return (req.cpu_milli, 1, g.share_milli, g.model, None)
+    return (req.cpu_milli, g.count, FULL if g.count else 0, g.model, None)
+
+
+def score_state(info: NodeInfo, u: Usage, slots: MigSlots) -> State:
+    """What a scorer sees of a node (``schedule.scoring.State``); ``slots``: ``mig_slots(info)``."""
+    whole, shares, held = u.whole, u.shares, u.mig
+    if whole or shares:
+        frees = tuple(0 if g.index in whole else FULL - shares.get(g.index, 0) for g in info.plain)
+    else:
+        frees = _all_free(len(info.plain))
+    if held:
+        mig = tuple(tuple(profile for profile, slot in gpu if slot not in held) for gpu in slots)
+    else:
+        mig = tuple(tuple(profile for profile, _slot in gpu) for gpu in slots)
+    cap = info.cpu if info.cpu is not None else CPU_UNTRACKED
+    cpu = cap - u.cpu if info.cpu is not None else CPU_UNTRACKED
+    return (info.models, cpu, frees, mig, cap, not u.keys)
+
+
+@lru_cache(maxsize=64)
+def _all_free(n: int) -> tuple[int, ...]:
+    return (FULL,) * n
+
+
+def mig_slots(info: NodeInfo) -> MigSlots:
+    """Per MIG GPU of the node, its instances as (profile, slot), sorted by profile (what
+    ``score_state`` filters by the slots held)."""
+    return tuple(
+        tuple(sorted((ks[0][1] or "", slot) for ks, slots in groups for slot in slots))
+        for _i, groups in info.mig_gpus
+    )
+
+
+MigSlots = tuple[tuple[tuple[str, Slot], ...], ...]
+
+
+def fit_at(
+    info: NodeInfo, u: Usage, req: Request, position: int
+) -> tuple[PlacedDevice, ...] | None:
+    """The devices of a one-device request on the GPU a scorer chose (``position`` among the
+    node's plain GPUs for a share, among its MIG GPUs for a slice), or None when that GPU
+    cannot take it (the caller falls back to ``fit``)."""
+    g = req.gpus
+    if g.mig_profile is not None:
+        if g.count != 1 or position >= len(info.mig_gpus):
+            return None
+        return fit(info, u, req, only=info.mig_gpus[position][0])
+    if g.share_milli is None or position >= len(info.plain):
+        return None
+    return fit(info, u, req, only=info.plain[position].index)
+
+
+class ScoreIndex:
+    """Per request shape (and compliance tags), a heap of ``(score key, node, version, GPU
+    position)`` over the nodes that can take the shape, caught up lazily: each visit re-scores
+    only the nodes changed since the shape's previous visit (stale entries are dropped when
+    they surface). Node states are interned to small ids and scores memoised per shape and
+    state id, so nodes in equal states cost one evaluation and a re-score of a known state is
+    one dictionary lookup. A change of the scorer's workload mix drops every score."""
+
+    def __init__(self, scorer: Scorer) -> None:
+        self.scorer = scorer
+        self.sid: dict[str, int] = {}  # node → id of its state
+        self._slots: dict[str, tuple[NodeInfo, MigSlots]] = {}
+        self.version: dict[str, int] = {}
+        self._states: dict[State, int] = {}
+        self._by_id: list[State] = []
+        self._changes: list[str] = []
+        self._base = 0  # how many changes were trimmed off the front of ``_changes``
+        # (shape, tags) → (heap, [position in the change log, tick] at its last visit)
+        self._heaps: dict[tuple[Shape, _Tags], tuple[list[_Entry], list[int]]] = {}
+        self._memo: dict[Shape, dict[int, tuple[Hashable, int] | None]] = {}
+        self._tick = 0
+
+    def slots_of(self, name: str, info: NodeInfo) -> MigSlots:
+        """``mig_slots(info)``, computed once per node inventory."""
+        hit = self._slots.get(name)
+        if hit is None or hit[0] is not info:
+            hit = self._slots[name] = (info, mig_slots(info))
+        return hit[1]
+
+    def changed(self, name: str, state: State | None) -> None:
+        self._tick += 1
+        self.version[name] = self._tick
+        if state is None:
+            self.sid.pop(name, None)
+            self._slots.pop(name, None)
+        else:
+            sid = self._states.get(state)
+            if sid is None:
+                if len(self._by_id) >= _MAX_STATES:
+                    self._reset_states()
+                sid = self._states[state] = len(self._by_id)
+                self._by_id.append(state)
+            self.sid[name] = sid
+        self._changes.append(name)
+        if len(self._changes) > 65536 + 4 * len(self.sid):
+            # heaps behind the trimmed part catch up by node versions on their next visit
+            cut = len(self._changes) // 2
+            del self._changes[:cut]
+            self._base += cut
+
+    def _reset_states(self) -> None:
+        """Re-intern only the current states (ids change: every score and heap is dropped)."""
+        current = {name: self._by_id[sid] for name, sid in self.sid.items()}
+        self._states.clear()
+        self._by_id.clear()
+        self._memo.clear()
+        self._heaps.clear()
+        for name, st in current.items():
+            sid = self._states.get(st)
+            if sid is None:
+                sid = self._states[st] = len(self._by_id)
+                self._by_id.append(st)
+            self.sid[name] = sid
+
+    def observe(self, shape: Shape) -> None:
+        if self.scorer.observe(shape):
+            self._heaps.clear()
+            self._memo.clear()
+
+    def score(self, name: str, shape: Shape) -> tuple[Hashable, int] | None:
+        """The scorer's answer for one node (None: its state cannot take the shape)."""
+        sid = self.sid.get(name)
+        if sid is None:
+            return None
+        memo = self._memo.get(shape)
+        if memo is None:
+            memo = self._memo[shape] = {}
+        return self._lookup(memo, sid, shape)
+
+    def _lookup(
+        self, memo: dict[int, tuple[Hashable, int] | None], sid: int, shape: Shape
+    ) -> tuple[Hashable, int] | None:
+        out = memo.get(sid, _MISS)
+        if out is _MISS:
+            st = self._by_id[sid]
+            out = self.scorer.score(st, shape) if can_take(st, shape) else None
+            memo[sid] = out
+        return out  # type: ignore[return-value]
+
+    def heap(
+        self, shape: Shape, tags: tuple[tuple[str, str], ...], compliant: Set[str]
+    ) -> list[_Entry]:
+        hkey = (shape, tags)
+        entry = self._heaps.get(hkey)
+        end = self._base + len(self._changes)
+        version = self.version
+        sid_of = self.sid
+        memo = self._memo.get(shape)
+        if memo is None:
+            memo = self._memo[shape] = {}
+        lookup = self._lookup
+        if entry is None:
+            heap: list[_Entry] = []
+            for name in compliant:
+                sid = sid_of.get(name)
+                if sid is None:
+                    continue
+                s = memo.get(sid, _MISS)
+                if s is _MISS:
+                    s = lookup(memo, sid, shape)
+                if s is not None:
+                    heap.append((s[0], name, version[name], s[1]))  # type: ignore[index]
+            heapq.heapify(heap)
+            if len(self._heaps) > 4096:
+                self._heaps.clear()
+            self._heaps[hkey] = (heap, [end, self._tick])
+            return heap
+        heap, pos = entry
+        behind = end - pos[0]
+        if behind:
+            if pos[0] >= self._base and behind <= len(compliant):
+                changed: Iterable[str] = set(self._changes[pos[0] - self._base :])
+            else:
+                # more changes than nodes (or trimmed away): the nodes changed since the
+                # heap's last visit are those with a newer version
+                since = pos[1]
+                changed = [n for n in compliant if version.get(n, 0) > since]
+            push = heapq.heappush
+            for name in changed:
+                if name not in compliant:
+                    continue
+                sid = sid_of.get(name)
+                if sid is None:
+                    continue
+                s = memo.get(sid, _MISS)
+                if s is _MISS:
+                    s = lookup(memo, sid, shape)
+                if s is not None:
+                    push(heap, (s[0], name, version[name], s[1]))  # type: ignore[index]
+            pos[0] = end
+            pos[1] = self._tick
+            if len(heap) > 2 * len(compliant) + 64:  # mostly stale: compact
+                live = [e for e in heap if e[2] == version.get(e[1])]
+                heapq.heapify(live)
+                heap[:] = live
+        return heap
+
+
+_MISS = object()
+_UNSIGNED: Signature = (0, {})
+_MAX_STATES = 1 << 20
+
+
+_Tags = tuple[tuple[str, str], ...]
+_Entry = tuple[Hashable, str, int, int]  # (score key, node, version, GPU position)
+
+
+def can_take(state: State, shape: Shape) -> bool:
+    """Whether a node in ``state`` has the room for ``shape`` (CPU, GPU model, devices); the
+    exact filters run again on the node that wins."""
+    models, cpu, frees, mig = state[0], state[1], state[2], state[3]
+    p_cpu, k, m, spec, profile = shape
+    if cpu < p_cpu:
+        return False
+    if spec is not None:
+        allowed = allowed_models(spec)
+        if allowed is not None and allowed.isdisjoint(models):
+            return False
+    if profile is not None:
+        return sum(gpu.count(profile) for gpu in mig) >= k
+    if m <= 0:
+        return True
+    if k == 1:
+        return bool(frees) and max(frees) >= m
+    return sum(1 for g in frees if g >= m) >= k
 
 
 _EMPTY: frozenset[str] = frozenset()

@@ -45,6 +45,8 @@ class NodeInfo:
     plain_keys: tuple[tuple[int, tuple[ClassKey, ...], tuple[ClassKey, ...]], ...]
     # per MIG GPU: (index, per profile on it: (MIG class keys, its (index, start) slots))
     mig_gpus: tuple[tuple[int, tuple[tuple[tuple[ClassKey, ...], tuple[Slot, ...]], ...]], ...]
+    cpu: int | None = None  # allocatable milli-cores; None: not tracked
+    mem: int | None = None  # allocatable MiB; None: not tracked
 
 
 def node_info(node: Node, intern: dict[ClassKey, ClassKey]) -> NodeInfo:
@@ -91,6 +93,8 @@ def node_info(node: Node, intern: dict[ClassKey, ClassKey]) -> NodeInfo:
         models=frozenset(g.model for g in node.gpus),
         plain_keys=tuple(plain_keys),
         mig_gpus=tuple(mig_gpus),
+        cpu=node.cpu_milli,
+        mem=node.memory_mib,
     )
 
 
@@ -98,8 +102,8 @@ class Usage:
     """What the allocations on one node hold, by reference count (release undoes reserve)."""
 
     __slots__ = (
-        "busy", "dedicated", "gpu_private", "gpu_tenants", "keys", "mig", "shares", "tenants",
-        "whole",
+        "busy", "cpu", "dedicated", "gpu_private", "gpu_tenants", "keys", "mem", "mig", "shares",
+        "tenants", "whole",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -114,9 +118,13 @@ class Usage:
         # gpu_private: the same for holders that do not allow co-residency
         self.gpu_tenants: dict[int, dict[str, int]] = {}
         self.gpu_private: dict[int, dict[str, int]] = {}
+        self.cpu = 0  # milli-cores held (issue 17)
+        self.mem = 0  # MiB held
 
     def add(self, key: Hashable, alloc: Allocation) -> None:
         self.keys[key] = None
+        self.cpu += alloc.cpu_milli
+        self.mem += alloc.memory_mib
         tenant = alloc.tenant
         self.tenants[tenant] = self.tenants.get(tenant, 0) + 1
         if alloc.isolation is _DEDICATED:
@@ -140,6 +148,8 @@ class Usage:
 
     def remove(self, key: Hashable, alloc: Allocation) -> None:
         del self.keys[key]
+        self.cpu -= alloc.cpu_milli
+        self.mem -= alloc.memory_mib
         decrement(self.tenants, alloc.tenant, 1)
         self.dedicated.pop(key, None)
         for dev in alloc.placement.devices:

@@ -8,10 +8,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from proofplane.model import GpuRequest, IsolationLevel, Placement
 
 FULL_GPU_MILLI = 1000
+MODEL_SEPARATOR = "|"  # a request's GPU model may list alternatives: "V100M16|V100M32"
+
+
+@lru_cache(maxsize=1024)
+def allowed_models(model: str | None) -> frozenset[str] | None:
+    """The GPU models a request's ``model`` accepts (any of ``|``-separated alternatives, the
+    trace's ``gpu_spec``); None when it accepts any."""
+    if model is None:
+        return None
+    return frozenset(m for m in model.split(MODEL_SEPARATOR) if m)
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +37,8 @@ class Request:
     isolation: IsolationLevel
     gpus: GpuRequest
     co_residency: bool = True
+    cpu_milli: int = 0  # issue 17: milli-cores and MiB besides the GPUs (0: none asked)
+    memory_mib: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +50,8 @@ class Allocation:
     isolation: IsolationLevel
     placement: Placement
     co_residency: bool = True
+    cpu_milli: int = 0  # what it holds on ``placement.node`` besides the GPUs
+    memory_mib: int = 0
 
 
 def gpu_conflict(tenant: str, co_residency: bool, holders: Mapping[str, bool] | None) -> bool:

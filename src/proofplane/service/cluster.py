@@ -45,8 +45,22 @@ def load_cluster(store: Store, actor: Actor, spec: ClusterSpec) -> dict[str, int
         _put_underlays(tx, spec)
 
         for w in spec.workloads:
-            ws = WorkloadSpec(w.name, w.tenant, w.tags, w.isolation, w.gpus, w.priority, w.command)
-            gpus = _in(f"workloads.{w.name}", lambda g=w.gpus: check_gpu_request(g))
+            ws = WorkloadSpec(
+                w.name,
+                w.tenant,
+                w.tags,
+                w.isolation,
+                w.gpus,
+                w.priority,
+                w.command,
+                w.cpu_milli,
+                w.memory_mib,
+            )
+            optional = bool(w.cpu_milli or w.memory_mib)
+            gpus = _in(
+                f"workloads.{w.name}",
+                lambda g=w.gpus, o=optional: check_gpu_request(g, gpu_optional=o),
+            )
             validate_name(w.name, "workload")
             _in(f"workloads.{w.name}", lambda s=ws, g=gpus: insert_workload(tx, s, g))
         tx.record(
@@ -140,6 +154,8 @@ def _insert_nodes(tx: Tx, spec: ClusterSpec, nodes: list[Node]) -> None:
                 "zone": n.zone,
                 "rack": n.rack,
                 "labels": dict(n.labels),
+                "cpu_milli": n.cpu_milli,
+                "memory_mib": n.memory_mib,
                 "state": final[ns.state][0],
                 "state_reason": final[ns.state][1],
                 "created_at": now,

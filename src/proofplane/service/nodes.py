@@ -48,6 +48,17 @@ def check_node(node: Node) -> Node:
             "certifications are issued by the control plane, not declared by a node",
             code="certifications_not_allowed",
         )
+    resources: tuple[tuple[str, int | None], ...] = (
+        ("cpu_milli", node.cpu_milli),
+        ("memory_mib", node.memory_mib),
+    )
+    for resource, amount in resources:
+        if amount is not None and not 0 <= amount <= 2**31 - 1:
+            raise ValidationFailed(
+                f"{resource} must be between 0 and {2**31 - 1} (or absent: not tracked)",
+                code="invalid_node_resources",
+                details={resource: amount},
+            )
     return replace(
         node, labels=validate_tags(node.labels, field="labels"), gpus=normalize_gpus(node.gpus)
     )
@@ -75,6 +86,8 @@ def insert_node(tx: Tx, node: Node) -> NodeRow:
         zone=node.zone,
         rack=node.rack,
         labels=dict(node.labels),
+        cpu_milli=node.cpu_milli,
+        memory_mib=node.memory_mib,
         state=NodeState.REGISTERED.value,
         state_reason=None,
         created_at=tx.now,

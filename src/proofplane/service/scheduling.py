@@ -8,10 +8,11 @@ this module persists each one and records its events in the same transaction.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -21,10 +22,12 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import Pool
 
+from proofplane.errors import ValidationFailed
 from proofplane.model import GpuRequest, IsolationLevel, Node, Outcome, Placement, WorkloadStatus
 from proofplane.schedule.engine import Held, Job, Repartition, Scheduler, pool_of
 from proofplane.schedule.engine import Outcome as Decision
 from proofplane.schedule.reasons import PREEMPTED, render
+from proofplane.schedule.scoring import DEFAULT_SCORER, SCORERS, Scorer, Shape, make_scorer
 from proofplane.schedule.values import Request
 from proofplane.service import netstate
 from proofplane.service.context import Tx
@@ -45,6 +48,42 @@ from proofplane.store.repo import (
 from proofplane.store.tables import EventRow, NodeRow, PlacementRow, TenantRow, WorkloadRow
 
 log = logging.getLogger(__name__)
+
+SCORER_ENV = "PROOFPLANE_PLACEMENT_SCORER"
+
+
+def placement_scorer() -> str:
+    """The scoring plugin the server places with: ``PROOFPLANE_PLACEMENT_SCORER`` (one of
+    ``schedule.scoring.SCORERS``; default ``proofplane``, the fragmentation-aware scorer)."""
+    name = os.environ.get(SCORER_ENV, "").strip() or DEFAULT_SCORER
+    if name not in SCORERS:
+        raise ValidationFailed(
+            f"{SCORER_ENV}={name!r} is not a scorer (known: {', '.join(SCORERS)})",
+            code="unknown_scorer",
+            details={"scorer": name, "known": list(SCORERS)},
+        )
+    return name
+
+
+def server_scorer(held: Iterable[Held]) -> Scorer:
+    """The production scorer (issue 17), its workload mix primed with the work held now (it
+    then learns from every request the scheduler decides)."""
+    scorer = make_scorer(placement_scorer())
+    for h in held:
+        scorer.observe(held_shape(h))
+    return scorer
+
+
+def held_shape(h: Held) -> Shape:
+    """What a scorer sees of the request behind a held workload (one part of it)."""
+    part = h.placement.parts[0]
+    devices = part.devices
+    cpu = h.cpu_milli
+    if devices and devices[0].mig_profile is not None:
+        return (cpu, len(devices), 0, None, devices[0].mig_profile)
+    if devices and devices[0].share_milli is not None:
+        return (cpu, 1, devices[0].share_milli, None, None)
+    return (cpu, len(devices), 1000 if devices else 0, None, None)
 
 
 class ClusterView:
@@ -111,7 +150,7 @@ class ClusterView:
         )
         held = [held_of(w) for w in placed if w.placement is not None]
         quotas = {t.name: tenant_from_row(t).quota for t in session.scalars(select(TenantRow))}
-        self._scheduler = Scheduler(nodes, held, quotas)
+        self._scheduler = Scheduler(nodes, held, quotas, scorer=server_scorer(held))
         self._node_rows = node_rows
 
     @classmethod
@@ -405,6 +444,8 @@ def held_of(row: WorkloadRow) -> Held:
         pool_of(row.tags),
         placement_from_row(row.placement),
         row.co_residency,
+        row.cpu_milli,
+        row.memory_mib,
     )
 
 
@@ -412,7 +453,16 @@ def job_of(row: WorkloadRow) -> Job:
     wl = workload_from_row(row)
     return Job(
         row.id,
-        Request(wl.name, wl.tenant, wl.tags, wl.isolation, wl.gpus, wl.co_residency),
+        Request(
+            wl.name,
+            wl.tenant,
+            wl.tags,
+            wl.isolation,
+            wl.gpus,
+            wl.co_residency,
+            wl.cpu_milli,
+            wl.memory_mib,
+        ),
         wl.priority,
     )
 

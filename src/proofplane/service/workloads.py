@@ -12,7 +12,7 @@ from sqlalchemy import and_, bindparam, insert, or_, select, update
 
 from proofplane.access import Actor, Permission, authorize
 from proofplane.errors import Conflict, InvalidState, NotFound, ProofplaneError, ValidationFailed
-from proofplane.hardware.skus import SKUS, get_sku
+from proofplane.hardware.skus import SKUS, canonical_model, get_sku
 from proofplane.model import (
     GpuRequest,
     IsolationLevel,
@@ -30,11 +30,14 @@ from proofplane.model.workload import (
     MAX_COMMAND_ARG_CHARS,
     MAX_COMMAND_ARGS,
     MAX_COMMAND_CHARS,
+    MAX_CPU_MILLI,
+    MAX_MEMORY_MIB,
+    MAX_SKU_CHARS,
 )
 from proofplane.schedule.engine import Job
 from proofplane.schedule.explain import explain_job
 from proofplane.schedule.reasons import CANCELLED, render
-from proofplane.schedule.values import Request
+from proofplane.schedule.values import MODEL_SEPARATOR, Request
 from proofplane.service import execution, jobs, netstate
 from proofplane.service.context import NewEvent, Store, Tx
 from proofplane.service.instruments import observe_decision
@@ -91,6 +94,8 @@ class WorkloadSpec:
     gpus: GpuRequest = field(default_factory=GpuRequest)
     priority: int = 0
     command: tuple[str, ...] = ()
+    cpu_milli: int = 0  # issue 17: CPU (milli-cores) and memory (MiB) besides the GPUs
+    memory_mib: int = 0
 
 
 _SHAPE_FOR = {
@@ -101,8 +106,31 @@ _SHAPE_FOR = {
 }
 
 
-def check_gpu_request(g: GpuRequest) -> GpuRequest:
-    """Validate one GPU request shape; returns it with the model name made canonical."""
+def check_resources(cpu_milli: int, memory_mib: int) -> None:
+    """The CPU and memory a workload asks for (issue 17): 0 (none) up to what a column holds."""
+    for what, value, top in (
+        ("cpu_milli", cpu_milli, MAX_CPU_MILLI),
+        ("memory_mib", memory_mib, MAX_MEMORY_MIB),
+    ):
+        if not 0 <= value <= top:
+            raise ValidationFailed(
+                f"{what} must be between 0 and {top}",
+                code="invalid_resource_request",
+                details={what: value},
+            )
+
+
+def check_gpu_request(g: GpuRequest, *, gpu_optional: bool = False) -> GpuRequest:
+    """Validate one GPU request shape; returns it with the model name made canonical.
+    ``gpu_optional``: the workload asks CPU or memory, so it may ask no GPU (count 0)."""
+    if gpu_optional and g.count == 0 and g.mig_profile is None and g.share_milli is None:
+        if g.nodes != 1:
+            raise ValidationFailed(
+                "a workload without GPUs runs on one node (gpus.nodes 1)",
+                code="invalid_gpu_request",
+                details={"nodes": g.nodes},
+            )
+        return replace(g, model=None)
     if g.mig_profile is not None and g.share_milli is not None:
         raise ValidationFailed(
             "ask for either a mig_profile or a share_milli, not both", code="invalid_gpu_request"
@@ -133,7 +161,22 @@ def check_gpu_request(g: GpuRequest) -> GpuRequest:
             code="invalid_gpu_request",
             details={"count": g.count},
         )
-    model = get_sku(g.model).name if g.model is not None else None
+    model = None
+    if g.model is not None:
+        # a SKU, a plain (non-MIG) model, or alternatives "A|B" (issue 17: the trace's
+        # gpu_spec); a MIG profile needs a SKU
+        alternatives = [m for m in g.model.split(MODEL_SEPARATOR) if m]
+        if not alternatives or len(g.model) > MAX_SKU_CHARS:
+            raise ValidationFailed(
+                f"gpus.model must name a GPU model (or alternatives 'A|B', at most "
+                f"{MAX_SKU_CHARS} characters)",
+                code="unknown_gpu_model",
+                details={"model": g.model},
+            )
+        if g.mig_profile is not None:
+            model = MODEL_SEPARATOR.join(get_sku(m).name for m in alternatives)
+        else:
+            model = MODEL_SEPARATOR.join(canonical_model(m) for m in alternatives)
     if g.share_milli is not None:
         if not 1 <= g.share_milli <= 999:
             raise ValidationFailed(
@@ -149,7 +192,7 @@ def check_gpu_request(g: GpuRequest) -> GpuRequest:
                 details={"count": g.count},
             )
     if g.mig_profile is not None:
-        skus = [get_sku(model)] if model else list(SKUS.values())
+        skus = [get_sku(m) for m in model.split(MODEL_SEPARATOR)] if model else list(SKUS.values())
         if not any(s.profile(g.mig_profile) for s in skus):
             known = sorted({p.name for s in skus for p in s.mig_profiles})
             raise ValidationFailed(
@@ -213,7 +256,8 @@ def submit_workload(store: Store, actor: Actor, spec: WorkloadSpec) -> Workload:
 
 def _check_spec(spec: WorkloadSpec) -> GpuRequest:
     validate_name(spec.name, "workload")
-    gpus = check_gpu_request(spec.gpus)
+    check_resources(spec.cpu_milli, spec.memory_mib)
+    gpus = check_gpu_request(spec.gpus, gpu_optional=bool(spec.cpu_milli or spec.memory_mib))
     _check_command(spec.command)
     return gpus
 
@@ -380,7 +424,14 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
             with _item(i):
                 netstate.allocate_segment(tx, spec.tenant, workload=name, workload_id=wid)
         request = Request(
-            name, spec.tenant, v["tags"], IsolationLevel(v["isolation"]), gpus, v["co_residency"]
+            name,
+            spec.tenant,
+            v["tags"],
+            IsolationLevel(v["isolation"]),
+            gpus,
+            v["co_residency"],
+            spec.cpu_milli,
+            spec.memory_mib,
         )
         unready = view.unready(spec.tenant, wid)
         started = time.perf_counter()
@@ -477,6 +528,8 @@ def _row_values(
         "created_at": tx.now,
         "updated_at": tx.now,
         "co_residency": co_residency,
+        "cpu_milli": spec.cpu_milli,
+        "memory_mib": spec.memory_mib,
     }
 
 
@@ -526,6 +579,8 @@ def _workload_of(
         created_at=v["created_at"],
         updated_at=v["updated_at"],
         co_residency=v["co_residency"],
+        cpu_milli=v["cpu_milli"],
+        memory_mib=v["memory_mib"],
     )
 
 

@@ -1,8 +1,9 @@
 """Trace-driven placement simulator: replays the Alibaba "openb" GPU trace with the FGD
 (USENIX ATC'23) paper's protocol and reports GPU allocation ratios per policy.
 
-Pure core (``gorand``, ``trace``, ``engine``, ``policies``, ``metrics``, ``runner``); file I/O
-lives in ``loader`` only.
+The placing is the production scheduler's (``proofplane.schedule``: ``sim.engine`` turns the
+trace into a cluster and a request stream and runs ``Scheduler.schedule``); ``sim/`` keeps the
+protocol (``gorand``, ``trace``), the metrics and the runner. File I/O lives in ``loader`` only.
 """
 
 from proofplane.sim.gorand import GoRand, PyRand, make_rng
@@ -12,7 +13,7 @@ from proofplane.sim.runner import (
     POLICIES,
     PolicySummary,
     SeedResult,
-    make_policy,
+    check_policy,
     parse_seeds,
     run_seed,
     summarise,
@@ -31,7 +32,7 @@ __all__ = [
     "SeedResult",
     "TypicalPod",
     "build_arrivals",
-    "make_policy",
+    "check_policy",
     "make_rng",
     "parse_seeds",
     "run_seed",

@@ -43,6 +43,9 @@ from proofplane.model.node import MigInstance
 from proofplane.sim.gorand import Rng, make_rng
 from proofplane.sim.trace import INFLATION, Node, Pod, build_arrivals
 
+# The code that places in this mode: the simulator's own MIG model, not ``proofplane.schedule``
+# (which places on existing instances and repartitions idle GPUs only); see the README.
+ENGINE = "proofplane.sim.mig"
 SKU_NAME = "H100-80GB"
 WHOLE_GPU = "7g.80gb"
 MIG_POLICIES = ("proofplane", "first-slot-best-fit")

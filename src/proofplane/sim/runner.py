@@ -4,32 +4,28 @@ benchmark share. Pure apart from the clock: pods and nodes come in already loade
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from proofplane.sim.engine import Policy, replay
+from proofplane.schedule.scoring import SCORERS
+from proofplane.sim.engine import ENGINE, replay, scorer_for
 from proofplane.sim.gorand import make_rng
 from proofplane.sim.metrics import MAX_RATIO, discretise
-from proofplane.sim.policies import FGD, BestFit, FirstFit, Proofplane
 from proofplane.sim.trace import Node, Pod, build_arrivals, typical_pods
 
-POLICIES: dict[str, Callable[[], Policy]] = {
-    "proofplane": Proofplane,
-    "fgd": FGD,
-    "best-fit": BestFit,
-    "first-fit": FirstFit,
-}
+# The policies are the production scheduler's scoring plugins (``schedule.scoring``).
+POLICIES: tuple[str, ...] = tuple(SCORERS)
 DEFAULT_POLICIES = ("proofplane", "fgd", "best-fit", "first-fit")
 DEFAULT_SEEDS = tuple(range(42, 52))
 RNG_KINDS = ("go", "python")
 
 
-def make_policy(name: str) -> Policy:
-    try:
-        return POLICIES[name]()
-    except KeyError:
+def check_policy(name: str) -> str:
+    """``name`` if it is a scoring plugin of the production scheduler; ValueError otherwise."""
+    if name not in SCORERS:
         known = ", ".join(POLICIES)
-        raise ValueError(f"unknown policy {name!r} (known: {known})") from None
+        raise ValueError(f"unknown policy {name!r} (known: {known})")
+    return name
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -63,6 +59,8 @@ class SeedResult:
     placed: int
     failed: int
     seconds: float
+    engine: str = ENGINE  # the code that placed: the production scheduler
+    scorer: str = ""
 
 
 def run_seed(
@@ -76,7 +74,7 @@ def run_seed(
     start = time.perf_counter()
     typical = typical_pods(pods)
     arrivals = build_arrivals(pods, nodes, make_rng(rng, seed))
-    result = replay(arrivals, make_policy(policy), typical)
+    result = replay(arrivals, scorer_for(check_policy(policy), typical))
     total_gpus = arrivals.total_gpu_milli // 1000
     series = discretise(result.arrived, result.used, total_gpus)
     return SeedResult(
@@ -88,6 +86,7 @@ def run_seed(
         placed=result.placed,
         failed=result.failed,
         seconds=time.perf_counter() - start,
+        scorer=policy,
     )
 
 

@@ -82,6 +82,8 @@ def node_from_row(row: NodeRow) -> Node:
         ),
         created_at=row.created_at,
         updated_at=row.updated_at,
+        cpu_milli=row.cpu_milli,
+        memory_mib=row.memory_mib,
     )
 
 
@@ -113,7 +115,7 @@ _NN = NodeNetworkRow.__table__.c
 # the last column: the node's network drift (issue 14), from an outer join on node_network
 NODE_COLUMNS = (
     _N.id, _N.name, _N.region, _N.zone, _N.rack, _N.labels, _N.state, _N.state_reason,
-    _N.created_at, _N.updated_at, _NN.drift,
+    _N.created_at, _N.updated_at, _NN.drift, _N.cpu_milli, _N.memory_mib,
 )  # fmt: skip
 _NODES_FROM = NodeRow.__table__.outerjoin(NodeNetworkRow.__table__, _NN.node_id == _N.id)
 # mig_instances as its JSON text: most GPUs have none ("[]"), which then costs no decoding
@@ -183,7 +185,7 @@ def _mig_instances(text: str | None) -> tuple[MigInstance, ...]:
 
 
 def _node(row: Sequence[Any], gpus: list[Gpu], certs: dict[str, str]) -> Node:
-    _id, name, region, zone, rack, labels, state, reason, created, updated, drift = row
+    _id, name, region, zone, rack, labels, state, reason, created, updated, drift, cpu, mem = row
     return Node(
         name=name,
         region=region,
@@ -197,6 +199,8 @@ def _node(row: Sequence[Any], gpus: list[Gpu], certs: dict[str, str]) -> Node:
         created_at=created,
         updated_at=updated,
         network_drift=drift,
+        cpu_milli=cpu,
+        memory_mib=mem,
     )
 
 
@@ -256,6 +260,8 @@ def workload_from_row(row: WorkloadRow) -> Workload:
         created_at=row.created_at,
         updated_at=row.updated_at,
         co_residency=row.co_residency,
+        cpu_milli=row.cpu_milli,
+        memory_mib=row.memory_mib,
     )
 
 
@@ -289,7 +295,7 @@ def workload_select() -> Select[Any]:
         _W.name, _T.name, _W.tags, _W.isolation, _W.gpu_count, _W.gpu_model, _W.mig_profile,
         _W.share_milli, _W.gpu_nodes, _W.priority, _W.command, _W.status, _W.reason,
         _W.reason_details, _W.created_at, _W.updated_at, _W.co_residency,
-        _N.name, _P.devices, _P.members,
+        _W.cpu_milli, _W.memory_mib, _N.name, _P.devices, _P.members,
     ).select_from(_WORKLOAD_FROM)  # fmt: skip
 
 
@@ -308,7 +314,7 @@ def load_workloads(session: Session, query: Select[Any]) -> list[Workload]:
     for (
         name, tenant, tags, isolation, count, model, mig_profile, share, nodes, priority,
         command, status, reason, details, created, updated, co_residency,
-        node, devices, members,
+        cpu_milli, memory_mib, node, devices, members,
     ) in session.connection().execute(query):  # fmt: skip
         placement = None
         if node is not None:
@@ -338,6 +344,8 @@ def load_workloads(session: Session, query: Select[Any]) -> list[Workload]:
                 created_at=created,
                 updated_at=updated,
                 co_residency=co_residency,
+                cpu_milli=cpu_milli,
+                memory_mib=memory_mib,
             )
         )
     return out

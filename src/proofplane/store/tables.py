@@ -86,6 +86,9 @@ class NodeRow(Base):
     state_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # issue 17: allocatable CPU (milli-cores) and memory (MiB); NULL: not tracked
+    cpu_milli: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    memory_mib: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     gpus: Mapped[list[GpuRow]] = relationship(
         back_populates="node", order_by="GpuRow.index", cascade="all, delete-orphan"
@@ -152,6 +155,9 @@ class WorkloadRow(Base):
     # False: its MIG slice or share shares a physical GPU with no other tenant (the tenant's
     # profile at submit time)
     co_residency: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    # issue 17: CPU (milli-cores) and memory (MiB) asked besides GPUs; 0: none
+    cpu_milli: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    memory_mib: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     tenant: Mapped[TenantRow] = relationship()
     placement: Mapped[PlacementRow | None] = relationship(
