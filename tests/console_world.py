@@ -37,11 +37,14 @@ class World:
     keys: audit_svc.AuditKeys
 
 
-def build_world(tmp_path: Path) -> World:
-    """A migrated SQLite file with the attested demo, its people and a signed checkpoint."""
+def build_world(tmp_path: Path, admin_token: str | None = None) -> World:
+    """A migrated SQLite file with the attested demo, its people and a signed checkpoint
+    (``admin_token``: also the bootstrap admin's token, which works only on a new database)."""
     url = f"sqlite:///{tmp_path / 'console.db'}"
     store = Store(url)
     migrate.upgrade(store.engine)
+    if admin_token is not None:
+        access_svc.bootstrap_admin(store, admin_token)
     load_attested_demo(store, parse_cluster(demo_text()))
     access_svc.create_user(store, SYSTEM, OFFICER, PASSWORD, ["security-officer"], [])
     access_svc.create_user(store, SYSTEM, HOSPITAL_DEV, PASSWORD, ["developer"], [HOSPITAL])

@@ -537,6 +537,26 @@ MATRIX: dict[tuple[str, str], Entry] = {
         fixed(f"{API}/audit/proof/inclusion", params={"index": 0, "tree_size": 2}),
         200,
     ),
+    # evidence packages (issue 16): a job over a period before anything happened (it fails
+    # at once with empty_period, in the background); another's or no job is a 404
+    ("POST", f"{API}/evidence/packages"): Entry(
+        P.AUDIT_READ,
+        fixed(
+            f"{API}/evidence/packages",
+            json={
+                "framework": "hipaa",
+                "from": "2020-01-01T00:00:00Z",
+                "to": "2020-02-01T00:00:00Z",
+            },
+        ),
+        202,
+    ),
+    ("GET", f"{API}/evidence/packages/{{job_id}}"): Entry(
+        P.AUDIT_READ, fixed(f"{API}/evidence/packages/job-0123456789abcdef"), 404
+    ),
+    ("GET", f"{API}/evidence/packages/{{job_id}}/download"): Entry(
+        P.AUDIT_READ, fixed(f"{API}/evidence/packages/job-0123456789abcdef/download"), 404
+    ),
     ("GET", f"{API}/audit/proof/consistency"): Entry(
         P.AUDIT_READ,
         fixed(f"{API}/audit/proof/consistency", params={"old_size": 1, "new_size": 2}),

@@ -20,6 +20,7 @@ from proofplane.api import (
     routes_audit,
     routes_backends,
     routes_changes,
+    routes_evidence,
     routes_incidents,
     routes_keys,
     routes_metrics,
@@ -169,6 +170,7 @@ def create_app(
     app.include_router(routes_metrics.router)
     app.include_router(routes_telemetry.router)
     app.include_router(routes_usage.router)
+    app.include_router(routes_evidence.router)
     console.install(app)  # the web console's pages at / and its /static files (issue 16)
     # Request bodies: settings.max_body_bytes, a node's evidence its own (issue 19, §3);
     # security headers on every answer, the 413 included (§6).
