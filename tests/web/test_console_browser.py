@@ -35,6 +35,7 @@ from console_world import (
     session_cookies,
 )
 from proofplane.access import SYSTEM, totp
+from proofplane.audit import note
 from proofplane.service import access as access_svc
 from proofplane.service import audit as audit_svc
 
@@ -199,11 +200,17 @@ def test_verify_an_entry_in_the_browser(world, server, browser, shots, officer) 
     assert verdict.locator(".verdict").inner_text() == "NOT verified"
     page.unroute("**/api/v1/audit/entries*")
 
-    # a checkpoint signed by a key the reader did not pin is refused
+    # a malformed key is not pinned; a checkpoint not signed by the pinned key is refused
     page.fill("#pin-input", "proofplane/default+00000000+AQ" + "A" * 42)
     page.click("#pin-form button")
+    page.locator("#verify-result", has_text="id does not match").wait_for()
+    other = note.generate_signer("proofplane/default", bytes(range(32))).verifier.text()
+    page.fill("#pin-input", other)
+    page.click("#pin-form button")
+    page.locator("#pinned-key", has_text=other).wait_for()
     page.click("#verify-checkpoint")
-    _verdict(page, "NOT verified")
+    page.locator("#verify-result", has_text="no signature by the pinned key").wait_for()
+    assert verdict.locator(".verdict").inner_text() == "NOT verified"
     page.click("#pin-server-key")
 
     # the log grows and a new checkpoint is signed: it is consistent with the one seen
@@ -253,3 +260,22 @@ def test_no_serious_accessibility_violations(world, server, browser, officer) ->
     if axe_violations(login):
         found["/login"] = axe_violations(login)
     assert found == {}
+
+
+def test_an_evidence_package_from_the_console(world, server, browser, shots, officer) -> None:
+    page = _page(browser, server, officer)
+    page.goto(server + "/evidence")
+    page.select_option("#framework", "nist-800-53")
+    page.click("#evidence-form button")
+    link = page.locator("#evidence-download")
+    page.locator("#evidence-status .good, #evidence-status .bad").wait_for(timeout=60_000)
+    assert link.count() == 1, page.locator("#evidence-status").inner_text()
+    assert "controls" in page.locator("#evidence-status").inner_text()
+    page.screenshot(path=shots / "11-evidence.png", full_page=True)
+    with page.expect_download() as download:
+        link.click()
+    assert download.value.suggested_filename.endswith(".tar.gz")
+    assert Path(download.value.path()).stat().st_size > 10_000
+    page.fill("#to", "2999-01-01T00:00:00")
+    page.click("#evidence-form button")
+    page.locator("#evidence-status", has_text="period_in_future").wait_for()

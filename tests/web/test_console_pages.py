@@ -41,7 +41,7 @@ def _client(world: World, username: str | None) -> TestClient:
 
 
 PAGES = ["/", "/nodes/fra-h100-01", "/workloads", "/workloads/nordbank/fraud-scoring",
-         "/tenants", "/tenants/nordbank", "/audit"]  # fmt: skip
+         "/tenants", "/tenants/nordbank", "/audit", "/evidence"]  # fmt: skip
 
 
 @pytest.mark.parametrize("path", PAGES)
@@ -105,6 +105,7 @@ def test_a_developer_sees_only_their_tenant(world: World) -> None:
     assert "another tenant" in node and HOSPITAL not in node and "radiology-triage" not in node
     assert "radiology-triage" in hospital.get("/nodes/fra-h100-01").text
     assert bank.get("/audit").status_code == 403
+    assert bank.get("/evidence").status_code == 403
     assert bank.get("/nodes/fra-h100-01/attestation/1").status_code == 403
     assert 'href="/audit"' not in bank.get("/").text
     own = bank.get(f"/tenants/{BANK}").text

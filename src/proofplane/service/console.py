@@ -486,8 +486,12 @@ def tenant_view(store: Store, actor: Actor, name: str) -> TenantView:
 
 
 def workload_view(
-    store: Store, actor: Actor, name: str, tenant: str | None = None
-) -> tuple[Workload, dict[str, Any]]:
-    """A workload and its explanation (why here / why waiting)."""
+    store: Store, actor: Actor, name: str, tenant: str | None = None, *, live: bool = False
+) -> tuple[Workload, dict[str, Any] | None]:
+    """A workload, and (``live``) its explanation against the cluster as it stands now (why
+    here / why waiting: every node judged again, which costs a cluster snapshot); without
+    ``live`` the page shows the decision as it was recorded (its reason and rejection counts)."""
     wl = workloads_svc.get_workload(store, actor, name, tenant=tenant)
+    if not live:
+        return wl, None
     return wl, workloads_svc.explain_workload(store, actor, name, tenant=wl.tenant)

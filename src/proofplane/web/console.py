@@ -46,6 +46,7 @@ from proofplane.service import tenants as tenants_svc
 from proofplane.service import workloads as workloads_svc
 from proofplane.service.access import authenticate
 from proofplane.service.context import Store
+from proofplane.service.evidence import FRAMEWORKS
 
 HERE = Path(__file__).resolve().parent
 PAGE_SIZE = 50
@@ -57,6 +58,7 @@ NAV: tuple[tuple[str, str, Permission], ...] = (
     ("Workloads", "/workloads", Permission.WORKLOADS_READ),
     ("Tenants", "/tenants", Permission.TENANTS_READ),
     ("Audit", "/audit", Permission.AUDIT_READ),
+    ("Evidence", "/evidence", Permission.AUDIT_READ),
     ("Changes", "/api/v1/changes", Permission.CHANGES_READ),
     ("Alerts", "/api/v1/alerts", Permission.METRICS_READ),
     ("Usage", "/api/v1/usage", Permission.METRICS_READ),
@@ -257,9 +259,11 @@ def workloads(request: Request, actor: Actor) -> Response:
 
 
 def workload(request: Request, actor: Actor) -> Response:
+    live = request.query_params.get("live") == "1"
     wl, explain = svc.workload_view(
-        _store(request), actor, request.path_params["name"], request.path_params["tenant"]
-    )
+        _store(request), actor, request.path_params["name"], request.path_params["tenant"],
+        live=live,
+    )  # fmt: skip
     return render(request, "workload.html", actor=actor, wl=wl, explain=explain)
 
 
@@ -313,6 +317,20 @@ def audit(request: Request, actor: Actor) -> Response:
             k: request.query_params.get(k, "") for k in ("action", "target_type", "target_id")
         },  # fmt: skip
         next_link=_query(request, cursor=result.next) if result.next else None,
+    )
+
+
+def evidence(request: Request, actor: Actor) -> Response:
+    if not actor.holds(Permission.AUDIT_READ):
+        raise Forbidden(f"{actor.name} may not audit:read", code="forbidden")
+    now = datetime.now(UTC).replace(microsecond=0, tzinfo=None)
+    return render(
+        request,
+        "evidence.html",
+        actor=actor,
+        frameworks=FRAMEWORKS,
+        default_from=(now - timedelta(days=30)).isoformat(timespec="seconds"),
+        default_to=now.isoformat(timespec="seconds"),
     )
 
 
@@ -383,6 +401,7 @@ def routes() -> list[Route]:
         Route("/tenants", page(tenants), methods=["GET"]),
         Route("/tenants/{name}", page(tenant), methods=["GET"]),
         Route("/audit", page(audit), methods=["GET"]),
+        Route("/evidence", page(evidence), methods=["GET"]),
         Route("/login", login, methods=["GET"]),
         Route("/enroll", enroll, methods=["GET"]),
         Route("/console/qr", qr, methods=["POST"]),
