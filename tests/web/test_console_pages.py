@@ -81,6 +81,8 @@ def test_login_page_keeps_next_on_this_site(world: World) -> None:
         ("/nodes/no-such-node", 404, "not_found"),
         ("/nodes/fra-h100-01/attestation/999999", 404, "not_found"),
         ("/nodes/fra-h100-01/attestation/abc", 404, "not_found"),
+        ("/nodes/fra-h100-01/attestation/99999999999999999999999", 404, "not_found"),
+        ("/nodes/fra-h100-02/attestation/1", 404, "not_found"),  # another node's record
         ("/tenants/no-such-tenant", 404, "not_found"),
         ("/workloads/nordbank/no-such-workload", 404, "not_found"),
     ],

@@ -487,6 +487,7 @@ def _welcome(
     facts = Text()
     for key, value in (
         ("API", f"{url}/api/v1"),
+        ("console", f"{url}/  (sign in as a user: proofplane users create <you> --role auditor)"),
         ("docs", f"{url}/docs"),
         ("database", db),
         (

@@ -434,10 +434,16 @@ def node_view(
 
 def evidence_record(store: Store, actor: Actor, name: str, evidence_id: int) -> dict[str, Any]:
     """One attestation attempt's replayable record (``proofplane attest replay`` reads it)."""
-    for item in attestation_svc.list_evidence(store, actor, name, limit=500, records=True):
-        if item["id"] == evidence_id:
-            return item
-    raise NotFound(f"no attestation record {evidence_id} for node {name!r}", code="not_found")
+    authorize(actor, Permission.AUDIT_READ)
+    with store.read() as s:
+        record = s.scalar(
+            select(EvidenceRow.record)
+            .join(NodeRow, NodeRow.id == EvidenceRow.node_id)
+            .where(EvidenceRow.id == evidence_id, NodeRow.name == name)
+        )
+    if record is None:
+        raise NotFound(f"no attestation record {evidence_id} for node {name!r}", code="not_found")
+    return dict(record)
 
 
 # --- tenants -------------------------------------------------------------------------------

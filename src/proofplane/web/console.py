@@ -220,9 +220,11 @@ def attestation_record(request: Request, actor: Actor) -> Response:
         evidence_id = int(request.path_params["id"])
     except ValueError:
         raise NotFound("no such attestation record", code="not_found") from None
-    item = svc.evidence_record(_store(request), actor, name, evidence_id)
+    if not 0 < evidence_id < 2**62:
+        raise NotFound("no such attestation record", code="not_found")
+    record = svc.evidence_record(_store(request), actor, name, evidence_id)
     return Response(
-        json.dumps(item["record"], indent=1, sort_keys=True) + "\n",
+        json.dumps(record, indent=1, sort_keys=True) + "\n",
         media_type="application/json",
         headers={
             "Content-Disposition": f'attachment; filename="{name}-attestation-{evidence_id}.json"'
