@@ -142,3 +142,16 @@ def test_static_files_are_served_from_the_package(officer: TestClient) -> None:
     for name in ("console.js", "verify.js", "console.css", "favicon.svg"):
         assert officer.get(f"/static/{name}").status_code == 200
     assert officer.get("/static/nope.js").status_code == 404
+
+
+def test_sso_is_offered_when_oidc_is_configured(world: World) -> None:
+    """The link starts the existing OIDC flow, coming back to where the user was going."""
+    from dataclasses import replace
+
+    from proofplane.config import OidcSettings
+
+    oidc = OidcSettings("https://idp.example", "proofplane", None, "http://127.0.0.1/cb")
+    app = create_app(world.store, replace(SETTINGS, oidc=oidc))
+    page = TestClient(app).get("/login?next=/audit").text
+    assert 'href="/api/v1/auth/oidc/login?return_to=%2Faudit"' in page
+    assert "Sign in with single sign-on" in page
