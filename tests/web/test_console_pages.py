@@ -155,3 +155,23 @@ def test_sso_is_offered_when_oidc_is_configured(world: World) -> None:
     page = TestClient(app).get("/login?next=/audit").text
     assert 'href="/api/v1/auth/oidc/login?return_to=%2Faudit"' in page
     assert "Sign in with single sign-on" in page
+
+
+def test_gpu_utilisation_is_shown_to_those_who_see_every_tenant(
+    world: World, officer: TestClient
+) -> None:
+    from proofplane.store.tables import TelemetryLatestRow
+
+    with world.store.engine.begin() as conn:
+        conn.execute(
+            TelemetryLatestRow.__table__.insert(),
+            [
+                {"key": f"util-{g}", "node": "fra-h100-01", "gpu_uuid": f"GPU-x-{g}",
+                 "gi_id": None, "profile": None, "field": "DCGM_FI_DEV_GPU_UTIL",
+                 "ts": 0, "value": value, "workload": None, "tenant": None, "simulated": True}
+                for g, value in enumerate((30.0, 50.0))
+            ],
+        )  # fmt: skip
+    page = officer.get("/").text
+    assert "mean GPU utilisation" in page and "40 %" in page
+    assert "mean GPU utilisation" not in _client(world, BANK_DEV).get("/").text

@@ -20,6 +20,7 @@ from proofplane.access import Actor, Permission, authorize
 from proofplane.errors import NotFound, ValidationFailed
 from proofplane.hardware.nvml import sku_for
 from proofplane.hardware.skus import ALIASES, COMPUTE_SLICES, MEMORY_SLICES, SKUS, Sku
+from proofplane.meter.fields import GPU_UTIL
 from proofplane.model import Node, NodeState, Workload, WorkloadStatus
 from proofplane.service import attestation as attestation_svc
 from proofplane.service import events as events_svc
@@ -42,6 +43,7 @@ from proofplane.store.tables import (
     GpuRow,
     NodeAttestationRow,
     NodeRow,
+    TelemetryLatestRow,
     TenantRow,
     WorkloadRow,
 )
@@ -70,6 +72,7 @@ class NodeLine:
     attestation: str  # passed | failed | stale | simulated | none
     attestation_reason: str | None
     gpus_in_use: int
+    utilisation: float | None = None  # mean DCGM GPU utilisation (%), newest readings
 
 
 @dataclass
@@ -84,6 +87,7 @@ class ClusterView:
     nodes: list[NodeLine]
     next: str | None
     regions: list[str] = field(default_factory=list)
+    utilisation: float | None = None  # fleet mean GPU utilisation (%), newest readings
 
     @property
     def total_nodes(self) -> int:
@@ -211,12 +215,19 @@ def cluster_view(
         }
         reasons = _latest_failures(s, list(ids.values()))
         in_use = _gpus_in_use(s, names)
+        # utilisation says what other tenants' work is doing: only for those who see all
+        fleet_util, node_util = (
+            _utilisation(s, names)
+            if actor.visible_tenants(Permission.WORKLOADS_READ) is None
+            else (None, {})
+        )
     lines = [
         NodeLine(
             n,
             attestation_of(att.get(ids[n.name]), stale_before),
             reasons.get(ids[n.name]),
             in_use.get(n.name, 0),
+            node_util.get(n.name),
         )
         for n in nodes
     ]
@@ -231,7 +242,22 @@ def cluster_view(
         nodes=lines,
         next=encode_cursor("console-nodes", nodes[-1].name) if more else None,
         regions=sorted(by_region),
+        utilisation=fleet_util,
     )
+
+
+def _utilisation(session: Any, names: list[str]) -> tuple[float | None, dict[str, float]]:
+    """The fleet's and each of ``names``' mean GPU utilisation (DCGM_FI_DEV_GPU_UTIL, %) over
+    their newest readings."""
+    L = TelemetryLatestRow
+    whole = (L.field == GPU_UTIL) & L.gi_id.is_(None)
+    fleet = session.scalar(select(func.avg(L.value)).where(whole))
+    per_node = dict(
+        session.execute(
+            select(L.node, func.avg(L.value)).where(whole, L.node.in_(names)).group_by(L.node)
+        ).all()
+    )
+    return (None if fleet is None else float(fleet)), {k: float(v) for k, v in per_node.items()}
 
 
 def _latest_failures(session: Any, node_ids: list[int]) -> dict[int, str]:
