@@ -219,3 +219,29 @@ def test_bad_input_is_a_clear_error(world: World) -> None:
     developer = Actor("dev", frozenset({Role.DEVELOPER}), frozenset({HOSPITAL}))
     with pytest.raises(Forbidden):
         _build(world, actor=developer)
+
+
+def test_a_placement_outside_its_certification_is_an_exception(tmp_path: Path) -> None:
+    """The log, not the scheduler's word, decides: a workload.place of a hipaa=true workload
+    on a node never certified hipaa=true (written straight into the log here, as a faulty or
+    forged component would) is listed with its entry, and the controls that check placement
+    say so."""
+    world = build_world(tmp_path)
+    with world.store.write(SYSTEM) as tx:
+        row = tx.record(
+            "workload.place",
+            "workload",
+            "rogue-job",
+            details={"node": "use-h100-04", "tags": {"hipaa": "true"}, "tenant": HOSPITAL},
+        )
+    index = row.seq - 1
+    pkg = _build(world, "hipaa")
+    placement = json.loads(pkg.files["artifacts/placement-compliance.json"])
+    assert placement["exceptions"] == [
+        f"entry {index}: {HOSPITAL}/rogue-job placed on use-h100-04: use-h100-04 was not "
+        "certified hipaa=true"
+    ]
+    assert index in [c["index"] for c in placement["cited_entries"]]  # cited, so provable
+    controls = json.loads(pkg.files["controls.json"])["controls"]
+    assert any(c["nist"] == "ac-4" and c["status"] == "exceptions" for c in controls)
+    assert b"rogue-job" in pkg.files["report.html"]
