@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from placement import TENANTS, build_cluster, make_asks
+from placement import build_cluster, cluster_spec, make_asks
 from proofplane.machine import machine
 
 TARGET_MS = 300.0
@@ -58,8 +58,6 @@ def pct(values: list[float], q: float) -> float:
 
 def build(tmp: Path, nodes: int, workloads: int, seed: int) -> tuple[Any, dict[str, Any]]:
     from proofplane.access import SYSTEM, totp
-    from proofplane.hardware.cluster_file import ClusterSpec, NodeSpec
-    from proofplane.model import ComplianceProfile, IsolationLevel, Node, NodeState, Tenant
     from proofplane.service import access as access_svc
     from proofplane.service.cluster import load_cluster
     from proofplane.service.context import Store
@@ -70,32 +68,7 @@ def build(tmp: Path, nodes: int, workloads: int, seed: int) -> tuple[Any, dict[s
     store = Store(f"sqlite:///{tmp / 'console.db'}")
     migrate.upgrade(store.engine)
     entries = build_cluster(rng, nodes)
-    tenants = tuple(
-        Tenant(
-            name,
-            profile=ComplianceProfile(
-                required_tags=required,
-                min_isolation=IsolationLevel.SHARED
-                if floor is IsolationLevel.DEDICATED_NODE
-                else floor,
-                isolation_rules={"pci-dss=isolated": IsolationLevel.DEDICATED_NODE},
-            ),
-        )
-        for name, required, floor in TENANTS
-    )
-    spec = ClusterSpec(
-        name="bench",
-        tenants=tenants,
-        nodes=tuple(
-            NodeSpec(
-                Node(n.name, n.region, n.zone, gpus=n.gpus),
-                n.state,
-                certs if n.state is not NodeState.REGISTERED else {},
-            )
-            for n, certs in entries
-        ),
-        workloads=(),
-    )
+    spec = cluster_spec(entries)
     t0 = time.perf_counter()
     load_cluster(store, SYSTEM, spec)
     load_s = time.perf_counter() - t0

@@ -22,8 +22,9 @@ import json
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
 import qrcode
@@ -49,6 +50,7 @@ from proofplane.service.context import Store
 from proofplane.service.evidence import FRAMEWORKS
 
 HERE = Path(__file__).resolve().parent
+E = TypeVar("E", bound=StrEnum)
 PAGE_SIZE = 50
 
 # The navigation: (label, path, permission needed to see the entry). Entries whose pages are
@@ -152,6 +154,26 @@ def _arg(request: Request, name: str, limit: int = 255) -> str | None:
     return value
 
 
+def _choice(request: Request, name: str, kind: type[E]) -> E | None:
+    """Query parameter ``name`` as a member of the enum ``kind`` (422 ``invalid_filter``)."""
+    value = _arg(request, name, 32)
+    if value is None:
+        return None
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValidationFailed(
+            f"unknown {name} {value!r}",
+            code="invalid_filter",
+            details={"known": [m.value for m in kind]},
+        ) from None
+
+
+def _filters(request: Request, *names: str) -> dict[str, str]:
+    """The page's filter values as given, for its form."""
+    return {k: request.query_params.get(k, "") for k in names}
+
+
 def _now_grace(request: Request) -> tuple[datetime, timedelta]:
     return datetime.now(UTC), timedelta(seconds=_settings(request).attest_grace_s)
 
@@ -233,13 +255,7 @@ def attestation_record(request: Request, actor: Actor) -> Response:
 
 
 def workloads(request: Request, actor: Actor) -> Response:
-    status_text = _arg(request, "status")
-    try:
-        status = WorkloadStatus(status_text) if status_text else None
-    except ValueError:
-        raise ValidationFailed(
-            f"unknown workload status {status_text!r}", code="invalid_filter"
-        ) from None
+    status = _choice(request, "status", WorkloadStatus)
     result = workloads_svc.list_workloads(
         _store(request),
         actor,
@@ -255,7 +271,7 @@ def workloads(request: Request, actor: Actor) -> Response:
         actor=actor,
         items=result.items,
         statuses=[s.value for s in WorkloadStatus],
-        filters={k: request.query_params.get(k, "") for k in ("tenant", "status", "node")},
+        filters=_filters(request, "tenant", "status", "node"),
         next_link=_query(request, cursor=result.next) if result.next else None,
     )
 
