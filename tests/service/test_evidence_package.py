@@ -241,6 +241,7 @@ def test_a_placement_outside_its_certification_is_an_exception(tmp_path: Path) -
         f"entry {index}: {HOSPITAL}/rogue-job placed on use-h100-04: use-h100-04 was not "
         "certified hipaa=true"
     ]
+    assert placement["data"]["exceptions_total"] == 1
     assert index in [c["index"] for c in placement["cited_entries"]]  # cited, so provable
     controls = json.loads(pkg.files["controls.json"])["controls"]
     assert any(c["nist"] == "ac-4" and c["status"] == "exceptions" for c in controls)
