@@ -151,6 +151,7 @@ function report(ok, lines) {
     p.textContent = line;
     out.appendChild(p);
   }
+  out.scrollIntoView({ block: "nearest" });
 }
 
 async function signedCheckpoint() {
