@@ -108,6 +108,9 @@ def test_cli_refuses_a_bad_date_and_a_used_directory(server: str, tmp_path: Path
     bad = cli(server, "evidence", "package", "--framework", "hipaa", "--from", "yesterday",
               "--to", "2026-01-01", "-o", str(tmp_path / "x"))  # fmt: skip
     assert bad.exit_code == 2 and "ISO 8601" in bad.output
+    far = ["--from", "9999-12-31T23:59:59-14:00", "--to", "2026-01-01"]
+    edge = cli(server, "evidence", "package", "--framework", "hipaa", *far, "-o", str(tmp_path))
+    assert edge.exit_code == 2 and "outside the years" in edge.output
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "f").write_text("x")
     start, end = _period()

@@ -175,3 +175,25 @@ def test_gpu_utilisation_is_shown_to_those_who_see_every_tenant(
     page = officer.get("/").text
     assert "mean GPU utilisation" in page and "40 %" in page
     assert "mean GPU utilisation" not in _client(world, BANK_DEV).get("/").text
+
+
+def test_no_console_route_answers_without_a_session(world: World) -> None:
+    """Every console path (web.console.PATHS, which the route matrix lets outside FastAPI's
+    routing) sends a signed-out visitor to sign in, or refuses it, except sign-in itself."""
+    from proofplane.web import console
+
+    anonymous = _client(world, None)
+    for path in sorted(console.PATHS - console.PUBLIC):
+        concrete = (
+            path.replace("{name}", "fra-h100-01").replace("{tenant}", BANK)
+            .replace("{id}", "1")
+        )  # fmt: skip
+        r = (
+            anonymous.post(concrete, json={"uri": "otpauth://x"})
+            if path == "/console/qr"
+            else anonymous.get(concrete, follow_redirects=False)
+        )
+        assert r.status_code in (303, 401), (path, r.status_code)
+        if r.status_code == 303:
+            assert r.headers["location"].startswith("/login")
+    assert anonymous.get("/enroll", follow_redirects=False).headers["location"] == "/login"

@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field
 from proofplane.access import Actor, authorize
 from proofplane.access import Permission as P
 from proofplane.api.deps import get_settings, get_store, requires
+from proofplane.api.routes import utc_time
 from proofplane.api.schemas import BodyIn, ErrorResponse
 from proofplane.errors import Conflict, NotFound, ProofplaneError
 from proofplane.service import evidence as evidence_svc
@@ -130,10 +131,6 @@ def _jobs(request: Request) -> Jobs:
     return state.evidence_jobs  # type: ignore[no-any-return]
 
 
-def _aware(ts: datetime) -> datetime:
-    return ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
-
-
 @router.post("/packages", status_code=status.HTTP_202_ACCEPTED)
 def start_package(
     body: PackageIn,
@@ -145,7 +142,8 @@ def start_package(
     settings = get_settings(request)
     keys = request.app.state.audit_keys
     now = datetime.now(UTC)
-    start, end = _aware(body.from_).astimezone(UTC), _aware(body.to).astimezone(UTC)
+    start, end = utc_time(body.from_, "from"), utc_time(body.to, "to")
+    assert start is not None and end is not None
     evidence_svc.controls_for(body.framework)
     evidence_svc.check_period(start, end, now)
     if body.tenant is not None:

@@ -37,7 +37,12 @@ def parse_time(value: str, option: str) -> datetime:
             f"{value!r} is not an ISO 8601 date or time (2026-11-01 or 2026-11-01T12:00:00Z)",
             param_hint=option,
         ) from None
-    return ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
+    try:
+        return ts.astimezone(UTC) if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
+    except OverflowError:
+        raise typer.BadParameter(
+            f"{value!r} is outside the years 1 to 9999 in UTC", param_hint=option
+        ) from None
 
 
 def _check_out(out: Path) -> None:

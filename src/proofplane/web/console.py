@@ -426,6 +426,11 @@ def routes() -> list[Route]:
     ]
 
 
+#: every path the console serves (its pages, the QR helper, its static files)
+PATHS = frozenset({r.path for r in routes()} | {"/static"})
+PUBLIC = frozenset({"/login", "/enroll", "/static"})  # no session needed (enroll: its own)
+
+
 def install(app: Any) -> None:
     """Serve the console on ``app``: its pages and ``/static``."""
     for route in routes():
