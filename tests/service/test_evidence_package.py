@@ -246,3 +246,28 @@ def test_a_placement_outside_its_certification_is_an_exception(tmp_path: Path) -
     controls = json.loads(pkg.files["controls.json"])["controls"]
     assert any(c["nist"] == "ac-4" and c["status"] == "exceptions" for c in controls)
     assert b"rogue-job" in pkg.files["report.html"]
+
+
+def test_a_package_on_each_store(demo, tmp_path: Path) -> None:
+    """The same package from SQLite and from PostgreSQL (the queries extract detail fields in
+    the database: JSON paths differ by dialect); the demo here is loaded, not attested, so
+    every tagged placement is an exception (no node passed attestation)."""
+    from proofplane.config import Settings
+    from proofplane.service import audit as audit_svc
+
+    keys = audit_svc.AuditKeys(origin=audit_svc.origin_for(Settings().cluster_id))
+    now = datetime.now(UTC)
+    audit_svc.sign_checkpoint(demo, SYSTEM, keys, now)
+    pkg = evidence.build_package(
+        demo, SYSTEM, keys, framework="pci-dss", start=now - DAY, end=datetime.now(UTC),
+        tenant=None, now=datetime.now(UTC), session_ttl=timedelta(hours=1), catalog=CATALOG,
+    )  # fmt: skip
+    evidence.write_package(pkg, tmp_path / "p")
+    assert evidence.verify_package(tmp_path / "p").ok
+    placement = json.loads(pkg.files["artifacts/placement-compliance.json"])
+    data = placement["data"]
+    assert (
+        data["placements_checked"] >= 5 and data["exceptions_total"] == data["placements_checked"]
+    )
+    assert "had not passed its latest attestation" in placement["exceptions"][0]
+    assert "hipaa=true" in data["by_tag"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, func, null, or_, select, type_coerce
+from sqlalchemy import case, func, select, type_coerce
 
 from proofplane.access import SYSTEM
 from proofplane.access.credentials import MIN_PASSWORD
@@ -229,10 +229,13 @@ def _mentions(row: Any, tenant: str | None) -> bool:
 
 
 def account_changes(store: Store, p: Period) -> Artifact:
-    rows = _events(
-        store,
-        p,
-        _in_period(p) & or_(*(_prefix(x) for x in ("user.", "token.", "mfa."))),
+    rows = sorted(  # one index range per prefix (SQLite scans the table for an OR of them)
+        (
+            r
+            for x in ("user.", "token.", "mfa.")
+            for r in _events(store, p, _in_period(p) & _prefix(x))
+        ),
+        key=lambda r: r.seq,
     )
     counts = Counter(r.action for r in rows)
     art = Artifact(
@@ -347,16 +350,39 @@ def attestation(store: Store, p: Period) -> Artifact:
     return art
 
 
+def _placement_inputs(store: Store, p: Period) -> Iterator[tuple[Any, ...]]:
+    """The events placement compliance replays, in log order, with only the detail fields it
+    reads, extracted by the database (an attestation's verdict is its outcome)."""
+    d, action = EventRow.details, EventRow.action
+    place = action == "workload.place"
+    cert = action.in_(("node.certification.grant", "node.certification.revoke"))
+
+    def text(when: Any, key: str) -> Any:
+        return case((when, d[key].as_string()))
+
+    def obj(when: Any, key: str) -> Any:
+        return type_coerce(case((when, d[key])), JsonType)
+
+    q = (
+        select(
+            EventRow.seq, EventRow.ts, action, EventRow.target_id, EventRow.outcome,
+            text(place, "node"), text(place, "tenant"), obj(place, "tags"),
+            obj(place, "members"), text(cert, "key"), text(cert, "value"),
+            text(action == "node.state", "to"),
+        )
+        .where(action.in_(PLACEMENT_INPUTS), EventRow.ts < p.end)
+        .order_by(EventRow.seq)
+        .execution_options(yield_per=20_000)
+    )  # fmt: skip
+    with store.read() as s:
+        for row in s.execute(q):
+            yield tuple(row)
+
+
 def placement_compliance(store: Store, p: Period) -> Artifact:
     """Every placement in the period, checked against the log as it stood: each of the
     workload's tags certified on each node it went to, the node admitted, and its latest
     attestation before the placement a pass."""
-    rows = _stream(
-        store,
-        EventRow.action.in_(PLACEMENT_INPUTS) & (EventRow.ts < p.end),
-        # an attestation's verdict is its outcome: its details (GPU lists…) are not decoded
-        details=case((EventRow.action == "node.attest", null()), else_=EventRow.details),
-    )
     certs: dict[str, dict[str, tuple[str, int]]] = {}
     attested: dict[str, tuple[bool, int]] = {}
     state: dict[str, str] = {}
@@ -365,49 +391,43 @@ def placement_compliance(store: Store, p: Period) -> Artifact:
     exceptions: list[str] = []
     bad: list[int] = []
     supporting: deque[int] = deque(maxlen=4 * MAX_CITED)  # the newest are cited
-    for r in rows:
-        d = r.details or {}
-        node = r.target_id
-        if r.action == "node.certification.grant":
-            certs.setdefault(node, {})[str(d.get("key"))] = (str(d.get("value")), r.seq - 1)
-        elif r.action == "node.certification.revoke":
-            certs.setdefault(node, {}).pop(str(d.get("key")), None)
-        elif r.action == "node.attest":
-            attested[node] = (r.outcome == "success", r.seq - 1)
-        elif r.action == "node.state":
-            state[node] = str(d.get("to"))
-        elif r.ts >= p.start and _mentions(r, p.tenant):
-            tags = d.get("tags") or {}
-            if not tags:
-                continue
+    for (
+        seq,
+        ts,
+        action,
+        node,
+        outcome,
+        on,
+        tenant,
+        tags,
+        members,
+        key,
+        value,
+        to,
+    ) in _placement_inputs(store, p):
+        if action == "node.attest":
+            attested[node] = (outcome == "success", seq - 1)
+        elif action == "node.certification.grant":
+            certs.setdefault(node, {})[str(key)] = (str(value), seq - 1)
+        elif action == "node.certification.revoke":
+            certs.setdefault(node, {}).pop(str(key), None)
+        elif action == "node.state":
+            state[node] = str(to)
+        elif tags and ts >= p.start and (p.tenant is None or tenant == p.tenant):
             checked += 1
-            placed_on = [m["node"] for m in d.get("members") or []] or [d.get("node")]
-            problems = []
-            for n in placed_on:
-                for k, v in sorted(tags.items()):
-                    held = certs.get(n, {}).get(k)
-                    if held is None or held[0] != v:
-                        problems.append(f"{n} was not certified {k}={v}")
-                    else:
-                        supporting.append(held[1])
-                ok, at = attested.get(n, (False, -1))
-                if not ok:
-                    problems.append(f"{n} had not passed its latest attestation")
-                else:
-                    supporting.append(at)
-                if state.get(n) != "admitted":
-                    problems.append(f"{n} was {state.get(n, 'unknown')}, not admitted")
+            placed_on = [m["node"] for m in members or []] or [on]
+            problems = _placement_problems(placed_on, tags, certs, attested, state, supporting)
             for k, v in tags.items():
                 by_tag[f"{k}={v}"] += 1
             if problems:
-                bad.append(r.seq - 1)
+                bad.append(seq - 1)
                 if len(exceptions) < MAX_LISTED:  # all are counted, the first listed
                     exceptions.append(
-                        f"entry {r.seq - 1}: {d.get('tenant')}/{r.target_id} placed on "
+                        f"entry {seq - 1}: {tenant}/{node} placed on "
                         f"{', '.join(map(str, placed_on))}: {'; '.join(problems)}"
                     )
             else:
-                supporting.append(r.seq - 1)
+                supporting.append(seq - 1)
     art = Artifact(
         "placement-compliance",
         "Placement compliance computed from the log",
@@ -424,6 +444,35 @@ def placement_compliance(store: Store, p: Period) -> Artifact:
     )
     art.cite(list(reversed(supporting)), first=bad)
     return art
+
+
+def _placement_problems(
+    placed_on: list[Any],
+    tags: dict[str, str],
+    certs: dict[str, dict[str, tuple[str, int]]],
+    attested: dict[str, tuple[bool, int]],
+    state: dict[str, str],
+    supporting: deque[int],
+) -> list[str]:
+    """What was wrong with a placement on ``placed_on`` as the log stood (nothing: it
+    complied, and the entries that show it are added to ``supporting``)."""
+    problems = []
+    for n in placed_on:
+        held_by = certs.get(n, {})
+        for k, v in sorted(tags.items()):
+            held = held_by.get(k)
+            if held is None or held[0] != v:
+                problems.append(f"{n} was not certified {k}={v}")
+            else:
+                supporting.append(held[1])
+        ok, at = attested.get(n, (False, -1))
+        if not ok:
+            problems.append(f"{n} had not passed its latest attestation")
+        else:
+            supporting.append(at)
+        if state.get(n) != "admitted":
+            problems.append(f"{n} was {state.get(n, 'unknown')}, not admitted")
+    return problems
 
 
 def siem_sinks(store: Store, p: Period) -> Artifact:
