@@ -285,10 +285,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--evidence-db", type=Path, help="time a package of this month's log")
     args = ap.parse_args(argv)
     if args.evidence_db is not None:
-        with tempfile.TemporaryDirectory() as tmp:
-            os.environ.setdefault("PROOFPLANE_MASTER_KEY_FILE", str(Path(tmp) / "master.key"))
-            month = {"bench": "console-evidence", "machine": machine(),
-                     **evidence_month(args.evidence_db)}  # fmt: skip
+        # the checkpoint key is sealed under a master key kept beside the file, so that a
+        # later run on the same file can sign with it again
+        master = args.evidence_db.with_name(args.evidence_db.name + ".master.key")
+        os.environ.setdefault("PROOFPLANE_MASTER_KEY_FILE", str(master))
+        month = {"bench": "console-evidence", "machine": machine(),
+                 **evidence_month(args.evidence_db)}  # fmt: skip
         print(json.dumps(month, indent=2))
         return 0
     nodes = args.nodes or (500 if args.quick else 5000)
