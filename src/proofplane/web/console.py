@@ -222,10 +222,7 @@ def cluster(request: Request, actor: Actor) -> Response:
         view=view,
         states=[s.value for s in NodeState],
         attestation_states=svc.ATTESTATION_STATES,
-        filters={
-            k: request.query_params.get(k, "")
-            for k in ("region", "state", "certification", "attestation")
-        },  # fmt: skip
+        filters=_filters(request, "region", "state", "certification", "attestation"),
         next_link=_query(request, cursor=view.next) if view.next else None,
     )
 
@@ -331,9 +328,7 @@ def audit(request: Request, actor: Actor) -> Response:
         checkpoint=checkpoint,
         verifier_key=key,
         items=result.items,
-        filters={
-            k: request.query_params.get(k, "") for k in ("action", "target_type", "target_id")
-        },  # fmt: skip
+        filters=_filters(request, "action", "target_type", "target_id"),
         next_link=_query(request, cursor=result.next) if result.next else None,
     )
 
