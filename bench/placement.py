@@ -437,17 +437,12 @@ class Bench:
         }
 
 
-def _e2e_store(tmp: str, entries: list[tuple[Node, dict[str, str]]]) -> tuple[Any, float]:
-    """A fresh SQLite file with ``entries`` loaded through ``load_cluster``; its load time."""
-    from proofplane.access import SYSTEM
+def cluster_spec(entries: list[tuple[Node, dict[str, str]]]) -> Any:
+    """The cluster file (``hardware.cluster_file.ClusterSpec``) of ``entries`` and the
+    benchmark's tenants with their profiles, for ``load_cluster`` (bench/console.py too)."""
     from proofplane.hardware.cluster_file import ClusterSpec, NodeSpec
-    from proofplane.service.cluster import load_cluster
-    from proofplane.service.context import Store
-    from proofplane.store import migrate
 
-    store = Store(f"sqlite:///{Path(tmp) / 'bench.db'}")
-    migrate.upgrade(store.engine)
-    spec = ClusterSpec(
+    return ClusterSpec(
         name="bench",
         tenants=tuple(Tenant(name, profile=_PROFILES[name]) for name, *_ in TENANTS),
         nodes=tuple(
@@ -460,6 +455,18 @@ def _e2e_store(tmp: str, entries: list[tuple[Node, dict[str, str]]]) -> tuple[An
         ),
         workloads=(),
     )
+
+
+def _e2e_store(tmp: str, entries: list[tuple[Node, dict[str, str]]]) -> tuple[Any, float]:
+    """A fresh SQLite file with ``entries`` loaded through ``load_cluster``; its load time."""
+    from proofplane.access import SYSTEM
+    from proofplane.service.cluster import load_cluster
+    from proofplane.service.context import Store
+    from proofplane.store import migrate
+
+    store = Store(f"sqlite:///{Path(tmp) / 'bench.db'}")
+    migrate.upgrade(store.engine)
+    spec = cluster_spec(entries)
     t0 = time.perf_counter()
     load_cluster(store, SYSTEM, spec)
     return store, time.perf_counter() - t0

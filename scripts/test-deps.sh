@@ -51,3 +51,12 @@ if [ ! -f "$oidc/node_modules/.package-lock.json" ] \
   echo "test-deps: npm ci in tests/oidc"
   (cd "$oidc" && npm ci --no-audit --no-fund --loglevel=error)
 fi
+
+# tests/web/node_modules: axe-core, which the console's browser tests inject into each page
+# (pinned by tests/web/package-lock.json).
+web="$here/tests/web"
+if [ ! -f "$web/node_modules/.package-lock.json" ] \
+   || [ "$web/package-lock.json" -nt "$web/node_modules/.package-lock.json" ]; then
+  echo "test-deps: npm ci in tests/web"
+  (cd "$web" && npm ci --no-audit --no-fund --loglevel=error)
+fi

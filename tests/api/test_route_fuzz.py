@@ -249,6 +249,14 @@ EXAMPLES: dict[tuple[str, str], Any] = {
             "egress": [{"proto": "tcp", "ports": [443, 443], "destination": "192.0.2.0/24"}],
         }
     },  # fmt: skip
+    # evidence packages (issue 16): a period before anything happened, so that each job the
+    # fuzzer starts ends at once (empty_period) in the background
+    ("POST", f"{API}/evidence/packages"): {
+        "framework": "hipaa",
+        "from": "2020-01-01T00:00:00Z",
+        "to": "2020-02-01T00:00:00Z",
+        "tenant": None,
+    },
 }
 
 

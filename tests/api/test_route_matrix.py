@@ -41,6 +41,7 @@ from proofplane.service.access import bootstrap_admin
 from proofplane.service.context import Store
 from proofplane.store import migrate
 from proofplane.store.tables import TokenRow
+from proofplane.web import console
 
 ADMIN_TOKEN = "ppt_route-matrix-admin-token-0123456789"
 PASSWORD = "correct horse battery staple"
@@ -537,6 +538,26 @@ MATRIX: dict[tuple[str, str], Entry] = {
         fixed(f"{API}/audit/proof/inclusion", params={"index": 0, "tree_size": 2}),
         200,
     ),
+    # evidence packages (issue 16): a job over a period before anything happened (it fails
+    # at once with empty_period, in the background); another's or no job is a 404
+    ("POST", f"{API}/evidence/packages"): Entry(
+        P.AUDIT_READ,
+        fixed(
+            f"{API}/evidence/packages",
+            json={
+                "framework": "hipaa",
+                "from": "2020-01-01T00:00:00Z",
+                "to": "2020-02-01T00:00:00Z",
+            },
+        ),
+        202,
+    ),
+    ("GET", f"{API}/evidence/packages/{{job_id}}"): Entry(
+        P.AUDIT_READ, fixed(f"{API}/evidence/packages/job-0123456789abcdef"), 404
+    ),
+    ("GET", f"{API}/evidence/packages/{{job_id}}/download"): Entry(
+        P.AUDIT_READ, fixed(f"{API}/evidence/packages/job-0123456789abcdef/download"), 404
+    ),
     ("GET", f"{API}/audit/proof/consistency"): Entry(
         P.AUDIT_READ,
         fixed(f"{API}/audit/proof/consistency", params={"old_size": 1, "new_size": 2}),
@@ -941,7 +962,9 @@ def resolve(method: str, path: str) -> tuple[str, str] | None:
 
 def test_route_enumeration_matches_the_openapi_document() -> None:
     """The walk finds every operation of the API description, and nothing else escapes it:
-    the only other routes are FastAPI's documentation pages."""
+    the only other routes are FastAPI's documentation pages and the web console's pages
+    (``web.console.PATHS``: HTML over a signed-in session, each page one scoped service read;
+    tests/web/test_console_pages.py checks that none answers without a session)."""
     app = ROUTE_TABLE_APP
     documented = {
         (method.upper(), path)
@@ -955,6 +978,7 @@ def test_route_enumeration_matches_the_openapi_document() -> None:
     hidden = {k for k, r in APP_ROUTES.items() if not getattr(r, "include_in_schema", True)}
     assert set(APP_ROUTES) - hidden == documented
     docs = {app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url}
+    docs |= console.PATHS
     assert other_routes(app) <= docs, (
         f"routes outside FastAPI's routing, unchecked by access control: "
         f"{sorted(other_routes(app) - docs)}"

@@ -59,6 +59,12 @@ def recovery_hash(code: str) -> str:
     return hashlib.sha256(code.strip().lower().replace("-", "").encode()).hexdigest()
 
 
+# The browser session (the API's cookie login, SSO, and the web console share them).
+SESSION_COOKIE = "proofplane_session"
+CSRF_COOKIE = "proofplane_csrf"
+CSRF_HEADER = "x-csrf-token"
+
+
 def csrf_token(session_token: str) -> str:
     """The CSRF token bound to a browser session (double-submit, derived, not stored)."""
     return hmac.new(session_token.encode(), b"proofplane-csrf", hashlib.sha256).hexdigest()

@@ -20,6 +20,7 @@ from proofplane.api import (
     routes_audit,
     routes_backends,
     routes_changes,
+    routes_evidence,
     routes_incidents,
     routes_keys,
     routes_metrics,
@@ -48,6 +49,7 @@ from proofplane.service import execution as execution_svc
 from proofplane.service import keys as keys_svc
 from proofplane.service.context import Store
 from proofplane.store import migrate
+from proofplane.web import console
 from proofplane.workers import (
     SyncWorker,
     checkpoint_worker,
@@ -168,6 +170,8 @@ def create_app(
     app.include_router(routes_metrics.router)
     app.include_router(routes_telemetry.router)
     app.include_router(routes_usage.router)
+    app.include_router(routes_evidence.router)
+    console.install(app)  # the web console's pages at / and its /static files (issue 16)
     # Request bodies: settings.max_body_bytes, a node's evidence its own (issue 19, §3);
     # security headers on every answer, the 413 included (§6).
     app.add_middleware(

@@ -18,16 +18,13 @@ from typing import Any
 from fastapi import Depends, Request, Response
 
 from proofplane.access import Actor, Forbidden, Permission, Unauthenticated, authorize
-from proofplane.access.credentials import csrf_token
+from proofplane.access.credentials import CSRF_COOKIE, CSRF_HEADER, SESSION_COOKIE, csrf_token
 from proofplane.api.tls_scope import CLIENT_CA
 from proofplane.config import Settings
 from proofplane.service import pki
 from proofplane.service.access import IssuedToken, authenticate
 from proofplane.service.context import Store
 
-SESSION_COOKIE = "proofplane_session"
-CSRF_COOKIE = "proofplane_csrf"
-CSRF_HEADER = "x-csrf-token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 

@@ -468,8 +468,8 @@ def list_events(
         target_id=target_id,
         actor_name=actor_name,
         outcome=outcome,
-        since=_aware(since, "since"),
-        until=_aware(until, "until"),
+        since=utc_time(since, "since"),
+        until=utc_time(until, "until"),
         newest_first=order == "desc",
         limit=limit,
         cursor=cursor,
@@ -486,7 +486,7 @@ def get_event(
     return json_response(event_json(events_svc.get_event(store, actor, seq)))
 
 
-def _aware(ts: datetime | None, name: str) -> datetime | None:
+def utc_time(ts: datetime | None, name: str) -> datetime | None:
     """The time in UTC (every stored time is UTC; a time without a zone is read as UTC). A
     time that has no UTC equivalent in the calendar (9999-12-31T23:59:59-14:00) is a 422."""
     if ts is None:

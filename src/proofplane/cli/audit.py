@@ -32,7 +32,7 @@ KeyOpt = typer.Option(
 )
 
 
-def _trusted_key(value: str | None) -> str | None:
+def trusted_key(value: str | None) -> str | None:
     if value is None:
         return None
     path = Path(value)
@@ -105,7 +105,7 @@ def prove(
     if (index is None) == (old_size is None):
         raise CliError("proofplane: give exactly one of --index or --old-size", exit_code=2)
     with client(ctx) as c:
-        pinned = _trusted_key(trusted)
+        pinned = trusted_key(trusted)
         vks = [note.parse_verifier_key(pinned)] if pinned else _server_verifiers(c)
         cp = note.verify_checkpoint(c.text("GET", f"{API}/checkpoint"), vks)
         size = tree_size or cp.size
@@ -166,9 +166,9 @@ def verify(
     yet, says so (``"checkpoint": null``, ``"verified_against_checkpoint": false``) and exits 0,
     or 3 with --require-checkpoint."""
     if db is not None:
-        report = _verify_db(db, _trusted_key(trusted), origin, workers)
+        report = _verify_db(db, trusted_key(trusted), origin, workers)
     else:
-        report = _verify_server(ctx, _trusted_key(trusted), origin)
+        report = _verify_server(ctx, trusted_key(trusted), origin)
     if as_json:
         _print(report)
     if not report["ok"]:
@@ -349,7 +349,7 @@ def verify_bundle(
     except OSError as exc:
         raise CliError(f"proofplane: cannot read {path}: {exc.strerror}", exit_code=2) from exc
     try:
-        report = bundle_mod.verify(raw, _trusted_key(trusted))
+        report = bundle_mod.verify(raw, trusted_key(trusted))
     except bundle_mod.BundleError as exc:
         raise CliError(f"proofplane: malformed bundle: {exc}", exit_code=2) from exc
     if not report.ok:

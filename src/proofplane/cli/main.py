@@ -22,6 +22,7 @@ from proofplane.cli import (
     backends,
     changes,
     events,
+    evidence,
     incidents,
     keys,
     network,
@@ -132,6 +133,7 @@ app.command("capacity", rich_help_panel="Client")(alerts.capacity)
 app.add_typer(alerts.app, name="alerts", rich_help_panel="Audit")
 app.add_typer(audit.app, name="audit", rich_help_panel="Audit")
 app.add_typer(changes.app, name="changes", rich_help_panel="Audit")
+app.add_typer(evidence.app, name="evidence", rich_help_panel="Audit")
 app.add_typer(sinks.app, name="sinks", rich_help_panel="Audit")
 app.add_typer(incidents.app, name="incident", rich_help_panel="Audit")
 app.add_typer(runbooks.app, name="runbooks", rich_help_panel="Audit")

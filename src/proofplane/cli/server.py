@@ -461,6 +461,7 @@ def _welcome(
         *env,
         *([f"curl {cacert}{url}/healthz"] if ca_file is not None else []),
         "proofplane whoami",
+        "proofplane users create <you> --role auditor   # then sign in to the console",
         "proofplane nodes list",
         "proofplane workloads list",
         "proofplane workloads show radiology-triage",
@@ -487,6 +488,7 @@ def _welcome(
     facts = Text()
     for key, value in (
         ("API", f"{url}/api/v1"),
+        ("console", f"{url}/"),
         ("docs", f"{url}/docs"),
         ("database", db),
         (
