@@ -680,7 +680,11 @@ def test_up_invalid_cluster_file(tmp_path: Path, no_serving: list[dict[str, Any]
 
 def test_up_rejected_cluster_contents(tmp_path: Path, no_serving: list[dict[str, Any]]) -> None:
     f = tmp_path / "cluster.yaml"
-    f.write_text("nodes:\n  - {name: n1, region: r, zone: z, gpus: [{model: NO-SUCH-GPU}]}\n")
+    # a plain GPU of any model loads (issue 17); a MIG layout needs a MIG model
+    f.write_text(
+        "nodes:\n  - {name: n1, region: r, zone: z, gpus: [{model: NO-SUCH-GPU, "
+        "mig: ['1g.10gb@0']}]}\n"
+    )
     result = runner.invoke(
         app,
         [

@@ -198,6 +198,8 @@ def test_worker_processes_share_the_work_and_one_leads(sqlite_url: str, tmp_path
         _until(lambda: lease.exists() and int(lease.read_text()) in server.children())
         leader = int(lease.read_text())
         before = _checkpoints(sqlite_url)
+        # new events after that count (the leader may have signed the submissions already)
+        _submit_concurrently([server.base], 1, prefix="early")
         _until(lambda: _checkpoints(sqlite_url) > before)  # the leader signs
         os.kill(leader, signal.SIGKILL)
         # uvicorn replaces the dead worker; one of the two live ones takes the lease over

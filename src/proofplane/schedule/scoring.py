@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Protocol
 
+from proofplane.errors import ValidationFailed
+
 FULL = 1000
 CPU_UNTRACKED = 1 << 40  # the free CPU of a node that does not track CPU: never short
 MIG_SLICES = 7  # compute slices of a MIG GPU (A100/H100/H200/B200)
@@ -519,8 +521,8 @@ SCORERS: dict[str, Callable[[], Scorer]] = {
 DEFAULT_SCORER = "proofplane"
 
 
-class UnknownScorer(ValueError):
-    """A scorer name that is not one of ``SCORERS``."""
+class UnknownScorer(ValidationFailed):
+    """A scorer name that is not one of ``SCORERS`` (422 ``unknown_scorer``)."""
 
     code = "unknown_scorer"
 
