@@ -66,6 +66,7 @@ def test_login_page_keeps_next_on_this_site(world: World) -> None:
     assert 'data-next="/audit"' in c.get("/login?next=/audit").text
     assert 'data-next="/"' in c.get("/login?next=//evil.example/").text
     assert 'data-next="/"' in c.get("/login?next=https://evil.example/").text
+    assert 'data-next="/"' in c.get("/login?next=/%5Cevil.example/").text  # "/\\" is "//"
     assert "single sign-on" not in c.get("/login").text  # no OIDC configured
 
 
@@ -136,6 +137,8 @@ def test_qr_helper_needs_a_session_its_csrf_token_and_an_otpauth_uri(
     for bad in ({"uri": "https://example.com"}, {"nope": 1}, {"uri": "otpauth://" + "a" * 2000}):
         assert officer.post("/console/qr", json=bad, headers=csrf).status_code == 422
     assert officer.post("/console/qr", content=b"{", headers=csrf).status_code == 422
+    deep = b"[" * 100_000  # json.loads recurses: RecursionError, not a 500
+    assert officer.post("/console/qr", content=deep, headers=csrf).status_code == 422
 
 
 def test_static_files_are_served_from_the_package(officer: TestClient) -> None:

@@ -193,13 +193,7 @@ def _query(request: Request, **changes: str | None) -> str:
 
 
 def cluster(request: Request, actor: Actor) -> Response:
-    state_text = _arg(request, "state")
-    try:
-        state = NodeState(state_text) if state_text else None
-    except ValueError:
-        raise ValidationFailed(
-            f"unknown node state {state_text!r}", code="invalid_filter"
-        ) from None
+    state = _choice(request, "state", NodeState)
     cert_text = _arg(request, "certification")
     certs = parse_tag_pairs([cert_text], field="certification") if cert_text else None
     now, grace = _now_grace(request)
@@ -349,7 +343,8 @@ def evidence(request: Request, actor: Actor) -> Response:
 
 def login(request: Request) -> Response:
     target = request.query_params.get("next") or "/"
-    if not target.startswith("/") or target.startswith("//"):
+    # a path on this site only: "//host" and "/\\host" (browsers read "\\" as "/") leave it
+    if not target.startswith("/") or target[1:2] in ("/", "\\"):
         target = "/"
     return render(
         request,
@@ -388,7 +383,7 @@ async def qr(request: Request) -> Response:
         uri = json.loads(body)["uri"]
         if not isinstance(uri, str) or not uri.startswith("otpauth://") or len(uri) > 1024:
             raise ValueError
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: deep JSON
         return JSONResponse(
             {"error": {"code": "validation_failed", "message": 'send {"uri": "otpauth://…"}'}},
             status_code=422,
