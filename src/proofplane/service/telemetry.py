@@ -818,11 +818,31 @@ def list_telemetry(
                            details={"resolution": resolution})  # fmt: skip
 
 
-def _scoped(q: Select[Any], col: Any, tenant: str | None, visible: frozenset[str] | None) -> Any:
+def _filtered(
+    q: Select[Any],
+    cols: tuple[Any, Any, Any, Any],
+    tenant: str | None,
+    visible: frozenset[str] | None,
+    node: str | None,
+    field_name: str | None,
+    lo: Any,
+    hi: Any,
+) -> Any:
+    """A listing's filters on its (tenant, node, field, time) columns: the caller's tenant
+    scope, then each filter given (a time bound in the time column's own unit)."""
+    tenant_col, node_col, field_col, time_col = cols
     if tenant is not None:
-        q = q.where(col == tenant)
+        q = q.where(tenant_col == tenant)
     if visible is not None:
-        q = q.where(col.in_(sorted(visible)))
+        q = q.where(tenant_col.in_(sorted(visible)))
+    if node is not None:
+        q = q.where(node_col == node)
+    if field_name is not None:
+        q = q.where(field_col == field_name)
+    if lo is not None:
+        q = q.where(time_col >= lo)
+    if hi is not None:
+        q = q.where(time_col < hi)
     return q
 
 
@@ -842,15 +862,9 @@ def _list_raw(
         _R.ts, _R.series_id, _R.value, _S.node, _S.gpu_uuid, _S.gi_id, _S.profile, _S.field,
         _S.workload, _S.tenant, _S.share, _S.simulated,
     ).join(_S, _S.id == _R.series_id)  # fmt: skip
-    q = _scoped(q, _S.tenant, tenant, visible)
-    if node is not None:
-        q = q.where(_S.node == node)
-    if field_name is not None:
-        q = q.where(_S.field == field_name)
-    if start is not None:
-        q = q.where(_R.ts >= to_ms(start))
-    if end is not None:
-        q = q.where(_R.ts < to_ms(end))
+    lo, hi = (None if t is None else to_ms(t) for t in (start, end))
+    q = _filtered(q, (_S.tenant, _S.node, _S.field, _R.ts), tenant, visible, node, field_name,
+                  lo, hi)  # fmt: skip
     if after is not None:
         try:
             ts_s, sid_s = str(after).split(":")
@@ -886,15 +900,8 @@ def _list_hourly(
 ) -> Page[dict[str, Any]]:
     after = decode_cursor("telemetry-hour", cursor, int)
     q = select(_H)
-    q = _scoped(q, _H.tenant, tenant, visible)
-    if node is not None:
-        q = q.where(_H.node == node)
-    if field_name is not None:
-        q = q.where(_H.field == field_name)
-    if start is not None:
-        q = q.where(_H.hour >= start)
-    if end is not None:
-        q = q.where(_H.hour < end)
+    q = _filtered(q, (_H.tenant, _H.node, _H.field, _H.hour), tenant, visible, node, field_name,
+                  start, end)  # fmt: skip
     if after is not None:
         q = q.where(_H.id > after)
     q = q.order_by(_H.id).limit(limit + 1)
