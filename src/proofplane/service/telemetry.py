@@ -819,7 +819,7 @@ def list_telemetry(
 
 
 def _filtered(
-    q: Select[Any],
+    q: Any,
     cols: tuple[Any, Any, Any, Any],
     tenant: str | None,
     visible: frozenset[str] | None,
