@@ -85,6 +85,7 @@ class FakeNvml:
     """A stand-in for the ``pynvml`` module over a recorded node."""
 
     NVMLError = pynvml.NVMLError
+    nvmlMemory_v2 = pynvml.nvmlMemory_v2
     c_nvmlGpuInstance_t = pynvml.c_nvmlGpuInstance_t
     c_nvmlGpmMetricsGet_t = pynvml.c_nvmlGpmMetricsGet_t
     nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
@@ -197,6 +198,12 @@ class FakeNvml:
             mem.used = gpu.mig_fb_used.get(gi, 1024) * MIB
             mem.free = mem.total - mem.used
             return mem
+        if version == pynvml.nvmlMemory_v2:  # v2: the driver's reserve counted apart
+            v2 = pynvml.c_nvmlMemory_v2_t()
+            v2.version, v2.total, v2.reserved = version, gpu.memory_total, 480 * MIB
+            v2.used = 32 * MIB
+            v2.free = v2.total - v2.reserved - v2.used
+            return v2
         mem.total, mem.used = gpu.memory_total, 512 * MIB
         mem.free = mem.total - mem.used
         return mem

@@ -23,6 +23,16 @@ def _by(samples):
     return {(s.gpu_uuid[-1], s.gi_id, s.field): s for s in samples}
 
 
+def test_memory_is_read_v1_where_the_bindings_have_no_v2():
+    class OldBindings(FakeNvml):
+        nvmlMemory_v2 = None
+
+    with NvmlTelemetry(OldBindings(h100_node())) as t:
+        got = _by(t.read("n1", NOW))
+    assert got[("0", None, F.FB_USED)].value == 512  # v1's used, reserve included
+    assert got[("0", None, F.FB_FREE)].value == 81559 - 512
+
+
 def test_nvml_reads_gpus_and_mig_instances():
     gpus = h100_node()
     gpus[2].gpm_mig = {1: {1: 75.0, 2: 70.0, 10: 30.0}, 7: {1: 1.0}}
@@ -37,7 +47,7 @@ def test_nvml_reads_gpus_and_mig_instances():
     assert got[("0", None, F.POWER_USAGE)].value == 312.5
     assert got[("0", None, F.TOTAL_ENERGY)].value == 1e9
     assert got[("0", None, F.GPU_TEMP)].value == 55
-    assert got[("0", None, F.FB_USED)].value == 512
+    assert got[("0", None, F.FB_USED)].value == 32  # v2: without the driver's 480 MiB reserve
     assert got[("0", None, F.XID_ERRORS)].value == 0
     assert got[("0", None, F.ECC_DBE_VOL_TOTAL)].value == 0
     assert got[("0", None, F.ROW_REMAP_FAILURE)].value == 0

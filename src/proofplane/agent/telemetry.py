@@ -11,7 +11,9 @@ instance:
   ran: the nearest NVML offers). ``_SM_ACTIVE``, ``_DRAM_ACTIVE``: GPM SM_UTIL, DRAM_BW_UTIL.
 * ``DCGM_FI_DEV_GPU_UTIL``: ``nvmlDeviceGetUtilizationRates().gpu`` (never in MIG mode).
 * ``DCGM_FI_DEV_FB_USED``/``_FREE``: ``nvmlDeviceGetMemoryInfo`` (of the MIG device for an
-  instance), MiB.
+  instance), MiB; version 2 where the bindings have it, whose ``used`` leaves out the memory the
+  driver reserves for itself (as nvidia-smi and DCGM count it: on a real idle H100 80GB, driver
+  580, v1 says 480 MiB used and nvidia-smi 0).
 * ``DCGM_FI_DEV_POWER_USAGE``: ``nvmlDeviceGetPowerUsage`` (mW → W);
   ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION``: ``nvmlDeviceGetTotalEnergyConsumption`` (mJ);
   ``DCGM_FI_DEV_GPU_TEMP``: ``nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)``.
@@ -123,6 +125,15 @@ class NvmlTelemetry:
         except AttributeError:  # bindings too old for this call
             return None
 
+    def _memory(self, handle: Any) -> Any:
+        """Memory info, version 2 (``used`` without the driver's reserve) where there is one."""
+        v2 = getattr(self.nv, "nvmlMemory_v2", None)
+        if v2 is not None:
+            mem = self._try(self.nv.nvmlDeviceGetMemoryInfo, handle, v2)
+            if mem is not None:
+                return mem
+        return self._try(self.nv.nvmlDeviceGetMemoryInfo, handle)
+
     def read(self, node: str, now: datetime) -> list[Sample]:
         """Every reading NVML gives now, as samples of ``node`` at ``now``."""
         if self.nv is None:
@@ -150,7 +161,7 @@ class NvmlTelemetry:
                 add(field, value)
             if gpm is None and util is not None:  # no GPM on this GPU: the nearest NVML has
                 add(F.GR_ENGINE_ACTIVE, util.gpu / 100)
-            mem = self._try(nv.nvmlDeviceGetMemoryInfo, h)
+            mem = self._memory(h)
             if mem is not None:
                 add(F.FB_USED, int(mem.used) / MIB)
                 add(F.FB_FREE, int(mem.free) / MIB)
@@ -273,7 +284,7 @@ class NvmlTelemetry:
                 if value is not None:
                     out.append(Sample(node, uuid, gi, profile, field, now, float(value), start))
 
-            mem = self._try(nv.nvmlDeviceGetMemoryInfo, mh)
+            mem = self._memory(mh)
             if mem is not None:
                 add(F.FB_USED, int(mem.used) / MIB)
                 add(F.FB_FREE, int(mem.free) / MIB)
