@@ -178,6 +178,24 @@ class Server:
             return ""
 
 
+def process_cpu_seconds(name: str) -> float:
+    """user+system CPU seconds of every process on this machine whose command name is
+    ``name`` (e.g. ``postgres``: the server and all its backends), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            comm, rest = (d / "stat").read_text().split(" (", 1)[1].rsplit(")", 1)
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        if comm == name:
+            fields = rest.split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (after the state field)
+    return total / tick
+
+
 def cpu_delta(before: dict[int, float], after: dict[int, float]) -> dict[str, Any]:
     per = {str(pid): round(after[pid] - before.get(pid, 0.0), 2) for pid in after}
     return {"per_process": per, "total": round(sum(per.values()), 2)}

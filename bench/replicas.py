@@ -24,6 +24,13 @@ event log is gap-free (``seq`` 1..N with N rows); ``proofplane audit verify --db
 the whole log against the newest signed checkpoint (``audit_verify``).
 ``speedup`` = two's ``submits_per_s`` / one's; target ≥ 1.5.
 
+CPU: each phase reports the replicas' CPU seconds, PostgreSQL's (every ``postgres`` process on
+this machine, from /proc) and this load generator's, and their milliseconds per submit.
+``cpu_bound_submits_per_s`` = cores × 1000 / (one replica phase's total CPU ms per submit):
+the most any number of replicas could submit with every core of this machine busy, the load
+generator and PostgreSQL sharing them; ``cpu_bound_speedup`` is that over one replica's rate.
+When it is under the target, the target is out of reach on this machine whatever the locking.
+
     .venv/bin/python bench/replicas.py --json [--quick] [--db postgresql://127.0.0.1:5432/test]
 """
 
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -46,7 +54,14 @@ import httpx
 from sqlalchemy import create_engine, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _server import Server, cpu_delta, load_demo, pct, throwaway_postgres
+from _server import (
+    Server,
+    cpu_delta,
+    load_demo,
+    pct,
+    process_cpu_seconds,
+    throwaway_postgres,
+)
 from proofplane.machine import machine
 from proofplane.store.db import WRITE_LOCK_KEY
 
@@ -200,10 +215,13 @@ def phase(admin_url: str, replicas: int, clients: int, duration: float) -> dict[
                 return done
 
             before = {s.port: s.cpu_seconds() for s in servers}
+            pg0, gen0 = process_cpu_seconds("postgres"), time.process_time()
             with LockSampler(url) as sampler, ThreadPoolExecutor(clients) as pool:
                 t0 = time.perf_counter()
                 submits = sum(pool.map(requester, range(clients)))
                 wall = time.perf_counter() - t0
+            pg_cpu = process_cpu_seconds("postgres") - pg0
+            gen_cpu = time.process_time() - gen0
             cpu = {
                 f"replica_{k}": cpu_delta(before[s.port], s.cpu_seconds())["total"]
                 for k, s in enumerate(servers)
@@ -223,6 +241,14 @@ def phase(admin_url: str, replicas: int, clients: int, duration: float) -> dict[
             },
             "status_codes": {str(k): v for k, v in sorted(codes.items())},
             "server_cpu_s": cpu,
+            "postgres_cpu_s": round(pg_cpu, 2),
+            "load_generator_cpu_s": round(gen_cpu, 2),
+            "cpu_ms_per_submit": {
+                "replicas": round(sum(cpu.values()) * 1000 / max(submits, 1), 2),
+                "postgres": round(pg_cpu * 1000 / max(submits, 1), 2),
+                "load_generator": round(gen_cpu * 1000 / max(submits, 1), 2),
+            },
+            "wall_s": round(wall, 2),
             **sampler.summary(),
             "placements_checked": placed,
             "double_allocations": twice,
@@ -250,6 +276,13 @@ def main() -> None:
         return statistics.median(r["submits_per_s"] for r in phases[name])
 
     speedup = median("two") / median("one") if median("one") else 0.0
+    # What the machine's cores allow at best, from one replica's CPU per submit (its submit
+    # and cancel, the PostgreSQL backends', this load generator's): with every core busy, no
+    # number of replicas submits faster than cores / (their sum).
+    per = [r["cpu_ms_per_submit"] for r in phases["one"]]
+    ms_total = statistics.median(sum(p.values()) for p in per) if per else 0.0
+    cores = os.cpu_count() or 1
+    ceiling = cores * 1000 / ms_total if ms_total else 0.0
     out = {
         "machine": machine(),
         "store": "postgresql",
@@ -258,6 +291,9 @@ def main() -> None:
         "one": {"submits_per_s": median("one"), "runs": phases["one"]},
         "two": {"submits_per_s": median("two"), "runs": phases["two"]},
         "speedup": round(speedup, 2),
+        "cpu_bound_submits_per_s": round(ceiling, 1),
+        "cpu_bound_speedup": round(ceiling / median("one"), 2) if median("one") else None,
+        "cores": cores,
         "target_speedup": TARGET_SPEEDUP,
         "meets": speedup >= TARGET_SPEEDUP,
         "double_allocations": sum(r["double_allocations"] for p in phases.values() for r in p),

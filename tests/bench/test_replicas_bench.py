@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ci import REPO
 from dbtest import PG_ADMIN
 
@@ -32,6 +34,14 @@ def test_bench_replicas_quick(tmp_path: Path) -> None:
         assert run["double_allocations"] == 0 and run["placements_checked"] > 0
         assert run["gap_free"] and run["audit_verify_ok"] and run["verified_against_checkpoint"]
         assert run["samples"] > 0 and 0 <= run["write_lock_busy"] <= 1
+        # PostgreSQL's backends and the load generator did work, and it is counted per submit
+        assert run["postgres_cpu_s"] > 0 and run["load_generator_cpu_s"] > 0
+        per = run["cpu_ms_per_submit"]
+        assert per["postgres"] == round(run["postgres_cpu_s"] * 1000 / run["submits"], 2)
+    (one,) = data["one"]["runs"]
+    total_ms = sum(one["cpu_ms_per_submit"].values())
+    assert data["cores"] >= 1
+    assert data["cpu_bound_submits_per_s"] == pytest.approx(data["cores"] * 1000 / total_ms, 0.01)
     speedup = data["two"]["submits_per_s"] / data["one"]["submits_per_s"]
     assert data["speedup"] == round(speedup, 2)
     assert data["target_speedup"] == 1.5 and data["meets"] is (speedup >= 1.5)
