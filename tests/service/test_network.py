@@ -327,18 +327,44 @@ def test_endpoints_are_stable_across_failover_and_desired_state_follows(demo: St
     consistent(demo)
 
 
-def test_another_writer_makes_the_cached_index_rebuild(demo: Store) -> None:
-    """A second store on the same database (another worker, another replica) writes: this
-    store's cached index is stale and is rebuilt, never used."""
+def test_another_writers_placements_are_followed_not_rebuilt(demo: Store) -> None:
+    """A second store on the same database (another worker, another replica) places and
+    cancels: this store's cached index follows those workloads' endpoints instead of being
+    rebuilt, and every node's desired state stays what a fresh computation gives."""
+    other = Store(demo.url)
+    try:
+        cache = netstate.network_cache(demo.engine)
+        submit(demo, "one", "research-lab")
+        loads, hits = cache.loads, cache.hits
+        placed = submit(other, "two", "nordbank")
+        assert placed.status is WorkloadStatus.PLACED
+        submit(demo, "three", "research-lab")  # follows "two"
+        assert (cache.loads, cache.hits) == (loads, hits + 1)
+        assert "nordbank/two" in cache.index.endpoints
+        consistent(demo)
+        workloads_svc.cancel_workload(other, SYSTEM, "two", tenant="nordbank")
+        workloads_svc.cancel_workload(demo, SYSTEM, "three", tenant="research-lab")
+        assert cache.loads == loads and "nordbank/two" not in cache.index.endpoints
+        # what the followed index derived is what a rebuilt one derives, node for node
+        with demo.read() as s:
+            assert cache.index.desired_all() == netstate.load_index(s).desired_all()
+        consistent(demo)
+    finally:
+        other.dispose()
+
+
+def test_another_writers_policy_change_makes_the_cached_index_rebuild(demo: Store) -> None:
+    """What following placements cannot bring (here a tenant's profile, which may carry its
+    network policy) makes the index rebuild from the database."""
     other = Store(demo.url)
     try:
         cache = netstate.network_cache(demo.engine)
         submit(demo, "one", "research-lab")
         loads = cache.loads
-        submit(other, "two", "research-lab")
-        submit(demo, "three", "research-lab")
+        tenants_svc.create_tenant(other, SYSTEM, Tenant("late-tenant"))
+        submit(demo, "two", "research-lab")
         assert cache.loads == loads + 1
-        submit(demo, "four", "research-lab")
+        submit(demo, "three", "research-lab")
         assert cache.loads == loads + 1  # reused after that
         consistent(demo)
     finally:

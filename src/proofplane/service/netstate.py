@@ -16,8 +16,11 @@ one. Three jobs:
   recomputed with the pure ``NetworkIndex``: a node whose desired SHA-256 changed gets the next
   generation, and one ``network.desired`` event says which. The index is kept per store between
   transactions (``NetworkCache``, current at an event ``seq`` like the scheduler cache), so a
-  placement costs what it changes; when another writer changed something the index does not
-  know, it is rebuilt from the database (every node compared).
+  placement costs what it changes. Another writer's placements, cancellations and evictions
+  (another worker process, an API replica) are followed: the endpoints of the workloads its
+  events name are read again and applied. When it changed anything else the index holds
+  (segments, policies, node underlays, tenants), the index is rebuilt from the database
+  (every node compared).
 * **Readiness** (``load_readiness``): a node under network management (its agent has reported)
   that has not applied the generation that brought a segment gets no new work of that segment
   (``network_not_applied``); one whose ruleset differs from the expected one or whose self-check
@@ -547,6 +550,37 @@ _IGNORED_WORKLOAD_ACTIONS = frozenset({"workload.submit", "workload.pending", "w
 CATCH_UP_MAX = 2000
 
 
+# Another writer's events that only restate what following its workloads' endpoints brings
+# (``network.endpoints``: the endpoints it changed; ``network.desired``: the node generations
+# it derived from them, which this index derives alike).
+_FOLLOWED_NETWORK_ACTIONS = frozenset({"network.endpoints", "network.desired"})
+
+
+def _workload_of_key(key: str) -> str:
+    """The workload name in an endpoint key (``endpoint_key``: ``tenant/workload[#member]``)."""
+    return key.split("/", 1)[1].split("#", 1)[0]
+
+
+def _follow(session: Session, index: NetworkIndex, names: set[str]) -> frozenset[str]:
+    """Bring the endpoints of the workloads named ``names`` (in any tenant) in ``index`` in
+    line with the database; the nodes whose desired state that changes."""
+    stored = [
+        Endpoint(key, tenant, node, vni, ip, mac)
+        for key, tenant, node, vni, ip, mac in session.execute(
+            select(EndpointRow.key, EndpointRow.tenant, EndpointRow.node, EndpointRow.vni,
+                   EndpointRow.ip, EndpointRow.mac)
+            .join(WorkloadRow, WorkloadRow.id == EndpointRow.workload_id)
+            .where(WorkloadRow.name.in_(sorted(names)))
+        )
+    ]  # fmt: skip
+    gone = [k for k in index.endpoints if _workload_of_key(k) in names]
+    affected = set(index.remove(gone))
+    here = [e for e in stored if e.node is not None and e.node in index.nodes
+            and e.vni in index.segments]  # fmt: skip
+    affected |= place_endpoints(index, here)
+    return frozenset(affected)
+
+
 def _relevant(action: str) -> bool:
     if action.startswith("workload."):
         return action not in _IGNORED_WORKLOAD_ACTIONS
@@ -566,18 +600,37 @@ class NetworkCache:
         self.loads = 0
         self.hits = 0
 
-    def usable(self, session: Session, base: int) -> NetworkIndex | None:
+    def usable(self, session: Session, base: int) -> tuple[NetworkIndex, frozenset[str]] | None:
+        """The cached index brought to event ``base`` and the nodes that changed on the way
+        (another writer's placements, followed), or None when it must be rebuilt."""
         if self.index is None or self.version is None or self.version > base:
             return None
-        if self.version < base:
-            actions = session.scalars(
-                select(EventRow.action)
-                .where(EventRow.seq > self.version, EventRow.seq <= base)
-                .limit(CATCH_UP_MAX + 1)
-            ).all()
-            if len(actions) > CATCH_UP_MAX or any(_relevant(a) for a in actions):
-                return None
-        return self.index
+        if self.version == base:
+            return self.index, frozenset()
+        events = session.execute(
+            select(EventRow.action, EventRow.target_type, EventRow.target_id)
+            .where(EventRow.seq > self.version, EventRow.seq <= base)
+            .limit(CATCH_UP_MAX + 1)
+        ).all()
+        if len(events) > CATCH_UP_MAX:
+            return None
+        names: set[str] = set()
+        for action, target_type, target_id in events:
+            if not _relevant(action) or action in _FOLLOWED_NETWORK_ACTIONS:
+                continue
+            if action.startswith("workload.") and target_type == "workload":
+                names.add(target_id)
+                continue
+            return None  # segments, policies, underlays, tenants: rebuild
+        if not names:
+            return self.index, frozenset()
+        try:
+            affected = _follow(session, self.index, names)
+        except ProofplaneError:
+            log.warning("network: could not follow another writer; recomputing", exc_info=True)
+            self.drop()
+            return None
+        return self.index, affected
 
     def drop(self) -> None:
         self.index, self.version = None, None
@@ -682,17 +735,19 @@ def _sync_desired(tx: Tx, st: _NetTx, changes: Mapping[str, _Ep | None]) -> None
         return  # no node has underlay facts: there is no desired state to keep
     cache = _cache_for(session)
     index = st.index
+    followed: frozenset[str] = frozenset()
     if index is None and not st.rebuild:
         base = tx.base_seq
         if base is None:
             base = session.scalar(select(func.max(EventRow.seq))) or 0
-        index = cache.usable(session, base)
-        if index is not None:
+        found = cache.usable(session, base)
+        if found is not None:
+            index, followed = found
             cache.hits += 1
     affected: set[str] | None = None
     if index is not None and not st.rebuild:
         try:
-            affected = _apply(index, st, changes)
+            affected = _apply(index, st, changes) | followed
         except ProofplaneError:
             log.warning("network: the cached index could not follow; recomputing", exc_info=True)
             affected = None
