@@ -116,7 +116,7 @@ class DefragPlan:
         if not self.moves:
             return "relaid out the GPU's free instances"
         return "moved " + ", ".join(
-            f"{m.tenant}/{m.workload} ({_where(m.source)} → {_where(m.target)})" for m in self.moves
+            f"{m.tenant}/{m.workload} ({where(m.source)} → {where(m.target)})" for m in self.moves
         )
 
 
@@ -132,7 +132,8 @@ class DefragRefusal:
         return {"refused": self.code, "message": self.message, **self.counts}
 
 
-def _where(p: Placement) -> str:
+def where(p: Placement) -> str:
+    """A one-part placement's instances, ``node/gpuN/profile@start``, for messages."""
     return ", ".join(f"{p.node}/gpu{d.gpu_index}/{d.mig_profile}@{d.mig_start}" for d in p.devices)
 
 
