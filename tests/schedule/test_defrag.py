@@ -168,3 +168,22 @@ def test_an_occupied_instance_of_the_profile_is_freed_without_a_new_layout() -> 
     job2 = mig_job("wait2")
     refusal = plan_defrag(s, job2, lambda key: key == "big", budget=10)
     assert isinstance(refusal, DefragRefusal) and refusal.code == NO_DESTINATION
+
+
+def test_a_queue_of_alike_requests_costs_one_search() -> None:
+    s = fragmented()
+    asked: list[object] = []
+
+    def never(key: object) -> bool:
+        asked.append(key)
+        return False
+
+    d = Defragmenter(never, budget=5)
+    assert s.schedule(mig_job("w1"), defrag=d, preempt=False).placement is None
+    first = len(asked)
+    assert first and d.refusal is not None and d.refusal.code == NON_RESTARTABLE_WORK
+    assert s.schedule(mig_job("w2"), defrag=d, preempt=False).placement is None
+    assert len(asked) == first and d.refusal.code == NON_RESTARTABLE_WORK
+    # another shape is searched again
+    s.schedule(mig_job("w3", "7g.80gb"), defrag=d, preempt=False)
+    assert len(asked) > first

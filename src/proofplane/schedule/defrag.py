@@ -40,11 +40,11 @@ directly with the same scheduler.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from proofplane.hardware.skus import MEMORY_SLICES, SKUS, Sku, layout_errors
+from proofplane.hardware.skus import MEMORY_SLICES, SKUS, MigProfile, Sku, layout_errors
 from proofplane.model import (
     GpuRequest,
     MigInstance,
@@ -137,14 +137,15 @@ def where(p: Placement) -> str:
     return ", ".join(f"{p.node}/gpu{d.gpu_index}/{d.mig_profile}@{d.mig_start}" for d in p.devices)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Region:
     cost: tuple[int, int, int, str, int, int]
     node: Node
     gpu_index: int
     start: int
     movers: tuple[Held, ...]
-    layout: tuple[MigInstance, ...] | None  # None: unchanged
+    stay: frozenset[int]  # starts of held instances outside the region (they stay)
+    relayout: bool  # the GPU's layout lacks the instance: computed when the region is tried
 
 
 def _span(sku: Sku, inst: MigInstance) -> tuple[int, int]:
@@ -161,6 +162,10 @@ def _compute(sku: Sku, profile: str | None) -> int:
 def _mig_shape(h: Held) -> str | None:
     """The one profile ``h`` holds when it is movable MIG work (one part, MIG instances of one
     profile), else None."""
+    devices = h.placement.devices
+    if len(devices) == 1 and not h.placement.members:  # the common case
+        d = devices[0]
+        return d.mig_profile if d.mig_start is not None else None
     if h.placement.members and len(h.placement.members) > 1:
         return None
     profiles = {d.mig_profile for d in h.placement.devices}
@@ -190,80 +195,117 @@ def _new_layout(
         free.pop(0)
 
 
+_OK, _IMMOVABLE, _OTHER_POOL = 0, 1, 2
+
+
 def regions(
     scheduler: Scheduler, job: Job, movable: Callable[[Hashable], bool], counts: dict[str, int]
-) -> Iterator[_Region]:
+) -> list[_Region]:
     """Every region that could be freed for ``job`` by moving only eligible work, with its
-    movers; ``counts`` gets the number of regions refused per rule."""
+    movers (layouts are checked later, for the regions tried); ``counts`` gets the number of
+    regions refused per rule. One pass over the nodes, with per-workload and per-layout answers
+    cached: this is the planner's hot loop (5,000 nodes of 8 GPUs)."""
     req = job.request
     profile = req.gpus.mig_profile
     assert profile is not None
     allowed = allowed_models(req.gpus.model)
+    tags = req.tags
+    pool = job.pool
     snap = scheduler.snapshot
     allocs = snap.allocations
     held = scheduler.held
+    admitted = NodeState.ADMITTED
+    # per held key: _OK, _IMMOVABLE or _OTHER_POOL
+    verdict: dict[Hashable, int] = {}
+    # per GPU model: (sku, the profile) or None
+    skus: dict[str, tuple[Sku, MigProfile] | None] = {}
+    # per layout (by identity, the tuple kept alive): {start: (end, profile)}
+    spans: dict[int, tuple[tuple[MigInstance, ...], dict[int, tuple[int, str]]]] = {}
+    out: list[_Region] = []
     for node in snap.nodes():
-        if node.state is not NodeState.ADMITTED or missing_tags(req.tags, node.certifications):
+        if node.state is not admitted or (tags and missing_tags(tags, node.certifications)):
             continue
-        holders: dict[int, dict[int, Hashable]] = {}  # GPU → start → held key
+        on_gpu: dict[int, list[tuple[int, Hashable]]] = {}
         for akey in snap.allocations_on(node.name):
             hkey = akey[0]  # type: ignore[index]  # Scheduler.hold keys parts (key, i)
             for d in allocs[akey].placement.devices:
-                holders.setdefault(d.gpu_index, {})[
-                    d.mig_start if d.mig_start is not None else -1
-                ] = hkey
+                on_gpu.setdefault(d.gpu_index, []).append(
+                    (d.mig_start if d.mig_start is not None else -1, hkey)
+                )
         for gpu in node.gpus:
             if not gpu.mig_enabled:
                 continue
-            if allowed is not None and gpu.model not in allowed:
+            model = gpu.model
+            if allowed is not None and model not in allowed:
                 continue
-            sku = SKUS.get(gpu.model)
-            prof = sku.profile(profile) if sku is not None else None
-            if sku is None or prof is None:
-                continue
-            on_gpu = holders.get(gpu.index, {})
-            keys = set(on_gpu.values())
-            hs = [held.get(k) for k in keys]
-            if any(h is None or not movable(h.key) or _mig_shape(h) is None for h in hs):
-                counts[NON_RESTARTABLE_WORK] = counts.get(NON_RESTARTABLE_WORK, 0) + len(
-                    prof.starts
+            if model in skus:
+                found = skus[model]
+            else:
+                known = SKUS.get(model)
+                wanted = known.profile(profile) if known is not None else None
+                found = skus[model] = (
+                    (known, wanted) if known is not None and wanted is not None else None
                 )
+            if found is None:
                 continue
-            if any(h is not None and h.pool != job.pool for h in hs):
-                counts[OTHER_POOL] = counts.get(OTHER_POOL, 0) + len(prof.starts)
+            sku, prof = found
+            holders = on_gpu.get(gpu.index, ())
+            worst = _OK
+            for _s, k in holders:
+                v = verdict.get(k)
+                if v is None:
+                    h = held.get(k)
+                    if h is None or not movable(k) or _mig_shape(h) is None:
+                        v = _IMMOVABLE
+                    elif h.pool != pool:
+                        v = _OTHER_POOL
+                    else:
+                        v = _OK
+                    verdict[k] = v
+                if v == _IMMOVABLE:
+                    worst = _IMMOVABLE
+                    break
+                worst = max(worst, v)
+            if worst != _OK:
+                code = NON_RESTARTABLE_WORK if worst == _IMMOVABLE else OTHER_POOL
+                counts[code] = counts.get(code, 0) + len(prof.starts)
                 continue
-            current = tuple(sorted(gpu.mig_instances, key=lambda i: i.start))
+            layout = gpu.mig_instances
+            cached = spans.get(id(layout))
+            if cached is None or cached[0] is not layout:
+                cached = (layout, {i.start: (_span(sku, i)[1], i.profile) for i in layout})
+                spans[id(layout)] = cached
+            by_start = cached[1]
             for start in prof.starts:
-                want = MigInstance(profile, start)
-                lo, hi = start, start + prof.mem_slices
+                hi = start + prof.mem_slices
                 if hi > MEMORY_SLICES:
                     continue
-                movers: dict[Hashable, Held] = {}
-                for s, k in on_gpu.items():
-                    inst = next((i for i in current if i.start == s), None)
-                    a, b = _span(sku, inst) if inst is not None else (s, s + 1)
-                    if a < hi and lo < b:
-                        h = held[k]
-                        movers[k] = h
-                if want in current:
-                    layout = None
-                else:
-                    stay = {s for s, k in on_gpu.items() if k not in movers}
-                    layout = _new_layout(sku, current, stay, want)
-                    if layout is None:
-                        continue
-                moved = tuple(sorted(movers.values(), key=lambda h: str(h.key)))
-                slices = sum(
-                    _compute(sku, d.mig_profile) for h in moved for d in h.placement.devices
+                movers: dict[Hashable, None] = {}
+                stay: set[int] = set()
+                slices = 0
+                for s, k in holders:
+                    end = by_start.get(s, (s + 1, ""))[0]
+                    if s < hi and start < end:
+                        if k not in movers:
+                            movers[k] = None
+                    else:
+                        stay.add(s)
+                for k in movers:
+                    slices += sum(_compute(sku, d.mig_profile) for d in held[k].placement.devices)
+                relayout = by_start.get(start, (0, ""))[1] != profile or (by_start[start][0] != hi)
+                moved = tuple(held[k] for k in sorted(movers, key=str))
+                out.append(
+                    _Region(
+                        (len(moved), slices, int(relayout), node.name, gpu.index, start),
+                        node,
+                        gpu.index,
+                        start,
+                        moved,
+                        frozenset(stay),
+                        relayout,
+                    )
                 )
-                yield _Region(
-                    (len(moved), slices, 0 if layout is None else 1, node.name, gpu.index, start),
-                    node,
-                    gpu.index,
-                    start,
-                    moved,
-                    layout,
-                )
+    return out
 
 
 def mover_request(scheduler: Scheduler, h: Held) -> Request:
@@ -302,8 +344,11 @@ def plan_defrag(
     g = req.gpus
     if g.mig_profile is None or g.nodes > 1 or g.count != 1:
         return _refuse(NOT_APPLICABLE, {})
+    if budget <= 0:  # nothing may move: no need to look (the common case once it is spent)
+        return _refuse(OVER_BUDGET, {}, fewest=1, budget=0)
     counts: dict[str, int] = {}
-    found = sorted(regions(scheduler, job, movable, counts), key=lambda r: r.cost)
+    found = regions(scheduler, job, movable, counts)
+    found.sort(key=lambda r: r.cost)
     counts["regions"] = len(found)
     trials = 0
     for region in found:
@@ -312,8 +357,19 @@ def plan_defrag(
             continue
         if trials >= max_trials:
             break
+        layout = None
+        if region.relayout:
+            gpu = next(x for x in region.node.gpus if x.index == region.gpu_index)
+            layout = _new_layout(
+                SKUS[gpu.model],
+                tuple(sorted(gpu.mig_instances, key=lambda i: i.start)),
+                set(region.stay),
+                MigInstance(g.mig_profile, region.start),
+            )
+            if layout is None:
+                continue
         trials += 1
-        plan = _trial(scheduler, job, region, len(found))
+        plan = _trial(scheduler, job, region, layout, len(found))
         if plan is not None:
             return plan
         counts[NO_DESTINATION] = counts.get(NO_DESTINATION, 0) + 1
@@ -339,7 +395,13 @@ def _relaid(node: Node, gpu_index: int, layout: tuple[MigInstance, ...]) -> Node
     return replace(node, gpus=gpus)
 
 
-def _trial(scheduler: Scheduler, job: Job, region: _Region, n_regions: int) -> DefragPlan | None:
+def _trial(
+    scheduler: Scheduler,
+    job: Job,
+    region: _Region,
+    layout: tuple[MigInstance, ...] | None,
+    n_regions: int,
+) -> DefragPlan | None:
     """Apply the region's moves on the scheduler, note the plan, and undo it all."""
     ranks = {h.key: scheduler.rank(h.key) for h in region.movers}
     original = scheduler.node(region.node.name)
@@ -350,8 +412,8 @@ def _trial(scheduler: Scheduler, job: Job, region: _Region, n_regions: int) -> D
     moved: list[Held] = []
     placed: Placement | None = None
     try:
-        if region.layout is not None:
-            scheduler.upsert_node(_relaid(original, region.gpu_index, region.layout))
+        if layout is not None:
+            scheduler.upsert_node(_relaid(original, region.gpu_index, layout))
         # the waiting job first, so that no mover lands in the freed region; the search may
         # put it elsewhere only on capacity a mover left (still valid, and taken)
         d = scheduler.snapshot.place(job.request)
@@ -371,11 +433,9 @@ def _trial(scheduler: Scheduler, job: Job, region: _Region, n_regions: int) -> D
             moved.append(new)
             moves.append(Move(h.key, h.name, h.tenant, h.placement, d.placement))
         repartition = None
-        if region.layout is not None:
+        if layout is not None:
             gpu = next(x for x in original.gpus if x.index == region.gpu_index)
-            repartition = Repartition(
-                original.name, gpu.index, gpu.uuid, gpu.mig_instances, region.layout
-            )
+            repartition = Repartition(original.name, gpu.index, gpu.uuid, gpu.mig_instances, layout)
         return DefragPlan(tuple(moves), placed, repartition, n_regions)
     finally:
         for h in moved:
@@ -413,18 +473,33 @@ class Defragmenter:
     """The engine's defragmentation step (``Scheduler.schedule(..., defrag=...)``):
     ``movable`` and ``budget`` as ``plan_defrag`` takes them. ``refusal`` keeps why the last
     call found no plan (for the waiting workload's explanation); ``budget`` goes down by the
-    moves of each plan applied."""
+    moves of each plan applied.
+
+    A refusal is remembered for requests of the same shape (tenant, tags, isolation, GPUs,
+    co-residency, CPU, memory) while the scheduler holds as many workloads as it did then: a
+    queue of waiting requests alike (the pending retry) then costs one search, not one each.
+    At worst a chance is missed until the next transaction; no rule depends on it."""
 
     movable: Callable[[Hashable], bool]
     budget: int
     max_trials: int = DEFAULT_MAX_TRIALS
     refusal: DefragRefusal | None = None
+    _refused: dict[Hashable, tuple[int, int, DefragRefusal]] = field(default_factory=dict)
 
     def __call__(self, scheduler: Scheduler, job: Job) -> Outcome | None:
         self.refusal = None
+        req = job.request
+        shape = (req.tenant, tuple(sorted(req.tags.items())), req.isolation, req.gpus,
+                 req.co_residency, req.cpu_milli, req.memory_mib)  # fmt: skip
+        state = (len(scheduler.held), len(scheduler.snapshot))
+        seen = self._refused.get(shape)
+        if seen is not None and seen[:2] == state and seen[2].code != OVER_BUDGET:
+            self.refusal = seen[2]
+            return None
         found = plan_defrag(scheduler, job, self.movable, self.budget, max_trials=self.max_trials)
         if isinstance(found, DefragRefusal):
             self.refusal = found
+            self._refused[shape] = (*state, found)
             return None
         self.budget -= len(found.moves)
         return apply_plan(scheduler, job, found)
