@@ -187,3 +187,24 @@ def test_a_queue_of_alike_requests_costs_one_search() -> None:
     # another shape is searched again
     s.schedule(mig_job("w3", "7g.80gb"), defrag=d, preempt=False)
     assert len(asked) > first
+
+
+def test_a_mover_never_goes_to_a_node_that_has_not_applied_its_network() -> None:
+    s = fragmented()
+    job = mig_job()
+    everywhere = frozenset({"n1", "n2", "n3"})
+    plan = plan_defrag(
+        s,
+        job,
+        set(s.held).__contains__,
+        budget=10,
+        unready=lambda h: everywhere if h.key == "a" else frozenset(),
+    )
+    assert isinstance(plan, DefragPlan)
+    assert [m.key for m in plan.moves] == ["g"]  # "a" could go nowhere: n3's region instead
+    plan = plan_defrag(
+        s, job, set(s.held).__contains__, budget=10, unready=lambda h: frozenset({"n2", "n3"})
+    )
+    assert isinstance(plan, DefragPlan)
+    assert all(m.target.node == "n1" for m in plan.moves)
+    assert all(n.state.value == "admitted" for n in s.nodes())  # hidden nodes restored

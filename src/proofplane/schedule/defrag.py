@@ -41,6 +41,7 @@ directly with the same scheduler.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -54,7 +55,7 @@ from proofplane.model import (
     missing_tags,
 )
 from proofplane.schedule.engine import Held, Job, Outcome, Repartition, Scheduler, held_for
-from proofplane.schedule.values import Request, allowed_models
+from proofplane.schedule.values import Decision, Request, allowed_models
 
 #: Why no plan frees a region (``DefragRefusal.code``), from the most to the least actionable.
 NO_DESTINATION = "no_destination"  # regions could be freed, but their work has nowhere to go
@@ -336,10 +337,13 @@ def plan_defrag(
     budget: int,
     *,
     max_trials: int = DEFAULT_MAX_TRIALS,
+    unready: Callable[[Held], AbstractSet[str]] | None = None,
 ) -> DefragPlan | DefragRefusal:
     """The fewest moves that let ``job`` (pending: one MIG instance on one node) be placed, or
     why there are none. ``movable(key)``: whether the held workload ``key`` may move (idle or
-    restartable). ``budget``: the most moves allowed. Leaves ``scheduler`` as it found it."""
+    restartable). ``budget``: the most moves allowed. ``unready(held)``: nodes that may not take
+    that workload now (issue 14: they have not applied its network segment), hidden while it is
+    placed again. Leaves ``scheduler`` as it found it."""
     req = job.request
     g = req.gpus
     if g.mig_profile is None or g.nodes > 1 or g.count != 1:
@@ -369,7 +373,7 @@ def plan_defrag(
             if layout is None:
                 continue
         trials += 1
-        plan = _trial(scheduler, job, region, layout, len(found))
+        plan = _trial(scheduler, job, region, layout, len(found), unready)
         if plan is not None:
             return plan
         counts[NO_DESTINATION] = counts.get(NO_DESTINATION, 0) + 1
@@ -401,6 +405,7 @@ def _trial(
     region: _Region,
     layout: tuple[MigInstance, ...] | None,
     n_regions: int,
+    unready: Callable[[Held], AbstractSet[str]] | None = None,
 ) -> DefragPlan | None:
     """Apply the region's moves on the scheduler, note the plan, and undo it all."""
     ranks = {h.key: scheduler.rank(h.key) for h in region.movers}
@@ -425,7 +430,7 @@ def _trial(
         # the largest instances first: they have the fewest places to go
         order = sorted(region.movers, key=lambda h: (-len(h.placement.devices), str(h.key)))
         for h in order:
-            d = scheduler.snapshot.place(requests[h.key])
+            d = _place_hiding(scheduler, requests[h.key], unready(h) if unready else frozenset())
             if d.placement is None:
                 return None
             new = replace(h, placement=d.placement)
@@ -445,6 +450,23 @@ def _trial(
         scheduler.upsert_node(original)
         for h in region.movers:
             scheduler.hold(h, rank=ranks[h.key])
+
+
+def _place_hiding(scheduler: Scheduler, req: Request, hidden: AbstractSet[str]) -> Decision:
+    """``snapshot.place(req)`` with the admitted nodes of ``hidden`` marked cordoned for the
+    search (as the engine hides nodes that wait for a network segment), then restored."""
+    masked = [
+        node
+        for name in sorted(hidden)
+        if (node := scheduler.node(name)) is not None and node.state is NodeState.ADMITTED
+    ]
+    for node in masked:
+        scheduler.upsert_node(replace(node, state=NodeState.CORDONED))
+    try:
+        return scheduler.snapshot.place(req)
+    finally:
+        for node in masked:
+            scheduler.upsert_node(node)
 
 
 def apply_plan(scheduler: Scheduler, job: Job, plan: DefragPlan) -> Outcome:
@@ -483,6 +505,7 @@ class Defragmenter:
     movable: Callable[[Hashable], bool]
     budget: int
     max_trials: int = DEFAULT_MAX_TRIALS
+    unready: Callable[[Held], AbstractSet[str]] | None = None
     refusal: DefragRefusal | None = None
     _refused: dict[Hashable, tuple[int, int, DefragRefusal]] = field(default_factory=dict)
 
@@ -496,7 +519,14 @@ class Defragmenter:
         if seen is not None and seen[:2] == state and seen[2].code != OVER_BUDGET:
             self.refusal = seen[2]
             return None
-        found = plan_defrag(scheduler, job, self.movable, self.budget, max_trials=self.max_trials)
+        found = plan_defrag(
+            scheduler,
+            job,
+            self.movable,
+            self.budget,
+            max_trials=self.max_trials,
+            unready=self.unready,
+        )
         if isinstance(found, DefragRefusal):
             self.refusal = found
             self._refused[shape] = (*state, found)

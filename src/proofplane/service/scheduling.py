@@ -128,7 +128,11 @@ class ClusterView:
             if defrag_store.max_moves_per_hour() == 0:
                 return None
             budget = defrag_store.budget_left(self.session, now)
-            self._defrag = Defragmenter(defrag_store.Movable(self.session), budget)
+            self._defrag = Defragmenter(
+                defrag_store.Movable(self.session),
+                budget,
+                unready=lambda h: self.unready(h.tenant, h.key),
+            )
         return self._defrag
 
     @property
