@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from defrag_cluster import H100, check_plan, held, mig_job, mig_node, state_of
+from proofplane.hardware.skus import SKUS, layout_errors
 from proofplane.model import MigInstance
-from proofplane.schedule.defrag import DefragPlan, apply_plan, plan_defrag
+from proofplane.schedule.defrag import Defragmenter, DefragPlan, apply_plan, plan_defrag
 from proofplane.schedule.engine import Held, Scheduler
 from proofplane.schedule.mig import valid_layouts
 
@@ -106,3 +107,27 @@ def test_plans_keep_every_rule(
         for g in (s.node(out.placement.node) or mig_node("x", [])).gpus
         if g.index == out.placement.devices[0].gpu_index
     )
+
+
+@settings(max_examples=150, deadline=None)
+@given(clusters(), st.lists(st.sampled_from(["3g.40gb", "4g.40gb", "7g.80gb"]), max_size=4))
+def test_the_engine_keeps_the_budget_over_a_queue(
+    case: tuple[Scheduler, set[Hashable], dict[str, str], str, int], more: list[str]
+) -> None:
+    s, movable, tags, profile, budget = case
+    original = dict(s.held)
+    d = Defragmenter(movable.__contains__, budget)
+    total = 0
+    for i, p in enumerate([profile, *more]):
+        job = mig_job(f"q{i}", p, tags=tags)
+        out = s.schedule(job, defrag=d, preempt=False)
+        total += len(out.moves)
+        for m in out.moves:
+            assert m.key in movable and original[m.key].pool == job.pool
+    assert total <= budget and d.budget == budget - total
+    for key, h in original.items():  # immovable work stays where it was
+        if key not in movable:
+            assert s.held[key].placement == h.placement
+    for node in s.nodes():
+        for gpu in node.gpus:
+            assert not gpu.mig_instances or not layout_errors(SKUS[H100], gpu.mig_instances)
