@@ -4,6 +4,7 @@ held on their instances, and the checks every plan must pass."""
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 
 from proofplane.hardware.skus import SKUS, layout_errors
 from proofplane.model import (
@@ -90,7 +91,7 @@ def state_of(s: Scheduler) -> tuple[object, ...]:
 
 
 def check_plan(
-    s: Scheduler, job: Job, plan: DefragPlan, movable: set[Hashable], budget: int
+    s: Scheduler, job: Job, plan: DefragPlan, movable: AbstractSet[Hashable], budget: int
 ) -> None:
     """The invariants of a plan, checked on ``s`` after ``apply_plan``: budget, only movable
     same-pool work moved, untouched GPUs with immovable work, valid layouts, compliance, no
