@@ -17,6 +17,8 @@ Order of the steps, least disruptive first:
 3. **Repartition** (MIG requests only): an *idle* MIG-enabled GPU (no allocation on any of its
    instances) on a node certified for the job's tags may get a new layout
    (``schedule.mig.layout_for``). A GPU holding work is never touched.
+   Then, when the caller passes one, **defragment** (``schedule.defrag``, issue 17 §3): move
+   idle or restartable work of the job's pool off a region of a MIG GPU, fewest moves first.
 4. **Preempt**: lower-priority workloads of the job's own compliance pool are evicted from a
    node when that makes the job placeable there, fewest victims first.
 
