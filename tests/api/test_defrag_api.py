@@ -165,3 +165,29 @@ def test_restartable_must_be_a_boolean(client: TestClient, value: object) -> Non
     r = client.post(f"{API}/workloads", json=body)
     assert r.status_code == 422, r.text
     assert r.json()["error"]["code"] == "validation_failed"
+
+
+def test_the_pending_retry_defragments(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(defrag_store.MAX_MOVES_ENV, "0")
+    assert client.post(f"{API}/tenants", json={"name": "lab", "profile": {}}).status_code == 201
+    mig_node(client, "n1")
+    state(client, "n1", "cordoned")
+    mig_node(client, "n2")
+    submit(client, "a", "1g.10gb", restartable=True)  # n2, slot 0
+    submit(client, "other", "1g.10gb")  # packs onto n2 too
+    state(client, "n1", "admitted")
+    state(client, "n2", "cordoned")
+    submit(client, "filler", "1g.10gb")  # n1: no GPU is idle now
+    state(client, "n2", "admitted")
+    w = submit(client, "big", "4g.40gb")
+    assert w["status"] == "pending"
+    # budget back; a capacity change (a cancel) retries the pending work, which defragments
+    monkeypatch.setenv(defrag_store.MAX_MOVES_ENV, "20")
+    r = client.post(f"{API}/workloads/other/cancel", json={})
+    assert r.status_code == 200, r.text
+    big = client.get(f"{API}/workloads/big").json()
+    assert big["status"] == "placed", big
+    assert big["reason_details"]["defrag"]["moves"]
+    assert all(
+        e["details"]["reason"] == "defragmentation" for e in events(client, "workload.evict")
+    )
