@@ -15,6 +15,7 @@ from defrag_cluster import (
 )
 from proofplane.model import MigInstance
 from proofplane.schedule.defrag import (
+    DEFRAG_DETAIL,
     NO_DESTINATION,
     NON_RESTARTABLE_WORK,
     OTHER_POOL,
@@ -209,3 +210,17 @@ def test_a_mover_never_goes_to_a_node_that_has_not_applied_its_network() -> None
     assert isinstance(plan, DefragPlan)
     assert all(m.target.node == "n1" for m in plan.moves)
     assert all(n.state.value == "admitted" for n in s.nodes())  # hidden nodes restored
+
+
+def test_work_outside_the_region_stays_and_the_gpu_is_relaid_without_a_move() -> None:
+    s = Scheduler(
+        [mig_node("n1", [SEVEN_1G]), mig_node("n2", [SEVEN_1G])],
+        [held("edge", "n1", 0, 6), held("x", "n2", 0, 0)],
+    )
+    job = mig_job()
+    out = s.schedule(job, defrag=Defragmenter(lambda key: key == "edge", budget=0 + 1))
+    assert out.placement is not None and out.placement.node == "n1" and out.moves == ()
+    assert DEFRAG_DETAIL in out.details
+    (change,) = out.repartitions
+    assert MigInstance("1g.10gb", 6) in change.after and MigInstance("4g.40gb", 0) in change.after
+    assert s.held["edge"].placement.devices[0].mig_start == 6  # it did not move

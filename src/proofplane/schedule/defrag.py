@@ -79,6 +79,9 @@ REFUSAL_MESSAGES: dict[str, str] = {
 }
 
 DEFAULT_MAX_TRIALS = 64
+#: The key of ``Outcome.details`` that marks a placement defragmentation made (with no move, it
+#: relaid a GPU whose work outside the region stays where it is)
+DEFRAG_DETAIL = "defrag"
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +202,7 @@ def _new_layout(
 _OK, _IMMOVABLE, _OTHER_POOL = 0, 1, 2
 
 
-def regions(
+def _regions(
     scheduler: Scheduler, job: Job, movable: Callable[[Hashable], bool], counts: dict[str, int]
 ) -> list[_Region]:
     """Every region that could be freed for ``job`` by moving only eligible work, with its
@@ -351,7 +354,7 @@ def plan_defrag(
     if budget <= 0:  # nothing may move: no need to look (the common case once it is spent)
         return _refuse(OVER_BUDGET, {}, fewest=1, budget=0)
     counts: dict[str, int] = {}
-    found = regions(scheduler, job, movable, counts)
+    found = _regions(scheduler, job, movable, counts)
     found.sort(key=lambda r: r.cost)
     counts["regions"] = len(found)
     trials = 0
@@ -485,6 +488,7 @@ def apply_plan(scheduler: Scheduler, job: Job, plan: DefragPlan) -> Outcome:
         plan.placement,
         None,
         f"placed on {plan.placement.node} after defragmentation: {plan.describe()}",
+        details={DEFRAG_DETAIL: {"moves": len(plan.moves), "regions": plan.regions}},
         repartitions=(plan.repartition,) if plan.repartition is not None else (),
         moves=plan.moves,
     )

@@ -26,7 +26,14 @@ from sqlalchemy.pool import Pool
 
 from proofplane.errors import ValidationFailed
 from proofplane.model import GpuRequest, IsolationLevel, Node, Outcome, Placement, WorkloadStatus
-from proofplane.schedule.defrag import NO_REGION, NOT_APPLICABLE, Defragmenter, Move, where
+from proofplane.schedule.defrag import (
+    DEFRAG_DETAIL,
+    NO_REGION,
+    NOT_APPLICABLE,
+    Defragmenter,
+    Move,
+    where,
+)
 from proofplane.schedule.engine import Held, Job, Repartition, Scheduler, pool_of
 from proofplane.schedule.engine import Outcome as Decision
 from proofplane.schedule.reasons import DEFRAGMENTATION, PREEMPTED, render
@@ -587,7 +594,7 @@ def with_refusal(outcome: Decision, defrag: Defragmenter | None) -> Decision:
     return replace(
         outcome,
         message=f"{outcome.message}; {refusal.message}",
-        details={**outcome.details, "defrag": refusal.as_details()},
+        details={**outcome.details, DEFRAG_DETAIL: refusal.as_details()},
     )
 
 
@@ -660,7 +667,8 @@ def apply_outcome(
     """Persist one decision ``view.scheduler`` took for ``row`` (``schedule`` is this after
     the decision; the batch submit decides first and persists the simple outcomes in bulk)."""
     if outcome.placement is not None:
-        moves = _apply_moves(tx, view, row, outcome) if outcome.moves else None
+        defragmented = outcome.moves or DEFRAG_DETAIL in outcome.details
+        moves = _apply_moves(tx, view, row, outcome) if defragmented else None
         for change in () if moves is not None else outcome.repartitions:
             _apply_repartition(tx, view, change, row)
         victims = _load(tx.session, [v.key for v in outcome.preempted])
@@ -687,7 +695,7 @@ def apply_outcome(
         if moves is not None:  # what ``workloads explain`` says of it
             row.reason_details = {
                 "message": outcome.message,
-                "defrag": {"moves": moves},
+                DEFRAG_DETAIL: {"moves": moves},
             }
         row.updated_at = tx.now
         tx.session.flush()
