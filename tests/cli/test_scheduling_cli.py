@@ -136,3 +136,15 @@ def test_submit_batch(server: str, tmp_path) -> None:  # noqa: F811
     assert "line 2" in batch("broken.jsonl") and "at most 1000" in batch("huge.json")
     result = cli(server, "workloads", "submit-batch", str(tmp_path / "missing.json"))
     assert result.exit_code == 2 and "cannot read" in result.output
+
+
+def test_submit_restartable(server: str) -> None:  # noqa: F811
+    w = as_json(cli(server, "workloads", "submit", "ckpt-job", "-t", "research-lab",
+                    "--share-milli", "100", "--restartable", "--json"))  # fmt: skip
+    assert w["restartable"] is True
+    plain = as_json(cli(server, "workloads", "show", "notebook-alice", "-t", "research-lab",
+                        "--json"))  # fmt: skip
+    assert plain["restartable"] is False
+    e = as_json(cli(server, "workloads", "explain", "ckpt-job", "--json"))
+    assert "defrag" in e
+    ok(cli(server, "workloads", "cancel", "ckpt-job"))

@@ -438,3 +438,11 @@ def test_normalize_checks_layout_against_the_gpus_own_sku():
     assert g.model == "H200-141GB"
     with pytest.raises(ValidationFailed):
         normalize_gpus([gpu(0, "H100", mig_enabled=True, mig_instances=layout)])
+
+
+def test_a_workload_may_declare_itself_restartable() -> None:
+    base = "workloads:\n  - name: w\n    tenant: t\n    gpus: {{mig_profile: 1g.10gb}}\n{extra}"
+    assert parse_cluster(base.format(extra="")).workloads[0].restartable is False
+    spec = parse_cluster(base.format(extra="    restartable: true\n"))
+    assert spec.workloads[0].restartable is True
+    invalid(base.format(extra="    restartable: maybe\n"))

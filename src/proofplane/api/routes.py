@@ -375,6 +375,7 @@ def _workload_spec(body: WorkloadIn) -> workloads_svc.WorkloadSpec:
         command=tuple(body.command),
         cpu_milli=body.cpu_milli,
         memory_mib=body.memory_mib,
+        restartable=body.restartable,
     )
 
 

@@ -421,6 +421,11 @@ class WorkloadIn(BodyIn):
         "gpus.count may be 0",
     )
     memory_mib: int = Field(0, ge=-(2**31), le=2**31 - 1, description="memory in MiB (0: none)")
+    restartable: StrictBool = Field(
+        False,
+        description="it checkpoints itself and may be stopped and started again elsewhere: "
+        "defragmentation may move it while it runs (false: only while no job has started)",
+    )
 
 
 class WorkloadBatchIn(BodyIn):
@@ -495,6 +500,7 @@ class WorkloadOut(BaseModel):
     co_residency: bool
     cpu_milli: int = 0
     memory_mib: int = 0
+    restartable: bool = False
 
     @classmethod
     def of(cls, w: Workload) -> WorkloadOut:
@@ -515,6 +521,7 @@ class WorkloadOut(BaseModel):
             co_residency=w.co_residency,
             cpu_milli=w.cpu_milli,
             memory_mib=w.memory_mib,
+            restartable=w.restartable,
         )
 
 
@@ -551,6 +558,7 @@ def workload_json(w: Workload) -> dict[str, Any]:
         "co_residency": w.co_residency,
         "cpu_milli": w.cpu_milli,
         "memory_mib": w.memory_mib,
+        "restartable": w.restartable,
     }
 
 
@@ -571,6 +579,13 @@ class ExplanationOut(BaseModel):
     analysis: dict[str, Any] | None = Field(
         description="filters (nodes rejected per reason code), candidates (best-fit ranks), "
         "quota, pool, priority, placed_on; null for finished workloads"
+    )
+    defrag: dict[str, Any] | None = Field(
+        None,
+        description="issue 17 §3: for a workload placed after defragmentation, the moves "
+        '({"moves": [{workload, from, to}]}); for a moved one, {moved, for_workload, from}; '
+        "for one waiting, why defragmentation could not help ({refused: code, message, "
+        "counts}); null otherwise",
     )
 
     @classmethod

@@ -79,6 +79,11 @@ def submit(
         help="A gang: --gpus in total, spread evenly over this many nodes, all or nothing.",
     ),
     priority: int = typer.Option(0, "--priority", min=-1000, max=1000),
+    restartable: bool = typer.Option(
+        False,
+        "--restartable",
+        help="It checkpoints itself: defragmentation may move it while it runs.",
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Submit a workload; it is placed at once on compliant capacity or waits with a reason.
@@ -103,6 +108,8 @@ def submit(
         "priority": priority,
         "command": list(command or []),
     }
+    if restartable:
+        body["restartable"] = True
     workload = send(ctx, "POST", "/api/v1/workloads", body)
     if as_json:
         render.print_json(workload)
@@ -256,6 +263,14 @@ def explain(
         render.text(e["summary"]),
         soft_wrap=True,
     )
+    defrag = e.get("defrag") or {}
+    for m in defrag.get("moves") or []:
+        out.print(
+            render.text(f"  moved by defragmentation: {m['workload']} {m['from']} → {m['to']}"),
+            soft_wrap=True,
+        )
+    if defrag.get("refused"):
+        out.print(render.text(f"  defragmentation: {defrag['message']}"), soft_wrap=True)
     placement = e.get("placement")
     for part in (placement or {}).get("members") or []:
         devices = ", ".join(

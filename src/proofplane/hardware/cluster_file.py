@@ -108,6 +108,7 @@ class _Workload(_Strict):
     command: list[str] = []
     cpu_milli: int = Field(0, ge=0, le=2**31 - 1)  # issue 17
     memory_mib: int = Field(0, ge=0, le=2**31 - 1)
+    restartable: StrictBool = False  # issue 17 §3: defragmentation may move it while it runs
 
 
 class _Cluster(_Strict):
@@ -147,6 +148,7 @@ class WorkloadEntry:
     command: tuple[str, ...]
     cpu_milli: int = 0
     memory_mib: int = 0
+    restartable: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,6 +319,7 @@ def parse_cluster(text: str) -> ClusterSpec:
                 tuple(w.command),
                 w.cpu_milli,
                 w.memory_mib,
+                w.restartable,
             )
             for w in c.workloads
         ),

@@ -174,3 +174,6 @@ class Workload:
     co_residency: bool = True  # may its MIG slice or share sit on a GPU with other tenants'?
     cpu_milli: int = 0  # issue 17: CPU (milli-cores) and memory (MiB) it asks for, besides GPUs
     memory_mib: int = 0
+    # issue 17 §3: it may be stopped and started again elsewhere (it checkpoints itself), so
+    # defragmentation may move it while it runs; False: only while idle (no job started)
+    restartable: bool = False

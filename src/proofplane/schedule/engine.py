@@ -17,6 +17,8 @@ Order of the steps, least disruptive first:
 3. **Repartition** (MIG requests only): an *idle* MIG-enabled GPU (no allocation on any of its
    instances) on a node certified for the job's tags may get a new layout
    (``schedule.mig.layout_for``). A GPU holding work is never touched.
+   Then, when the caller passes one, **defragment** (``schedule.defrag``, issue 17 §3): move
+   idle or restartable work of the job's pool off a region of a MIG GPU, fewest moves first.
 4. **Preempt**: lower-priority workloads of the job's own compliance pool are evicted from a
    node when that makes the job placeable there, fewest victims first.
 
@@ -33,10 +35,10 @@ are evicted only when the whole gang then fits; a gang victim loses every member
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from proofplane.hardware.skus import SKUS
 from proofplane.model import (
@@ -70,6 +72,9 @@ from proofplane.schedule.reasons import (
 from proofplane.schedule.scoring import Scorer
 from proofplane.schedule.snapshot import ClusterSnapshot
 from proofplane.schedule.values import Allocation, Decision, Request
+
+if TYPE_CHECKING:
+    from proofplane.schedule.defrag import Move
 
 Pool = frozenset[tuple[str, str]]
 
@@ -128,6 +133,29 @@ class Outcome:
     details: dict[str, Any] = field(default_factory=dict)
     preempted: tuple[Held, ...] = ()
     repartitions: tuple[Repartition, ...] = ()
+    moves: tuple[Move, ...] = ()  # defragmentation (``schedule.defrag``): workloads moved first
+
+
+#: The defragmentation step: given the scheduler and a job that waits, the outcome of placing
+#: it after moving other work (held at once), or None (``schedule.defrag.Defragmenter``).
+Defrag = Callable[["Scheduler", Job], Outcome | None]
+
+
+def held_for(job: Job, placement: Placement) -> Held:
+    """What ``job`` holds once placed at ``placement``."""
+    req = job.request
+    return Held(
+        job.key,
+        req.workload,
+        req.tenant,
+        req.isolation,
+        job.priority,
+        job.pool,
+        placement,
+        req.co_residency,
+        req.cpu_milli,
+        req.memory_mib,
+    )
 
 
 def member_request(req: Request) -> Request:
@@ -296,6 +324,7 @@ class Scheduler:
         preempt: bool = True,
         repartition: bool = True,
         unready: AbstractSet[str] = frozenset(),
+        defrag: Defrag | None = None,
     ) -> Outcome:
         """Decide for one pending job; when it is placed, its capacity is held at once.
 
@@ -303,18 +332,22 @@ class Scheduler:
         none of them takes it, and a node that passes the compliance filters but is in this
         set counts under ``network_not_applied`` (the filter after ``missing_certification``).
         They are hidden for the decision as the gang search hides its taken nodes (marked
-        cordoned), so repartitioning and preemption never pick them either."""
+        cordoned), so repartitioning and preemption never pick them either.
+
+        ``defrag`` (issue 17, §3; ``schedule.defrag.Defragmenter``): for a MIG request that
+        neither fits nor gets an idle GPU repartitioned, a step before preemption that may move
+        idle or restartable work to free a region; it returns the outcome when it places."""
         masked = [
             node
             for name in sorted(unready)
             if (node := self.snapshot.node(name)) is not None and node.state is NodeState.ADMITTED
         ]
         if not masked:
-            return self._schedule(job, preempt=preempt, repartition=repartition)
+            return self._schedule(job, preempt=preempt, repartition=repartition, defrag=defrag)
         for node in masked:
             self.snapshot.upsert_node(replace(node, state=NodeState.CORDONED))
         try:
-            out = self._schedule(job, preempt=preempt, repartition=repartition)
+            out = self._schedule(job, preempt=preempt, repartition=repartition, defrag=defrag)
         finally:
             for node in masked:
                 self.snapshot.upsert_node(node)
@@ -353,7 +386,9 @@ class Scheduler:
             out, message=NETWORK_NOTE.format(message=out.message, nodes=waiting), rejections=ordered
         )
 
-    def _schedule(self, job: Job, *, preempt: bool, repartition: bool) -> Outcome:
+    def _schedule(
+        self, job: Job, *, preempt: bool, repartition: bool, defrag: Defrag | None = None
+    ) -> Outcome:
         req = job.request
         self.snapshot.observe(req)
         over = self.quota_excess(req.tenant, req.gpus)
@@ -384,6 +419,10 @@ class Scheduler:
                     message=f"placed on {placement.node} after repartitioning {where}",
                     repartitions=changes,
                 )
+        if defrag is not None and req.gpus.mig_profile is not None and req.gpus.nodes <= 1:
+            moved = defrag(self, job)
+            if moved is not None:
+                return moved
         if preempt:
             victims = (
                 self._preemption_victims(job)
@@ -418,20 +457,7 @@ class Scheduler:
         return Outcome(None, decision.reason, decision.message, dict(decision.rejections))
 
     def _placed(self, job: Job, placement: Placement, message: str) -> Outcome:
-        req = job.request
-        held = Held(
-            job.key,
-            req.workload,
-            req.tenant,
-            req.isolation,
-            job.priority,
-            job.pool,
-            placement,
-            req.co_residency,
-            req.cpu_milli,
-            req.memory_mib,
-        )
-        self.hold(held)
+        self.hold(held_for(job, placement))
         return Outcome(placement, None, message)
 
     # ------------------------------------------------------------------ repartitioning

@@ -24,7 +24,7 @@ Three kinds of codes:
   ``quota_exceeded``.
 * ``evicted`` / ``ended``: why a workload lost its placement (``preempted``,
   ``certification_revoked``, ``node_<state>``, ``backend_unavailable``) or ended
-  (``cancelled``).
+  (``cancelled``); ``defragmentation``: moved, and placed again at once (issue 17 §3).
 
 The codes and messages are an interface: users' scripts match them. Change neither.
 """
@@ -64,6 +64,7 @@ NODE_DECOMMISSIONED = "node_decommissioned"
 BACKEND_UNAVAILABLE = "backend_unavailable"
 GPU_UNHEALTHY = "gpu_unhealthy"  # issue 15: the GPU it held was lost (XID, ECC)
 IDLE_RECLAIMED = "idle_reclaimed"  # issue 15: its tenant's idle policy took the capacity back
+DEFRAGMENTATION = "defragmentation"  # issue 17 §3: moved to free a MIG region (and re-placed)
 CANCELLED = "cancelled"
 
 
@@ -221,6 +222,15 @@ _ENTRIES = (
         "window) and its tenant's idle policy reclaims idle preemptible work",
         template="idle: peak utilisation {peak:.3f} < {threshold:g} over {minutes:g} min "
         "(tenant {tenant!r} idle policy: reclaim)",
+    ),
+    Reason(
+        DEFRAGMENTATION,
+        "evicted",
+        "defragmentation moved it (it was idle, or declares itself restartable) to free a MIG "
+        "region for a waiting workload of its compliance pool; it was placed again at once, "
+        "on a node its tags allow",
+        template="moved from {source} to {target} by defragmentation, to free a {profile} "
+        "region for {by}",
     ),
     Reason(
         CANCELLED,

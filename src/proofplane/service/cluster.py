@@ -55,6 +55,7 @@ def load_cluster(store: Store, actor: Actor, spec: ClusterSpec) -> dict[str, int
                 w.command,
                 w.cpu_milli,
                 w.memory_mib,
+                w.restartable,
             )
             optional = bool(w.cpu_milli or w.memory_mib)
             gpus = _in(

@@ -14,6 +14,8 @@ import time
 import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import event as sa_event
@@ -24,11 +26,20 @@ from sqlalchemy.pool import Pool
 
 from proofplane.errors import ValidationFailed
 from proofplane.model import GpuRequest, IsolationLevel, Node, Outcome, Placement, WorkloadStatus
+from proofplane.schedule.defrag import (
+    DEFRAG_DETAIL,
+    NO_REGION,
+    NOT_APPLICABLE,
+    Defragmenter,
+    Move,
+    where,
+)
 from proofplane.schedule.engine import Held, Job, Repartition, Scheduler, pool_of
 from proofplane.schedule.engine import Outcome as Decision
-from proofplane.schedule.reasons import PREEMPTED, render
+from proofplane.schedule.reasons import DEFRAGMENTATION, PREEMPTED, render
 from proofplane.schedule.scoring import DEFAULT_SCORER, SCORERS, Scorer, Shape, make_scorer
 from proofplane.schedule.values import Request
+from proofplane.service import defrag as defrag_store
 from proofplane.service import netstate
 from proofplane.service.context import Tx
 from proofplane.service.instruments import observe_decision
@@ -105,6 +116,7 @@ class ClusterView:
         self._node_rows: NodeRows | None = None
         self._readiness: netstate.Readiness | None = None
         self._readiness_loaded = False
+        self._defrag: Defragmenter | None = None
 
     def unready(self, tenant: str, workload_id: Any) -> frozenset[str]:
         """The nodes that may not take new work of this workload's segment now (issue 14):
@@ -115,6 +127,20 @@ class ClusterView:
         if self._readiness is None:
             return frozenset()
         return self._readiness.unready(tenant, workload_id)
+
+    def defragmenter(self, now: datetime) -> Defragmenter | None:
+        """The transaction's defragmentation step (issue 17 §3; ``service.defrag``): built on
+        first use with the move budget left in the rolling hour; None when it is turned off."""
+        if self._defrag is None:
+            if defrag_store.max_moves_per_hour() == 0:
+                return None
+            budget = defrag_store.budget_left(self.session, now)
+            self._defrag = Defragmenter(
+                defrag_store.Movable(self.session),
+                budget,
+                unready=lambda h: self.unready(h.tenant, h.key),
+            )
+        return self._defrag
 
     @property
     def scheduler(self) -> Scheduler:
@@ -517,7 +543,9 @@ def _set_placement(tx: Tx, row: WorkloadRow, view: ClusterView, p: Placement) ->
     )
 
 
-def _apply_repartition(tx: Tx, view: ClusterView, change: Repartition, row: WorkloadRow) -> None:
+def _apply_repartition(
+    tx: Tx, view: ClusterView, change: Repartition, row: WorkloadRow, why: str | None = None
+) -> None:
     node_row = view.node_rows[change.node]
     gpu = next(g for g in node_row.gpus if g.index == change.gpu_index)
     gpu.mig_instances = [{"profile": i.profile, "start": i.start} for i in change.after]
@@ -532,7 +560,7 @@ def _apply_repartition(tx: Tx, view: ClusterView, change: Repartition, row: Work
             "before": [f"{i.profile}@{i.start}" for i in change.before],
             "after": [f"{i.profile}@{i.start}" for i in change.after],
             "for_workload": f"{row.tenant.name}/{row.name}",
-            "why": f"no free {row.mig_profile} instance; the GPU was idle",
+            "why": why or f"no free {row.mig_profile} instance; the GPU was idle",
         },
     )
 
@@ -541,10 +569,96 @@ def schedule(tx: Tx, row: WorkloadRow, view: ClusterView, *, preempt: bool = Tru
     """Try to place one pending workload; record the placement (with any repartitioning and
     preemption it took) or why it waits. Preempted workloads are offered capacity again."""
     unready = view.unready(row.tenant.name, row.id)
+    defrag = defrag_for(tx, view, GpuRequest.from_row(row))
     started = time.perf_counter()
-    outcome = view.scheduler.schedule(job_of(row), preempt=preempt, unready=unready)
+    outcome = view.scheduler.schedule(job_of(row), preempt=preempt, unready=unready, defrag=defrag)
     observe_decision(outcome.placement is not None, time.perf_counter() - started)
-    return apply_outcome(tx, row, view, outcome, preempt=preempt)
+    return apply_outcome(tx, row, view, with_refusal(outcome, defrag), preempt=preempt)
+
+
+def defrag_for(tx: Tx, view: ClusterView, g: GpuRequest) -> Defragmenter | None:
+    """The defragmentation step for a request of shape ``g`` (one MIG instance on one node),
+    or None."""
+    if g.mig_profile is None or g.nodes > 1 or g.count != 1:
+        return None
+    return view.defragmenter(tx.now)
+
+
+def with_refusal(outcome: Decision, defrag: Defragmenter | None) -> Decision:
+    """A waiting outcome says why defragmentation could not help it (rule 8), when it tried."""
+    if outcome.placement is not None or defrag is None or defrag.refusal is None:
+        return outcome
+    refusal = defrag.refusal
+    if refusal.code in (NOT_APPLICABLE, NO_REGION):
+        return outcome
+    return replace(
+        outcome,
+        message=f"{outcome.message}; {refusal.message}",
+        details={**outcome.details, DEFRAG_DETAIL: refusal.as_details()},
+    )
+
+
+def _apply_moves(tx: Tx, view: ClusterView, row: WorkloadRow, outcome: Decision) -> list[Any]:
+    """Defragmentation's moves (issue 17 §3), each an eviction then a placement with reason
+    ``defragmentation`` (the scheduler already holds them where they go), with the freed GPU's
+    new layout between the evictions and the placements, as the hardware sees it. Returns what
+    the waiting workload's placement event says of them."""
+    by = f"{row.tenant.name}/{row.name}"
+    rows = _load(tx.session, [m.key for m in outcome.moves])
+    said: list[Any] = []
+    messages: dict[Any, str] = {}
+    for m in outcome.moves:
+        moved = rows[m.key]
+        text = render(
+            DEFRAGMENTATION,
+            source=where(m.source),
+            target=where(m.target),
+            profile=row.mig_profile,
+            by=by,
+        )
+        messages[m.key] = text
+        _evict_row(tx, moved, DEFRAGMENTATION, text, extra={"for_workload": by})
+    for change in outcome.repartitions:
+        _apply_repartition(
+            tx, view, change, row, why=f"defragmentation: a {row.mig_profile} region for {by}"
+        )
+    for m in outcome.moves:
+        moved = rows[m.key]
+        _place_moved(tx, view, moved, m, messages[m.key], by)
+        said.append(
+            {
+                "workload": f"{m.tenant}/{m.workload}",
+                "from": where(m.source),
+                "to": where(m.target),
+            }
+        )
+    return said
+
+
+def _place_moved(tx: Tx, view: ClusterView, row: WorkloadRow, m: Move, text: str, by: str) -> None:
+    _set_placement(tx, row, view, m.target)
+    row.status = WorkloadStatus.PLACED.value
+    row.reason = None
+    row.reason_details = {
+        "message": text,
+        "moved_by": DEFRAGMENTATION,
+        "for_workload": by,
+        "from": where(m.source),
+    }
+    row.updated_at = tx.now
+    tx.session.flush()
+    tx.record(
+        "workload.place",
+        "workload",
+        row.name,
+        details={
+            **decision_details(row),
+            **placement_json(m.target),
+            "reason": DEFRAGMENTATION,
+            "moved_from": where(m.source),
+            "for_workload": by,
+        },
+    )
 
 
 def apply_outcome(
@@ -553,7 +667,9 @@ def apply_outcome(
     """Persist one decision ``view.scheduler`` took for ``row`` (``schedule`` is this after
     the decision; the batch submit decides first and persists the simple outcomes in bulk)."""
     if outcome.placement is not None:
-        for change in outcome.repartitions:
+        defragmented = outcome.moves or DEFRAG_DETAIL in outcome.details
+        moves = _apply_moves(tx, view, row, outcome) if defragmented else None
+        for change in () if moves is not None else outcome.repartitions:
             _apply_repartition(tx, view, change, row)
         victims = _load(tx.session, [v.key for v in outcome.preempted])
         for held in outcome.preempted:
@@ -576,9 +692,17 @@ def apply_outcome(
         row.status = WorkloadStatus.PLACED.value
         row.reason = None
         row.reason_details = None
+        if moves is not None:  # what ``workloads explain`` says of it
+            row.reason_details = {
+                "message": outcome.message,
+                DEFRAG_DETAIL: {"moves": moves},
+            }
         row.updated_at = tx.now
         tx.session.flush()
         details: dict[str, Any] = {**decision_details(row), **placement_json(placement)}
+        if moves is not None:
+            details["reason"] = DEFRAGMENTATION
+            details["moved"] = moves
         if outcome.preempted:
             details["preempted"] = [f"{v.tenant}/{v.name}" for v in outcome.preempted]
         if outcome.repartitions:

@@ -36,7 +36,7 @@ from proofplane.model.workload import (
 )
 from proofplane.schedule.engine import Job
 from proofplane.schedule.explain import explain_job
-from proofplane.schedule.reasons import CANCELLED, render
+from proofplane.schedule.reasons import CANCELLED, DEFRAGMENTATION, render
 from proofplane.schedule.values import MODEL_SEPARATOR, Request
 from proofplane.service import execution, jobs, netstate
 from proofplane.service.context import NewEvent, Store, Tx
@@ -52,10 +52,12 @@ from proofplane.service.scheduling import (
     apply_outcome,
     decision_details,
     decision_fields,
+    defrag_for,
     job_of,
     placement_json,
     reschedule_pending,
     schedule,
+    with_refusal,
 )
 from proofplane.store.repo import (
     WORKLOAD_LOAD,
@@ -96,6 +98,7 @@ class WorkloadSpec:
     command: tuple[str, ...] = ()
     cpu_milli: int = 0  # issue 17: CPU (milli-cores) and memory (MiB) besides the GPUs
     memory_mib: int = 0
+    restartable: bool = False  # issue 17 §3: defragmentation may move it while it runs
 
 
 _SHAPE_FOR = {
@@ -416,6 +419,8 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
         name = v["name"]
         fields = decision_fields(spec.tenant, v["tags"], v["isolation"], gpus, v["co_residency"])
         details = {**fields, "priority": spec.priority, "command": v["command"]}
+        if spec.restartable:
+            details["restartable"] = True
         if note:
             details["isolation_note"] = note
         events.append(NewEvent("workload.submit", "workload", name, details))
@@ -434,10 +439,14 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
             spec.memory_mib,
         )
         unready = view.unready(spec.tenant, wid)
+        defrag = defrag_for(tx, view, gpus)
         started = time.perf_counter()
-        outcome = view.scheduler.schedule(Job(wid, request, spec.priority), unready=unready)
+        outcome = view.scheduler.schedule(
+            Job(wid, request, spec.priority), unready=unready, defrag=defrag
+        )
         observe_decision(outcome.placement is not None, time.perf_counter() - started)
-        if plain and not outcome.preempted and not outcome.repartitions:
+        outcome = with_refusal(outcome, defrag)
+        if plain and not outcome.preempted and not outcome.repartitions and not outcome.moves:
             if outcome.placement is not None:
                 change = {"b_id": wid, "b_status": WorkloadStatus.PLACED.value,
                           "b_reason": None, "b_details": None}  # fmt: skip
@@ -530,6 +539,7 @@ def _row_values(
         "co_residency": co_residency,
         "cpu_milli": spec.cpu_milli,
         "memory_mib": spec.memory_mib,
+        "restartable": spec.restartable,
     }
 
 
@@ -581,6 +591,7 @@ def _workload_of(
         co_residency=v["co_residency"],
         cpu_milli=v["cpu_milli"],
         memory_mib=v["memory_mib"],
+        restartable=v["restartable"],
     )
 
 
@@ -604,6 +615,8 @@ def insert_workload(tx: Tx, spec: WorkloadSpec, gpus: GpuRequest) -> WorkloadRow
     tx.session.add(row)
     tx.session.flush()
     details = {**decision_details(row), "priority": spec.priority, "command": list(spec.command)}
+    if spec.restartable:
+        details["restartable"] = True
     if note:
         details["isolation_note"] = note
     tx.record("workload.submit", "workload", spec.name, details=details)
@@ -756,7 +769,17 @@ def explain_workload(
         "placement": wl.placement,
         "summary": _summary(wl, analysis),
         "analysis": analysis or None,
+        "defrag": _defragmentation(wl),
     }
+
+
+def _defragmentation(wl: Workload) -> dict[str, Any] | None:
+    """What defragmentation (issue 17 §3) did for or to it, or why it could not help it."""
+    d = wl.reason_details or {}
+    if d.get("moved_by") == DEFRAGMENTATION:
+        return {"moved": True, "for_workload": d.get("for_workload"), "from": d.get("from")}
+    found = d.get("defrag")
+    return dict(found) if isinstance(found, dict) else None
 
 
 def _counts(filters: dict[str, int]) -> str:
@@ -777,8 +800,12 @@ def _summary(wl: Workload, a: dict[str, Any]) -> str:
                 if rank is not None
                 else f"{p['node']} (no longer a candidate for new placements)"
             )
+        how = ""
+        details = wl.reason_details or {}
+        if details.get("moved_by") == DEFRAGMENTATION or details.get("defrag"):
+            how = f" ({details.get('message')})"
         return (
-            f"{wl.status.value} on {', '.join(parts)}: it is certified for "
+            f"{wl.status.value} on {', '.join(parts)}{how}: it is certified for "
             f"{wl.tags or 'no tags'} and scored best fit (fewest idle GPUs left, then name); "
             f"nodes rejected as the cluster stands now: {filters}"
         )

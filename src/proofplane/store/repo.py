@@ -262,6 +262,7 @@ def workload_from_row(row: WorkloadRow) -> Workload:
         co_residency=row.co_residency,
         cpu_milli=row.cpu_milli,
         memory_mib=row.memory_mib,
+        restartable=row.restartable,
     )
 
 
@@ -295,7 +296,7 @@ def workload_select() -> Select[Any]:
         _W.name, _T.name, _W.tags, _W.isolation, _W.gpu_count, _W.gpu_model, _W.mig_profile,
         _W.share_milli, _W.gpu_nodes, _W.priority, _W.command, _W.status, _W.reason,
         _W.reason_details, _W.created_at, _W.updated_at, _W.co_residency,
-        _W.cpu_milli, _W.memory_mib, _N.name, _P.devices, _P.members,
+        _W.cpu_milli, _W.memory_mib, _W.restartable, _N.name, _P.devices, _P.members,
     ).select_from(_WORKLOAD_FROM)  # fmt: skip
 
 
@@ -314,7 +315,7 @@ def load_workloads(session: Session, query: Select[Any]) -> list[Workload]:
     for (
         name, tenant, tags, isolation, count, model, mig_profile, share, nodes, priority,
         command, status, reason, details, created, updated, co_residency,
-        cpu_milli, memory_mib, node, devices, members,
+        cpu_milli, memory_mib, restartable, node, devices, members,
     ) in session.connection().execute(query):  # fmt: skip
         placement = None
         if node is not None:
@@ -346,6 +347,7 @@ def load_workloads(session: Session, query: Select[Any]) -> list[Workload]:
                 co_residency=co_residency,
                 cpu_milli=cpu_milli,
                 memory_mib=memory_mib,
+                restartable=restartable,
             )
         )
     return out

@@ -158,6 +158,8 @@ class WorkloadRow(Base):
     # issue 17: CPU (milli-cores) and memory (MiB) asked besides GPUs; 0: none
     cpu_milli: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     memory_mib: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # issue 17 §3: defragmentation may move it while it runs (it checkpoints itself)
+    restartable: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
     tenant: Mapped[TenantRow] = relationship()
     placement: Mapped[PlacementRow | None] = relationship(

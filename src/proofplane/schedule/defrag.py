@@ -1,0 +1,539 @@
+"""Defragmentation (issue 17, §3): moves that free a large MIG profile's region for a waiting
+request, touching only work that may be moved.
+
+When a MIG request (one instance of a profile, one node) fits no free instance and no idle GPU
+can be repartitioned for it, free slices are often scattered: a 4g region is held by one or two
+small instances while other GPUs keep free small instances of the same kind. The planner looks
+for the *region* (a GPU and a valid start of the requested profile, ``hardware.skus``) whose
+holders can all be moved elsewhere with the fewest (then cheapest) moves, and returns those moves.
+
+What may be moved (the *eligibility* the caller passes as ``movable``): work that is idle (placed,
+no job started) or declares itself restartable (``"restartable": true``; checkpointing is the
+workload's own job). The planner adds its own rules on top, all of them hard:
+
+* **A GPU holding work that is not movable is never touched**: no move off it, no new layout on
+  it. (It may still *receive* a moved workload on one of its free instances.)
+* **Never across compliance pools**: only work of the waiting request's own pool
+  (``schedule.engine.pool_of``: the exact tag set) is moved, as preemption does.
+* **Never to a node its tags do not allow**: every moved workload is placed again by the
+  snapshot's own search with its own tags, so the compliance filters (and tenancy, co-residency,
+  CPU and memory) hold for each target, each in the snapshot as it stands after the moves before.
+* **Within a budget**: a plan of more than ``budget`` moves is refused.
+* A moved workload holds one part of MIG instances of one profile (what MIG work is); it is
+  placed again on the GPU model it is on now.
+
+The region's new layout: the GPU keeps every instance outside the region (the work there stays
+where it is) plus the requested instance at the region's start; free instances outside it are
+dropped, the largest first, only when the layout would not be valid (``layout_errors``)
+otherwise. When the GPU already has the requested instance there, the layout is unchanged.
+
+Choice: the candidate regions are ordered by (moves, compute slices moved, layout change or not,
+node, GPU, start) and tried in that order; the first whose movers all find a target wins, so
+the plan has the fewest moves any region needs (among the first ``max_trials`` regions tried).
+Every trial works on the scheduler and puts it back as it found it: the planner is pure (no I/O,
+no clock) and leaves the scheduler unchanged; ``apply_plan`` then applies a plan.
+
+The server calls it from the engine (``Scheduler.schedule(..., defrag=Defragmenter(...))``,
+after repartitioning and before preemption); the MIG trace replay can call ``plan_defrag``
+directly with the same scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from proofplane.hardware.skus import MEMORY_SLICES, SKUS, MigProfile, Sku, layout_errors
+from proofplane.model import (
+    GpuRequest,
+    MigInstance,
+    Node,
+    NodeState,
+    Placement,
+    missing_tags,
+)
+from proofplane.schedule.engine import Held, Job, Outcome, Repartition, Scheduler, held_for
+from proofplane.schedule.values import Decision, Request, allowed_models
+
+#: Why no plan frees a region (``DefragRefusal.code``), from the most to the least actionable.
+NO_DESTINATION = "no_destination"  # regions could be freed, but their work has nowhere to go
+OVER_BUDGET = "move_budget_exhausted"  # a region needs more moves than the budget has left
+NON_RESTARTABLE_WORK = "non_restartable_work"  # every region holds work that may not move
+OTHER_POOL = "other_compliance_pool"  # every region holds another compliance pool's work
+NO_REGION = "no_region"  # no compliant MIG GPU of a SKU offering the profile
+NOT_APPLICABLE = "not_applicable"  # not one MIG instance on one node
+
+REFUSAL_MESSAGES: dict[str, str] = {
+    NO_DESTINATION: "defragmentation found {regions} region(s) it could free, but the work on "
+    "them fits nowhere else now",
+    OVER_BUDGET: "defragmentation needs {fewest} move(s), more than the {budget} left in this "
+    "hour's budget",
+    NON_RESTARTABLE_WORK: "defragmentation cannot free a region: every candidate GPU holds "
+    "running work that is not restartable ({regions} region(s))",
+    OTHER_POOL: "defragmentation cannot free a region: every candidate GPU holds work of "
+    "another compliance pool ({regions} region(s))",
+    NO_REGION: "defragmentation found no compliant MIG GPU whose model offers {profile}",
+    NOT_APPLICABLE: "defragmentation applies to one MIG instance on one node",
+}
+
+DEFAULT_MAX_TRIALS = 64
+#: The key of ``Outcome.details`` that marks a placement defragmentation made (with no move, it
+#: relaid a GPU whose work outside the region stays where it is)
+DEFRAG_DETAIL = "defrag"
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """One workload moved: from ``source`` to ``target`` (each a one-part placement of MIG
+    instances). Recorded as an eviction and a placement with reason ``defragmentation``."""
+
+    key: Hashable
+    workload: str
+    tenant: str
+    source: Placement
+    target: Placement
+
+    @property
+    def from_slots(self) -> tuple[tuple[str, int, int], ...]:
+        """(node, GPU index, MIG start) of every instance it leaves."""
+        return tuple((self.source.node, d.gpu_index, d.mig_start or 0) for d in self.source.devices)
+
+    @property
+    def to_slots(self) -> tuple[tuple[str, int, int], ...]:
+        """(node, GPU index, MIG start) of every instance it takes."""
+        return tuple((self.target.node, d.gpu_index, d.mig_start or 0) for d in self.target.devices)
+
+
+@dataclass(frozen=True, slots=True)
+class DefragPlan:
+    """The moves, in order, then where the waiting request goes; ``repartition`` is the new
+    layout of the freed GPU (None when its layout already has the instance)."""
+
+    moves: tuple[Move, ...]
+    placement: Placement
+    repartition: Repartition | None
+    regions: int  # candidate regions considered
+
+    def describe(self) -> str:
+        if not self.moves:
+            return "relaid out the GPU's free instances"
+        return "moved " + ", ".join(
+            f"{m.tenant}/{m.workload} ({where(m.source)} → {where(m.target)})" for m in self.moves
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DefragRefusal:
+    """Why no plan: ``code`` one of the codes above; counts per region outcome."""
+
+    code: str
+    message: str
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def as_details(self) -> dict[str, Any]:
+        return {"refused": self.code, "message": self.message, **self.counts}
+
+
+def where(p: Placement) -> str:
+    """A one-part placement's instances, ``node/gpuN/profile@start``, for messages."""
+    return ", ".join(f"{p.node}/gpu{d.gpu_index}/{d.mig_profile}@{d.mig_start}" for d in p.devices)
+
+
+@dataclass(slots=True)
+class _Region:
+    cost: tuple[int, int, int, str, int, int]
+    node: Node
+    gpu_index: int
+    start: int
+    movers: tuple[Held, ...]
+    stay: frozenset[int]  # starts of held instances outside the region (they stay)
+    relayout: bool  # the GPU's layout lacks the instance: computed when the region is tried
+
+
+def _span(sku: Sku, inst: MigInstance) -> tuple[int, int]:
+    prof = sku.profile(inst.profile)
+    size = prof.mem_slices if prof is not None else 1
+    return inst.start, inst.start + size
+
+
+def _compute(sku: Sku, profile: str | None) -> int:
+    prof = sku.profile(profile) if profile is not None else None
+    return prof.compute_slices if prof is not None else 0
+
+
+def _mig_shape(h: Held) -> str | None:
+    """The one profile ``h`` holds when it is movable MIG work (one part, MIG instances of one
+    profile), else None."""
+    devices = h.placement.devices
+    if len(devices) == 1 and not h.placement.members:  # the common case
+        d = devices[0]
+        return d.mig_profile if d.mig_start is not None else None
+    if h.placement.members and len(h.placement.members) > 1:
+        return None
+    profiles = {d.mig_profile for d in h.placement.devices}
+    if len(profiles) != 1 or any(d.mig_start is None for d in h.placement.devices):
+        return None
+    return next(iter(profiles))
+
+
+def _new_layout(
+    sku: Sku, current: tuple[MigInstance, ...], held_starts: set[int], want: MigInstance
+) -> tuple[MigInstance, ...] | None:
+    """The GPU's layout with ``want`` in it (see the module docstring); None when no valid one
+    keeps every held instance outside the region."""
+    lo, hi = _span(sku, want)
+    outside = [i for i in current if not (_span(sku, i)[0] < hi and lo < _span(sku, i)[1])]
+    keep = [i for i in outside if i.start in held_starts]
+    free = sorted(
+        (i for i in outside if i.start not in held_starts),
+        key=lambda i: (-_compute(sku, i.profile), i.start),
+    )
+    while True:
+        layout = tuple(sorted([*keep, *free, want], key=lambda i: i.start))
+        if not layout_errors(sku, layout):
+            return layout
+        if not free:
+            return None
+        free.pop(0)
+
+
+_OK, _IMMOVABLE, _OTHER_POOL = 0, 1, 2
+
+
+def _regions(
+    scheduler: Scheduler, job: Job, movable: Callable[[Hashable], bool], counts: dict[str, int]
+) -> list[_Region]:
+    """Every region that could be freed for ``job`` by moving only eligible work, with its
+    movers (layouts are checked later, for the regions tried); ``counts`` gets the number of
+    regions refused per rule. One pass over the nodes, with per-workload and per-layout answers
+    cached: this is the planner's hot loop (5,000 nodes of 8 GPUs)."""
+    req = job.request
+    profile = req.gpus.mig_profile
+    assert profile is not None
+    allowed = allowed_models(req.gpus.model)
+    tags = req.tags
+    pool = job.pool
+    snap = scheduler.snapshot
+    allocs = snap.allocations
+    held = scheduler.held
+    admitted = NodeState.ADMITTED
+    # per held key: _OK, _IMMOVABLE or _OTHER_POOL
+    verdict: dict[Hashable, int] = {}
+    # per GPU model: (sku, the profile) or None
+    skus: dict[str, tuple[Sku, MigProfile] | None] = {}
+    # per layout (by identity, the tuple kept alive): {start: (end, profile)}
+    spans: dict[int, tuple[tuple[MigInstance, ...], dict[int, tuple[int, str]]]] = {}
+    out: list[_Region] = []
+    for node in snap.nodes():
+        if node.state is not admitted or (tags and missing_tags(tags, node.certifications)):
+            continue
+        on_gpu: dict[int, list[tuple[int, Hashable]]] = {}
+        for akey in snap.allocations_on(node.name):
+            hkey = akey[0]  # type: ignore[index]  # Scheduler.hold keys parts (key, i)
+            for d in allocs[akey].placement.devices:
+                on_gpu.setdefault(d.gpu_index, []).append(
+                    (d.mig_start if d.mig_start is not None else -1, hkey)
+                )
+        for gpu in node.gpus:
+            if not gpu.mig_enabled:
+                continue
+            model = gpu.model
+            if allowed is not None and model not in allowed:
+                continue
+            if model in skus:
+                found = skus[model]
+            else:
+                known = SKUS.get(model)
+                wanted = known.profile(profile) if known is not None else None
+                found = skus[model] = (
+                    (known, wanted) if known is not None and wanted is not None else None
+                )
+            if found is None:
+                continue
+            sku, prof = found
+            holders = on_gpu.get(gpu.index, ())
+            worst = _OK
+            for _s, k in holders:
+                v = verdict.get(k)
+                if v is None:
+                    h = held.get(k)
+                    if h is None or not movable(k) or _mig_shape(h) is None:
+                        v = _IMMOVABLE
+                    elif h.pool != pool:
+                        v = _OTHER_POOL
+                    else:
+                        v = _OK
+                    verdict[k] = v
+                if v == _IMMOVABLE:
+                    worst = _IMMOVABLE
+                    break
+                worst = max(worst, v)
+            if worst != _OK:
+                code = NON_RESTARTABLE_WORK if worst == _IMMOVABLE else OTHER_POOL
+                counts[code] = counts.get(code, 0) + len(prof.starts)
+                continue
+            layout = gpu.mig_instances
+            cached = spans.get(id(layout))
+            if cached is None or cached[0] is not layout:
+                cached = (layout, {i.start: (_span(sku, i)[1], i.profile) for i in layout})
+                spans[id(layout)] = cached
+            by_start = cached[1]
+            for start in prof.starts:
+                hi = start + prof.mem_slices
+                if hi > MEMORY_SLICES:
+                    continue
+                movers: dict[Hashable, None] = {}
+                stay: set[int] = set()
+                slices = 0
+                for s, k in holders:
+                    end = by_start.get(s, (s + 1, ""))[0]
+                    if s < hi and start < end:
+                        if k not in movers:
+                            movers[k] = None
+                    else:
+                        stay.add(s)
+                for k in movers:
+                    slices += sum(_compute(sku, d.mig_profile) for d in held[k].placement.devices)
+                relayout = by_start.get(start, (0, ""))[1] != profile or (by_start[start][0] != hi)
+                moved = tuple(held[k] for k in sorted(movers, key=str))
+                out.append(
+                    _Region(
+                        (len(moved), slices, int(relayout), node.name, gpu.index, start),
+                        node,
+                        gpu.index,
+                        start,
+                        moved,
+                        frozenset(stay),
+                        relayout,
+                    )
+                )
+    return out
+
+
+def mover_request(scheduler: Scheduler, h: Held) -> Request:
+    """What a moved workload asks for again: its instances' profile and count, on the GPU model
+    it is on now, with its own tags (so the compliance filters hold for it), tenancy and
+    co-residency, CPU and memory."""
+    node = scheduler.node(h.placement.node)
+    first = h.placement.devices[0]
+    model = None
+    if node is not None:
+        model = next((g.model for g in node.gpus if g.index == first.gpu_index), None)
+    return Request(
+        h.name,
+        h.tenant,
+        dict(h.pool),
+        h.isolation,
+        GpuRequest(count=len(h.placement.devices), model=model, mig_profile=first.mig_profile),
+        h.co_residency,
+        h.cpu_milli,
+        h.memory_mib,
+    )
+
+
+def plan_defrag(
+    scheduler: Scheduler,
+    job: Job,
+    movable: Callable[[Hashable], bool],
+    budget: int,
+    *,
+    max_trials: int = DEFAULT_MAX_TRIALS,
+    unready: Callable[[Held], AbstractSet[str]] | None = None,
+) -> DefragPlan | DefragRefusal:
+    """The fewest moves that let ``job`` (pending: one MIG instance on one node) be placed, or
+    why there are none. ``movable(key)``: whether the held workload ``key`` may move (idle or
+    restartable). ``budget``: the most moves allowed. ``unready(held)``: nodes that may not take
+    that workload now (issue 14: they have not applied its network segment), hidden while it is
+    placed again. Leaves ``scheduler`` as it found it."""
+    req = job.request
+    g = req.gpus
+    if g.mig_profile is None or g.nodes > 1 or g.count != 1:
+        return _refuse(NOT_APPLICABLE, {})
+    if budget <= 0:  # nothing may move: no need to look (the common case once it is spent)
+        return _refuse(OVER_BUDGET, {}, fewest=1, budget=0)
+    counts: dict[str, int] = {}
+    found = _regions(scheduler, job, movable, counts)
+    found.sort(key=lambda r: r.cost)
+    counts["regions"] = len(found)
+    trials = 0
+    for region in found:
+        if len(region.movers) > budget:
+            counts[OVER_BUDGET] = counts.get(OVER_BUDGET, 0) + 1
+            continue
+        if trials >= max_trials:
+            break
+        layout = None
+        if region.relayout:
+            gpu = next(x for x in region.node.gpus if x.index == region.gpu_index)
+            layout = _new_layout(
+                SKUS[gpu.model],
+                tuple(sorted(gpu.mig_instances, key=lambda i: i.start)),
+                set(region.stay),
+                MigInstance(g.mig_profile, region.start),
+            )
+            if layout is None:
+                continue
+        trials += 1
+        plan = _trial(scheduler, job, region, layout, len(found), unready)
+        if plan is not None:
+            return plan
+        counts[NO_DESTINATION] = counts.get(NO_DESTINATION, 0) + 1
+    if counts.get(NO_DESTINATION):
+        return _refuse(NO_DESTINATION, counts, regions=counts[NO_DESTINATION])
+    if counts.get(OVER_BUDGET):
+        return _refuse(
+            OVER_BUDGET, counts, fewest=min(len(r.movers) for r in found), budget=max(budget, 0)
+        )
+    if counts.get(NON_RESTARTABLE_WORK):
+        return _refuse(NON_RESTARTABLE_WORK, counts, regions=counts[NON_RESTARTABLE_WORK])
+    if counts.get(OTHER_POOL):
+        return _refuse(OTHER_POOL, counts, regions=counts[OTHER_POOL])
+    return _refuse(NO_REGION, counts, profile=g.mig_profile)
+
+
+def _refuse(code: str, counts: dict[str, int], **fields: object) -> DefragRefusal:
+    return DefragRefusal(code, REFUSAL_MESSAGES[code].format(**fields), dict(counts))
+
+
+def _relaid(node: Node, gpu_index: int, layout: tuple[MigInstance, ...]) -> Node:
+    gpus = tuple(replace(x, mig_instances=layout) if x.index == gpu_index else x for x in node.gpus)
+    return replace(node, gpus=gpus)
+
+
+def _trial(
+    scheduler: Scheduler,
+    job: Job,
+    region: _Region,
+    layout: tuple[MigInstance, ...] | None,
+    n_regions: int,
+    unready: Callable[[Held], AbstractSet[str]] | None = None,
+) -> DefragPlan | None:
+    """Apply the region's moves on the scheduler, note the plan, and undo it all."""
+    ranks = {h.key: scheduler.rank(h.key) for h in region.movers}
+    original = scheduler.node(region.node.name)
+    assert original is not None
+    requests = {h.key: mover_request(scheduler, h) for h in region.movers}
+    for h in region.movers:
+        scheduler.release(h.key)
+    moved: list[Held] = []
+    placed: Placement | None = None
+    try:
+        if layout is not None:
+            scheduler.upsert_node(_relaid(original, region.gpu_index, layout))
+        # the waiting job first, so that no mover lands in the freed region; the search may
+        # put it elsewhere only on capacity a mover left (still valid, and taken)
+        d = scheduler.snapshot.place(job.request)
+        if d.placement is None:
+            return None
+        placed = d.placement
+        scheduler.hold(held_for(job, placed))
+        moves: list[Move] = []
+        # the largest instances first: they have the fewest places to go
+        order = sorted(region.movers, key=lambda h: (-len(h.placement.devices), str(h.key)))
+        for h in order:
+            d = _place_hiding(scheduler, requests[h.key], unready(h) if unready else frozenset())
+            if d.placement is None:
+                return None
+            new = replace(h, placement=d.placement)
+            scheduler.hold(new)
+            moved.append(new)
+            moves.append(Move(h.key, h.name, h.tenant, h.placement, d.placement))
+        repartition = None
+        if layout is not None:
+            gpu = next(x for x in original.gpus if x.index == region.gpu_index)
+            repartition = Repartition(original.name, gpu.index, gpu.uuid, gpu.mig_instances, layout)
+        return DefragPlan(tuple(moves), placed, repartition, n_regions)
+    finally:
+        for h in moved:
+            scheduler.release(h.key)
+        if placed is not None:
+            scheduler.release(job.key)
+        scheduler.upsert_node(original)
+        for h in region.movers:
+            scheduler.hold(h, rank=ranks[h.key])
+
+
+def _place_hiding(scheduler: Scheduler, req: Request, hidden: AbstractSet[str]) -> Decision:
+    """``snapshot.place(req)`` with the admitted nodes of ``hidden`` marked cordoned for the
+    search (as the engine hides nodes that wait for a network segment), then restored."""
+    masked = [
+        node
+        for name in sorted(hidden)
+        if (node := scheduler.node(name)) is not None and node.state is NodeState.ADMITTED
+    ]
+    for node in masked:
+        scheduler.upsert_node(replace(node, state=NodeState.CORDONED))
+    try:
+        return scheduler.snapshot.place(req)
+    finally:
+        for node in masked:
+            scheduler.upsert_node(node)
+
+
+def apply_plan(scheduler: Scheduler, job: Job, plan: DefragPlan) -> Outcome:
+    """Carry ``plan`` out on the scheduler: the new layout, every move, then the waiting job's
+    placement (held at once, as ``Scheduler.schedule`` holds what it places)."""
+    if plan.repartition is not None:
+        node = scheduler.node(plan.repartition.node)
+        assert node is not None
+        scheduler.upsert_node(_relaid(node, plan.repartition.gpu_index, plan.repartition.after))
+    for m in plan.moves:
+        h = scheduler.held[m.key]
+        rank = scheduler.rank(m.key)
+        scheduler.hold(replace(h, placement=m.target), rank=rank)
+    scheduler.hold(held_for(job, plan.placement))
+    return Outcome(
+        plan.placement,
+        None,
+        f"placed on {plan.placement.node} after defragmentation: {plan.describe()}",
+        details={DEFRAG_DETAIL: {"moves": len(plan.moves), "regions": plan.regions}},
+        repartitions=(plan.repartition,) if plan.repartition is not None else (),
+        moves=plan.moves,
+    )
+
+
+@dataclass(slots=True)
+class Defragmenter:
+    """The engine's defragmentation step (``Scheduler.schedule(..., defrag=...)``):
+    ``movable`` and ``budget`` as ``plan_defrag`` takes them. ``refusal`` keeps why the last
+    call found no plan (for the waiting workload's explanation); ``budget`` goes down by the
+    moves of each plan applied.
+
+    A refusal is remembered for requests of the same shape (tenant, tags, isolation, GPUs,
+    co-residency, CPU, memory) while the scheduler holds as many workloads as it did then: a
+    queue of waiting requests alike (the pending retry) then costs one search, not one each.
+    At worst a chance is missed until the next transaction; no rule depends on it."""
+
+    movable: Callable[[Hashable], bool]
+    budget: int
+    max_trials: int = DEFAULT_MAX_TRIALS
+    unready: Callable[[Held], AbstractSet[str]] | None = None
+    refusal: DefragRefusal | None = None
+    _refused: dict[Hashable, tuple[int, int, DefragRefusal]] = field(default_factory=dict)
+
+    def __call__(self, scheduler: Scheduler, job: Job) -> Outcome | None:
+        self.refusal = None
+        req = job.request
+        shape = (req.tenant, tuple(sorted(req.tags.items())), req.isolation, req.gpus,
+                 req.co_residency, req.cpu_milli, req.memory_mib)  # fmt: skip
+        state = (len(scheduler.held), len(scheduler.snapshot))
+        seen = self._refused.get(shape)
+        if seen is not None and seen[:2] == state and seen[2].code != OVER_BUDGET:
+            self.refusal = seen[2]
+            return None
+        found = plan_defrag(
+            scheduler,
+            job,
+            self.movable,
+            self.budget,
+            max_trials=self.max_trials,
+            unready=self.unready,
+        )
+        if isinstance(found, DefragRefusal):
+            self.refusal = found
+            self._refused[shape] = (*state, found)
+            return None
+        self.budget -= len(found.moves)
+        return apply_plan(scheduler, job, found)
