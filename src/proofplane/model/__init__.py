@@ -4,11 +4,13 @@ from proofplane.model.event import Event, Outcome
 from proofplane.model.node import (
     KEEPS_WORK,
     NODE_TRANSITIONS,
+    TOPOLOGY_LEVELS,
     Gpu,
     MigInstance,
     Node,
     NodeState,
     can_transition,
+    domain_of,
 )
 from proofplane.model.tags import missing_tags, parse_tag_pairs, validate_name, validate_tags
 from proofplane.model.tenant import ComplianceProfile, IsolationLevel, Quota, Tenant
@@ -16,6 +18,8 @@ from proofplane.model.workload import (
     GpuRequest,
     PlacedDevice,
     Placement,
+    TopologyMode,
+    TopologyRequest,
     Workload,
     WorkloadStatus,
 )
@@ -23,6 +27,7 @@ from proofplane.model.workload import (
 __all__ = [
     "KEEPS_WORK",
     "NODE_TRANSITIONS",
+    "TOPOLOGY_LEVELS",
     "ComplianceProfile",
     "Event",
     "Gpu",
@@ -36,9 +41,12 @@ __all__ = [
     "Placement",
     "Quota",
     "Tenant",
+    "TopologyMode",
+    "TopologyRequest",
     "Workload",
     "WorkloadStatus",
     "can_transition",
+    "domain_of",
     "missing_tags",
     "parse_tag_pairs",
     "validate_name",

@@ -85,3 +85,23 @@ class Node:
     # (placement then never filters on that resource).
     cpu_milli: int | None = None
     memory_mib: int | None = None
+    # Issue 17 §4: where the node sits at each topology level (``TOPOLOGY_LEVELS``): level →
+    # domain name, e.g. {"rack": "r12", "nvlink_domain": "nvl72-3"}. ``rack`` above is the
+    # rack level's value when this mapping does not name one (see ``domain_of``).
+    topology: dict[str, str] = field(default_factory=dict)
+
+
+#: The topology levels a node may carry and a gang may ask to be packed at, largest first:
+#: ``block`` (a group of racks behind one spine, Slurm's topology/block), ``rack``,
+#: ``nvlink_domain`` (a multi-node NVLink system such as a GB200 NVL72), ``rail`` (the nodes on
+#: one rail of a rail-optimised fabric).
+TOPOLOGY_LEVELS: tuple[str, ...] = ("block", "rack", "nvlink_domain", "rail")
+
+
+def domain_of(node: Node, level: str) -> str | None:
+    """The node's domain at topology ``level``: its ``topology`` entry, else its ``rack`` for the
+    rack level; None when the node does not say (it then belongs to no domain at that level)."""
+    found = node.topology.get(level)
+    if found is None and level == "rack":
+        return node.rack
+    return found

@@ -47,6 +47,7 @@ from proofplane.model import (
     NodeState,
     Placement,
     Quota,
+    TopologyMode,
     missing_tags,
 )
 from proofplane.schedule.mig import layout_for
@@ -64,11 +65,13 @@ from proofplane.schedule.reasons import (
     NODE_NOT_ADMITTED,
     QUOTA_EXCEEDED,
     QUOTA_ITEM,
+    TOPOLOGY_UNSATISFIABLE,
     blocking,
     render,
 )
 from proofplane.schedule.scoring import Scorer
 from proofplane.schedule.snapshot import ClusterSnapshot
+from proofplane.schedule.topology import domains_of, place_gang
 from proofplane.schedule.values import Allocation, Decision, Request
 
 Pool = frozenset[tuple[str, str]]
@@ -135,7 +138,7 @@ def member_request(req: Request) -> Request:
     g = req.gpus
     if g.nodes <= 1:
         return req
-    return replace(req, gpus=GpuRequest(g.per_node, g.model))
+    return replace(req, gpus=GpuRequest(g.per_node, g.model), topology=None)
 
 
 def _admitted_for(node: Node, tags: Mapping[str, str]) -> bool:
@@ -250,6 +253,35 @@ class Scheduler:
         return self._place_gang(req)
 
     def _place_gang(self, req: Request) -> tuple[Placement | None, Decision]:
+        """A gang: with a topology request, packed into the fewest domains at its level
+        (``schedule.topology``); without, member by member (``_place_members``)."""
+        topo = req.topology
+        if topo is None:
+            return self._place_members(req)
+        found = place_gang(self.snapshot, req)
+        if found.placement is not None:
+            return found.placement, Decision(
+                found.placement, None, f"{found.message}: {', '.join(found.placement.nodes)}",
+                topology=found.info,
+            )  # fmt: skip
+        # Not placeable as asked: does it fit at all (ignoring topology)? If not, it waits for
+        # capacity like any gang; if it does, a required gang waits for its topology.
+        placement, d = self._place_members(replace(req, topology=None))
+        if placement is None:
+            return None, replace(d, topology=found.info)
+        if topo.mode is TopologyMode.PREFERRED:  # cannot happen: the search spans every domain
+            used = domains_of(self.snapshot, placement.nodes, topo.level)
+            info = found.info | {"domains": used, "domains_used": len(used)}
+            return placement, replace(d, topology=info)
+        message = render(
+            TOPOLOGY_UNSATISFIABLE,
+            nodes=req.gpus.nodes,
+            level=topo.level,
+            most=found.info.get("most_in_one_domain", 0),
+        )
+        return None, Decision(None, TOPOLOGY_UNSATISFIABLE, message, {}, topology=found.info)
+
+    def _place_members(self, req: Request) -> tuple[Placement | None, Decision]:
         """Best fit for each member in turn, each on a node no earlier member took; all or
         nothing. Nodes taken by earlier members are hidden by marking them cordoned in the
         snapshot for the duration of the search, then restored."""
@@ -371,9 +403,12 @@ class Scheduler:
             )
         placement, decision = self.place(req)
         if placement is not None:
-            return self._placed(job, placement, decision.message)
+            return self._placed(job, placement, decision.message, decision.topology)
         if decision.reason != INSUFFICIENT_CAPACITY:
-            return Outcome(None, decision.reason, decision.message, dict(decision.rejections))
+            return Outcome(
+                None, decision.reason, decision.message, dict(decision.rejections),
+                {"topology": decision.topology} if decision.topology is not None else {},
+            )  # fmt: skip
         if repartition and req.gpus.mig_profile is not None and req.gpus.nodes <= 1:
             found = self._repartition(req)
             if found is not None:
@@ -393,11 +428,11 @@ class Scheduler:
             if victims:
                 ranks = {v.key: self._rank.get(v.key) for v in victims}
                 released = [self.release(v.key) for v in victims]
-                placement, _ = self.place(req)
+                placement, after = self.place(req)
                 if placement is not None:
                     names = ", ".join(f"{v.tenant}/{v.name}" for v in victims)
                     return replace(
-                        self._placed(job, placement, ""),
+                        self._placed(job, placement, "", after.topology),
                         message=f"placed on {placement.node} by preempting {names}",
                         preempted=tuple(victims),
                     )
@@ -415,9 +450,18 @@ class Scheduler:
                 dict(decision.rejections),
                 {"co_residency": False},
             )
-        return Outcome(None, decision.reason, decision.message, dict(decision.rejections))
+        return Outcome(
+            None, decision.reason, decision.message, dict(decision.rejections),
+            {"topology": decision.topology} if decision.topology is not None else {},
+        )  # fmt: skip
 
-    def _placed(self, job: Job, placement: Placement, message: str) -> Outcome:
+    def _placed(
+        self,
+        job: Job,
+        placement: Placement,
+        message: str,
+        topology: dict[str, object] | None = None,
+    ) -> Outcome:
         req = job.request
         held = Held(
             job.key,
@@ -432,7 +476,7 @@ class Scheduler:
             req.memory_mib,
         )
         self.hold(held)
-        return Outcome(placement, None, message)
+        return Outcome(placement, None, message, details={"topology": topology} if topology else {})
 
     # ------------------------------------------------------------------ repartitioning
 
