@@ -264,15 +264,16 @@ class Scheduler:
                 found.placement, None, f"{found.message}: {', '.join(found.placement.nodes)}",
                 topology=found.info,
             )  # fmt: skip
-        # Not placeable as asked: does it fit at all (ignoring topology)? If not, it waits for
-        # capacity like any gang; if it does, a required gang waits for its topology.
-        placement, d = self._place_members(replace(req, topology=None))
-        if placement is None:
-            return None, replace(d, topology=found.info)
-        if topo.mode is TopologyMode.PREFERRED:  # cannot happen: the search spans every domain
-            used = domains_of(self.snapshot, placement.nodes, topo.level)
-            info = found.info | {"domains": used, "domains_used": len(used)}
-            return placement, replace(d, topology=info)
+        if not found.fits_elsewhere:
+            # it does not fit even across domains: it waits for capacity like any gang (the
+            # member-by-member search says which filters refused how many nodes)
+            placement, d = self._place_members(replace(req, topology=None))
+            if placement is None:
+                return None, replace(d, topology=found.info)
+            if topo.mode is TopologyMode.PREFERRED:  # cannot happen: the search spans all
+                used = domains_of(self.snapshot, placement.nodes, topo.level)
+                info = found.info | {"domains": used, "domains_used": len(used)}
+                return placement, replace(d, topology=info)
         message = render(
             TOPOLOGY_UNSATISFIABLE,
             nodes=req.gpus.nodes,

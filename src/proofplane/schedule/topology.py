@@ -71,6 +71,7 @@ class TopologyIndex:
 
     def __init__(self) -> None:
         self._where: dict[str, _Where] = {}
+        self._seen: dict[str, tuple[Node, tuple[str | None, ...]]] = {}  # its domains, per Node
         self._names: dict[str, dict[str, set[str]]] = {lv: {} for lv in TOPOLOGY_LEVELS}
         self._counts: dict[str, dict[str, list[int]]] = {lv: {} for lv in TOPOLOGY_LEVELS}
         self._loose: dict[str, set[str]] = {lv: set() for lv in TOPOLOGY_LEVELS}
@@ -79,9 +80,28 @@ class TopologyIndex:
         """Node ``name`` is now ``node`` (None: not admitted, or gone) with ``free`` GPUs."""
         new: _Where | None = None
         if node is not None:
-            new = (tuple(domain_of(node, lv) for lv in TOPOLOGY_LEVELS), free)
+            seen = self._seen.get(name)
+            if seen is None or seen[0] is not node:
+                domains = tuple(domain_of(node, lv) for lv in TOPOLOGY_LEVELS)
+                seen = self._seen[name] = (node, domains)
+            new = (seen[1], free)
+        else:
+            self._seen.pop(name, None)
         old = self._where.get(name)
         if old == new:
+            return
+        if old is not None and new is not None and old[0] == new[0]:
+            # the common change: a reservation or release, same domains, other free count
+            was, now = old[1], new[1]
+            counts = self._counts
+            for level, domain in zip(TOPOLOGY_LEVELS, new[0], strict=True):
+                if domain is not None:
+                    c = counts[level][domain]
+                    if len(c) <= now:
+                        c.extend([0] * (now + 1 - len(c)))
+                    c[was] -= 1
+                    c[now] += 1
+            self._where[name] = new
             return
         if old is not None:
             self._file(name, old, -1)
@@ -153,6 +173,7 @@ class TopologyChoice:
     placement: Placement | None
     message: str
     info: dict[str, Any]
+    fits_elsewhere: bool = False  # a required gang that would fit across several domains
 
 
 _Fit = tuple[int, str, tuple[PlacedDevice, ...]]  # (free GPUs, node, devices)
@@ -223,11 +244,12 @@ def place_gang(snap: ClusterSnapshot, req: Request) -> TopologyChoice:
             return TopologyChoice(
                 _placement(fits[:k]), f"placed within one {level} ({domain})", info
             )
-    if topo.mode is TopologyMode.REQUIRED:
+    required = topo.mode is TopologyMode.REQUIRED
+    if required:
         most = max((len(exact[d]) if d in exact else b for d, b in bounds.items()), default=0)
         info |= {"domains_used": None, "most_in_one_domain": min(most, k - 1)}
-        return TopologyChoice(None, "", info)
-    # 2. preferred: the fewest domains, evaluated largest bound first until they hold the gang
+    # 2. the fewest domains, evaluated largest bound first until they hold the gang (for a
+    # required gang only to tell "waits for its topology" from "waits for capacity")
     loose = index.loose(level) & compliant
     lower = fewest_domains([*bounds.values(), *([1] * len(loose))], k)
     sizes: dict[str, list[_Fit]] = {}
@@ -249,6 +271,9 @@ def place_gang(snap: ClusterSnapshot, req: Request) -> TopologyChoice:
     if chosen is None:
         info |= {"domains_used": None}
         return TopologyChoice(None, "", info)
+    if required:
+        info |= {"fits_across": len(chosen), "fewest_possible": lower}
+        return TopologyChoice(None, "", info, fits_elsewhere=True)
     members = [fit for domain, n in chosen for fit in sizes[domain][:n]]
     used = len(chosen)
     best = lower is not None and used <= lower
