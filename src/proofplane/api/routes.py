@@ -277,6 +277,7 @@ def register_node(
         ),
         cpu_milli=body.cpu_milli,
         memory_mib=body.memory_mib,
+        topology=dict(body.topology),
     )
     n = nodes_svc.register_node(store, actor, node)
     response.headers["Location"] = f"/api/v1/nodes/{n.name}"
@@ -297,7 +298,12 @@ def update_node(
     store: StoreDep,
     actor: Annotated[Actor, Depends(requires(P.NODES_WRITE))],
 ) -> NodeOut:
-    return NodeOut.of(nodes_svc.update_node(store, actor, name, labels=body.labels, rack=body.rack))
+    topology = dict(body.topology) if body.topology is not None else None
+    return NodeOut.of(
+        nodes_svc.update_node(
+            store, actor, name, labels=body.labels, rack=body.rack, topology=topology
+        )
+    )
 
 
 @router.post("/nodes/{name}/state", tags=["nodes"])
@@ -375,6 +381,9 @@ def _workload_spec(body: WorkloadIn) -> workloads_svc.WorkloadSpec:
         command=tuple(body.command),
         cpu_milli=body.cpu_milli,
         memory_mib=body.memory_mib,
+        topology=workloads_svc.topology_request(body.topology.level, body.topology.mode)
+        if body.topology is not None
+        else None,
     )
 
 

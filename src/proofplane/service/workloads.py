@@ -14,11 +14,14 @@ from proofplane.access import Actor, Permission, authorize
 from proofplane.errors import Conflict, InvalidState, NotFound, ProofplaneError, ValidationFailed
 from proofplane.hardware.skus import SKUS, canonical_model, get_sku
 from proofplane.model import (
+    TOPOLOGY_LEVELS,
     GpuRequest,
     IsolationLevel,
     Outcome,
     Placement,
     Tenant,
+    TopologyMode,
+    TopologyRequest,
     Workload,
     WorkloadStatus,
     validate_name,
@@ -96,6 +99,7 @@ class WorkloadSpec:
     command: tuple[str, ...] = ()
     cpu_milli: int = 0  # issue 17: CPU (milli-cores) and memory (MiB) besides the GPUs
     memory_mib: int = 0
+    topology: TopologyRequest | None = None  # issue 17 §4: a gang's packing request
 
 
 _SHAPE_FOR = {
@@ -104,6 +108,40 @@ _SHAPE_FOR = {
     IsolationLevel.EXCLUSIVE_GPU: "whole GPUs (count, no mig_profile or share_milli)",
     IsolationLevel.DEDICATED_NODE: "whole GPUs (count, no mig_profile or share_milli)",
 }
+
+
+def topology_request(level: str, mode: str = "required") -> TopologyRequest:
+    """A gang's topology request from its words (the API's, a cluster file's): ``level`` one
+    of ``TOPOLOGY_LEVELS``, ``mode`` ``required`` (the default) or ``preferred``."""
+    if level not in TOPOLOGY_LEVELS:
+        raise ValidationFailed(
+            f"topology.level must be one of {', '.join(TOPOLOGY_LEVELS)}",
+            code="invalid_topology_level",
+            details={"level": level, "known": list(TOPOLOGY_LEVELS)},
+        )
+    modes = [m.value for m in TopologyMode]
+    if mode not in modes:
+        raise ValidationFailed(
+            f"topology.mode must be one of {', '.join(modes)}",
+            code="invalid_topology_mode",
+            details={"mode": mode, "known": modes},
+        )
+    return TopologyRequest(level, TopologyMode(mode))
+
+
+def check_topology(topology: TopologyRequest | None, gpus: GpuRequest) -> None:
+    """A topology request is a gang's (``gpus.nodes`` > 1): on a one-node workload it would
+    mean nothing, so it is refused rather than silently ignored."""
+    if topology is None:
+        return
+    topology_request(topology.level, str(topology.mode))
+    if gpus.nodes <= 1:
+        raise ValidationFailed(
+            "topology applies to gangs only (gpus.nodes > 1): a one-node workload sits in "
+            "one domain at every level",
+            code="topology_requires_gang",
+            details={"nodes": gpus.nodes},
+        )
 
 
 def check_resources(cpu_milli: int, memory_mib: int) -> None:
@@ -258,6 +296,7 @@ def _check_spec(spec: WorkloadSpec) -> GpuRequest:
     validate_name(spec.name, "workload")
     check_resources(spec.cpu_milli, spec.memory_mib)
     gpus = check_gpu_request(spec.gpus, gpu_optional=bool(spec.cpu_milli or spec.memory_mib))
+    check_topology(spec.topology, gpus)
     _check_command(spec.command)
     return gpus
 
@@ -416,6 +455,8 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
         name = v["name"]
         fields = decision_fields(spec.tenant, v["tags"], v["isolation"], gpus, v["co_residency"])
         details = {**fields, "priority": spec.priority, "command": v["command"]}
+        if spec.topology is not None:
+            details["topology"] = spec.topology.to_json()
         if note:
             details["isolation_note"] = note
         events.append(NewEvent("workload.submit", "workload", name, details))
@@ -432,6 +473,7 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
             v["co_residency"],
             spec.cpu_milli,
             spec.memory_mib,
+            spec.topology,
         )
         unready = view.unready(spec.tenant, wid)
         started = time.perf_counter()
@@ -446,7 +488,7 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
                         "workload.place",
                         "workload",
                         name,
-                        {**fields, **placement_json(outcome.placement)},
+                        {**fields, **placement_json(outcome.placement), **outcome.details},
                     )
                 )
                 placed.append((wid, outcome.placement))
@@ -530,6 +572,7 @@ def _row_values(
         "co_residency": co_residency,
         "cpu_milli": spec.cpu_milli,
         "memory_mib": spec.memory_mib,
+        "topology": spec.topology.to_json() if spec.topology is not None else None,
     }
 
 
@@ -581,6 +624,7 @@ def _workload_of(
         co_residency=v["co_residency"],
         cpu_milli=v["cpu_milli"],
         memory_mib=v["memory_mib"],
+        topology=TopologyRequest.from_json(v["topology"]),
     )
 
 
@@ -604,6 +648,8 @@ def insert_workload(tx: Tx, spec: WorkloadSpec, gpus: GpuRequest) -> WorkloadRow
     tx.session.add(row)
     tx.session.flush()
     details = {**decision_details(row), "priority": spec.priority, "command": list(spec.command)}
+    if spec.topology is not None:
+        details["topology"] = spec.topology.to_json()
     if note:
         details["isolation_note"] = note
     tx.record("workload.submit", "workload", spec.name, details=details)
