@@ -7,9 +7,8 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from alembic import command
-from alembic.config import Config
 
+from dbtest import migrate_to
 from proofplane.access import SYSTEM
 from proofplane.errors import ValidationFailed
 from proofplane.hardware.cluster_file import parse_cluster
@@ -19,7 +18,6 @@ from proofplane.service import nodes as nodes_svc
 from proofplane.service import workloads as workloads_svc
 from proofplane.service.cluster import load_cluster
 from proofplane.service.context import Store
-from proofplane.store import migrate
 
 CLUSTER = """\
 cluster: topo
@@ -85,13 +83,7 @@ def test_cluster_file_refuses_topology_on_one_node(store: Store) -> None:
 
 def test_migration_0019_downgrades_and_upgrades_again(store: Store) -> None:
     load_cluster(store, SYSTEM, parse_cluster(CLUSTER))
-    cfg = Config()
-    cfg.set_main_option("script_location", str(migrate.MIGRATIONS_DIR))
-    cfg.attributes["engine"] = store.engine
-    command.downgrade(cfg, "0017")
-    assert migrate.current_revision(store.engine) == "0017"
-    command.upgrade(cfg, "head")
-    assert migrate.is_current(store.engine)
+    migrate_to(store.engine, "0017")
     # the columns are back, empty: nodes name no domain, workloads ask no topology
     assert nodes_svc.get_node(store, SYSTEM, "a1").topology == {}
     assert workloads_svc.get_workload(store, SYSTEM, "pair").topology is None
