@@ -257,6 +257,22 @@ def test_topology_never_trades_compliance_nor_double_allocates(
         out = s.schedule(j, preempt=False)
         if out.placement is None:
             assert out.reason is not None
+            req = j.request
+            if req.topology is not None and req.topology.mode is REQ:
+                # complete: no rack had enough compliant nodes with the GPUs free
+                held: Counter[str] = Counter(
+                    part.node for h in s.held.values() for part in h.placement.parts
+                    for _d in part.devices
+                )  # fmt: skip
+                able: Counter[str | None] = Counter(
+                    domain_of(n, "rack")
+                    for n in nodes
+                    if n.state is NodeState.ADMITTED
+                    and not missing_tags(req.tags, n.certifications)
+                    and len(n.gpus) - held[n.name] >= req.gpus.per_node
+                )
+                able.pop(None, None)
+                assert all(c < req.gpus.nodes for c in able.values()), (able, out.reason)
             continue
         req = j.request
         names = out.placement.nodes

@@ -13,7 +13,10 @@ Order of the steps, least disruptive first:
 1. **Quota** (a PreFilter): a tenant's holdings plus the request must fit its ``Quota``, or the
    job waits with ``quota_exceeded`` (every node counted under that code).
 2. **Place** on existing capacity: the snapshot's filters and best fit. A gang (``gpus.nodes``
-   > 1) places ``count // nodes`` whole GPUs on each of ``nodes`` distinct nodes, all or none.
+   > 1) places ``count // nodes`` whole GPUs on each of ``nodes`` distinct nodes, all or none;
+   with a topology request (issue 17 §4) packed into the fewest domains at its level
+   (``schedule.topology``), a ``required`` one waiting with ``topology_unsatisfiable`` when no
+   single domain holds it.
 3. **Repartition** (MIG requests only): an *idle* MIG-enabled GPU (no allocation on any of its
    instances) on a node certified for the job's tags may get a new layout
    (``schedule.mig.layout_for``). A GPU holding work is never touched.
