@@ -13,6 +13,7 @@ def test_quick_run_prints_the_figures() -> None:
     doc = bench_json("topology.py", "--quick", "--json")
     assert doc["engine"] == "proofplane.schedule" and doc["scorer"]
     assert doc["gang_decisions_per_s"] > 0 and doc["p50_ms"] <= doc["p99_ms"]
+    assert doc["cpu_gang_decisions_per_s"] > 0 and doc["blind_gang_decisions_per_s"] > 0
     one = doc["within_one_domain"]
     assert 0 <= one["blind"] <= one["topology"] <= 1
     assert doc["mean_domains"]["topology"] <= doc["mean_domains"]["blind"]
