@@ -127,3 +127,25 @@ def test_bad_topology_is_refused_with_a_code(client: TestClient) -> None:
     r = client.patch(f"{API}/nodes/a0", json={"topology": {"pod": "p"}})
     error(r, 422, "invalid_topology_level")
     assert client.get(f"{API}/workloads").json()["items"] == []
+
+
+def test_batch_submits_gangs_with_topology(client: TestClient) -> None:
+    setup(client)
+    items = [
+        gang_body("p1", 2, level="rack"),
+        gang_body("p2", 2, level="rack"),
+        gang_body("p3", 2, level="rack"),  # both racks taken: waits for one
+    ]
+    r = client.post(f"{API}/workloads/batch", json={"items": items})
+    assert r.status_code == 201, r.text
+    out = {w["name"]: w for w in r.json()["items"]}
+    racks = [{m["node"][0] for m in out[n]["placement"]["members"]} for n in ("p1", "p2")]
+    assert sorted(map(sorted, racks)) == [["a"], ["b"]]  # one rack each
+    assert out["p3"]["status"] == "pending" and out["p3"]["reason"] == "insufficient_capacity"
+    assert out["p3"]["topology"] == {"level": "rack", "mode": "required"}
+    submits = client.get(f"{API}/events", params={"action": "workload.submit"}).json()["items"]
+    assert all(e["details"]["topology"]["level"] == "rack" for e in submits)
+    placed = client.get(f"{API}/events", params={"action": "workload.place"}).json()["items"]
+    assert [e["details"]["topology"]["domains_used"] for e in placed] == [1, 1]
+    got = client.get(f"{API}/workloads/p1").json()
+    assert got["topology"] == {"level": "rack", "mode": "required"}
