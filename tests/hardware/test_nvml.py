@@ -257,3 +257,9 @@ def test_nvlink_fabric_gives_the_nodes_nvlink_domain(fake: FakeNvml):
     fake.gpus[1].fabric = (cluster, 7, pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS)
     inv = nvml.collect(fake)
     assert "fabric" not in inv["gpus"][1] and "topology" not in inv
+    # what a real H100 80GB HBM3 (driver 580.159.04, outside any NVLink fabric) answered on the
+    # lent device (scripts/topology_check.py): success, state NOT_SUPPORTED, a zero UUID
+    for g in fake.gpus:
+        g.fabric = (bytes(16), 0, pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED)
+    inv = nvml.collect(fake)
+    assert all("fabric" not in g for g in inv["gpus"]) and "topology" not in inv

@@ -243,7 +243,9 @@ class _Collector:
         except nv.NVMLError:
             return {}
         completed = getattr(nv, "NVML_GPU_FABRIC_STATE_COMPLETED", 3)
-        uuid = bytes(info.clusterUuid).hex()
+        # NVML_GPU_FABRIC_UUID_LEN is 16; some bindings declare a longer field (a real H100,
+        # driver 580, answered 80 zero bytes with state NOT_SUPPORTED)
+        uuid = bytes(info.clusterUuid)[:16].hex()
         if info.state != completed or info.status != 0 or not uuid.strip("0"):
             return {}
         return {"fabric": {"cluster_uuid": uuid, "clique_id": int(info.cliqueId)}}
