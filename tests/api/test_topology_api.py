@@ -106,6 +106,7 @@ def test_preferred_gang_degrades_and_says_how_far(client: TestClient) -> None:
     assert topo["domains_used"] == 2 and topo["fewest_possible"] == 2 and topo["best_possible"]
     ex = client.get(f"{API}/workloads/big/explain").json()
     assert sorted(ex["analysis"]["topology"]["placed_domains"]) == ["ra", "rb"]
+    assert "its gang asks rack (preferred) and spans 2" in ex["summary"]
 
 
 def test_bad_topology_is_refused_with_a_code(client: TestClient) -> None:

@@ -823,10 +823,18 @@ def _summary(wl: Workload, a: dict[str, Any]) -> str:
                 if rank is not None
                 else f"{p['node']} (no longer a candidate for new placements)"
             )
+        topo = a.get("topology") or {}
+        packed = ""
+        if topo.get("placed_domains"):
+            domains = topo["placed_domains"]
+            packed = (
+                f"; its gang asks {topo['level']} ({topo['mode']}) and spans "
+                f"{len(domains)}: {', '.join(domains)}"
+            )
         return (
             f"{wl.status.value} on {', '.join(parts)}: it is certified for "
-            f"{wl.tags or 'no tags'} and scored best fit (fewest idle GPUs left, then name); "
-            f"nodes rejected as the cluster stands now: {filters}"
+            f"{wl.tags or 'no tags'} and scored best fit (fewest idle GPUs left, then name)"
+            f"{packed}; nodes rejected as the cluster stands now: {filters}"
         )
     return (
         f"pending ({wl.reason}): {(wl.reason_details or {}).get('message', '')}; "
