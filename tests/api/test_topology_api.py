@@ -117,8 +117,9 @@ def test_bad_topology_is_refused_with_a_code(client: TestClient) -> None:
           422, "invalid_topology_mode")  # fmt: skip
     one = {"name": "x", "tenant": "acme", "gpus": {"count": 1}, "topology": {"level": "rack"}}
     error(client.post(f"{API}/workloads", json=one), 422, "topology_requires_gang")
-    batch = {"items": [gang_body("y", 2, level="spine")]}
-    error(client.post(f"{API}/workloads/batch", json=batch), 422, "invalid_topology_level")
+    batch = {"items": [gang_body("y", 2, level="rack"), gang_body("z", 2, level="spine")]}
+    err = error(client.post(f"{API}/workloads/batch", json=batch), 422, "invalid_topology_level")
+    assert err["details"]["index"] == 1 and err["message"].startswith("items[1]: ")
     bad = {"name": "n9", "region": "eu", "zone": "eu-1a", "topology": {"pod": "p1"}}
     error(client.post(f"{API}/nodes", json=bad), 422, "invalid_topology_level")
     bad["topology"] = {"rack": "Not A Name"}

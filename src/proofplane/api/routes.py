@@ -409,7 +409,10 @@ def submit_workloads(
 ) -> WorkloadBatchOut:
     """Submit up to 1000 workloads in one transaction, all or nothing, placed in order. A
     refused item refuses the batch; the error names it (``items[i]: …``, ``details.index``)."""
-    specs = [_workload_spec(item) for item in body.items]
+    specs = []
+    for i, item in enumerate(body.items):
+        with workloads_svc.batch_item(i):  # a refused topology names its item too
+            specs.append(_workload_spec(item))
     return WorkloadBatchOut(
         items=[WorkloadOut.of(w) for w in workloads_svc.submit_workloads(store, actor, specs)]
     )

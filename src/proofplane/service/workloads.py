@@ -326,7 +326,7 @@ def _check_command(command: Sequence[str]) -> None:
 
 
 @contextmanager
-def _item(index: int) -> Iterator[None]:
+def batch_item(index: int) -> Iterator[None]:
     """Name the batch item an error is about: ``items[3]: …`` and ``details.index``."""
     try:
         yield
@@ -358,7 +358,7 @@ def submit_workloads(store: Store, actor: Actor, specs: Sequence[WorkloadSpec]) 
     items: list[tuple[WorkloadSpec, GpuRequest]] = []
     first: dict[tuple[str, str], int] = {}
     for i, spec in enumerate(specs):
-        with _item(i):
+        with batch_item(i):
             authorize(actor, Permission.WORKLOADS_WRITE, tenant=spec.tenant)
             gpus = _check_spec(spec)
             earlier = first.setdefault((spec.tenant, spec.name), i)
@@ -408,7 +408,7 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
     values: list[dict[str, Any]] = []
     notes: list[str] = []
     for i, (spec, gpus) in enumerate(items):
-        with _item(i):
+        with batch_item(i):
             tenant = tenants.get(spec.tenant)
             if tenant is None:
                 raise NotFound(f"tenant {spec.tenant!r} not found", details={"tenant": spec.tenant})
@@ -462,7 +462,7 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
         events.append(NewEvent("workload.submit", "workload", name, details))
         if netstate.is_per_workload(trows[spec.tenant].profile):
             write_buffered()  # its segment's event after its submission, as one by one
-            with _item(i):
+            with batch_item(i):
                 netstate.allocate_segment(tx, spec.tenant, workload=name, workload_id=wid)
         request = Request(
             name,
