@@ -11,6 +11,7 @@ from proofplane.model.node import (
     NodeState,
     can_transition,
     domain_of,
+    validate_topology,
 )
 from proofplane.model.tags import missing_tags, parse_tag_pairs, validate_name, validate_tags
 from proofplane.model.tenant import ComplianceProfile, IsolationLevel, Quota, Tenant
@@ -51,4 +52,5 @@ __all__ = [
     "parse_tag_pairs",
     "validate_name",
     "validate_tags",
+    "validate_topology",
 ]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+
+from proofplane.errors import ValidationFailed
+from proofplane.model.tags import validate_name
 
 
 class NodeState(StrEnum):
@@ -96,6 +100,20 @@ class Node:
 #: ``nvlink_domain`` (a multi-node NVLink system such as a GB200 NVL72), ``rail`` (the nodes on
 #: one rail of a rail-optimised fabric).
 TOPOLOGY_LEVELS: tuple[str, ...] = ("block", "rack", "nvlink_domain", "rail")
+
+
+def validate_topology(topology: Mapping[str, str]) -> dict[str, str]:
+    """A node's topology checked: each level one of ``TOPOLOGY_LEVELS``, each domain a name;
+    returned in level order."""
+    for level, domain in topology.items():
+        if level not in TOPOLOGY_LEVELS:
+            raise ValidationFailed(
+                f"topology level {level!r} is not one of {', '.join(TOPOLOGY_LEVELS)}",
+                code="invalid_topology_level",
+                details={"level": level, "known": list(TOPOLOGY_LEVELS)},
+            )
+        validate_name(domain, f"topology {level}")
+    return {lv: topology[lv] for lv in TOPOLOGY_LEVELS if lv in topology}
 
 
 def domain_of(node: Node, level: str) -> str | None:

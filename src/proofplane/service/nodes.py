@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -13,12 +12,12 @@ from proofplane.access import Actor, Permission, authorize
 from proofplane.errors import Conflict, InvalidState, NotFound, ValidationFailed
 from proofplane.hardware.inventory import normalize_gpus
 from proofplane.model import (
-    TOPOLOGY_LEVELS,
     Node,
     NodeState,
     missing_tags,
     validate_name,
     validate_tags,
+    validate_topology,
 )
 from proofplane.schedule.reasons import CERTIFICATION_REVOKED, render
 from proofplane.service import execution
@@ -45,7 +44,7 @@ def check_node(node: Node) -> Node:
         validate_name(value, what)
     if node.rack is not None:
         validate_name(node.rack, "rack")
-    topology = check_node_topology(node.topology)
+    topology = validate_topology(node.topology)
     rack = topology.get("rack")
     if rack is not None and node.rack is not None and rack != node.rack:
         raise ValidationFailed(
@@ -75,19 +74,6 @@ def check_node(node: Node) -> Node:
     return replace(
         node, labels=validate_tags(node.labels, field="labels"), gpus=normalize_gpus(node.gpus)
     )
-
-
-def check_node_topology(topology: Mapping[str, str]) -> dict[str, str]:
-    """A node's topology (issue 17 §4): level (one of ``TOPOLOGY_LEVELS``) → domain name."""
-    for level, domain in topology.items():
-        if level not in TOPOLOGY_LEVELS:
-            raise ValidationFailed(
-                f"topology level {level!r} is not one of {', '.join(TOPOLOGY_LEVELS)}",
-                code="invalid_topology_level",
-                details={"level": level, "known": list(TOPOLOGY_LEVELS)},
-            )
-        validate_name(domain, f"topology {level}")
-    return {lv: topology[lv] for lv in TOPOLOGY_LEVELS if lv in topology}
 
 
 def register_node(store: Store, actor: Actor, node: Node) -> Node:
@@ -172,7 +158,7 @@ def update_node(
     if rack is not None:
         validate_name(rack, "rack")
     if topology is not None:
-        topology = check_node_topology(topology)
+        topology = validate_topology(topology)
         if rack is None:
             rack = topology.get("rack")
     with store.write(actor) as tx:
