@@ -484,14 +484,9 @@ def _hardware_topology(tx: Tx, row: NodeRow, evidence: Evidence) -> None:
     except ValidationFailed:
         return
     after = validate_topology({**before, "nvlink_domain": found})
-    row.topology = after
-    row.updated_at = tx.now
-    tx.record(
-        "node.update",
-        "node",
-        row.name,
-        details={"topology": {"before": before, "after": after}, "source": "attested inventory"},
-    )
+    change = {"topology": {"before": before, "after": after}, "source": "attested inventory"}
+    row.topology, row.updated_at = after, tx.now
+    tx.record("node.update", "node", row.name, details=change)
 
 
 def _refused(code: str, evidence: Evidence, expected: Expected, policy: Policy) -> Verdict:
