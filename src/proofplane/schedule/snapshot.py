@@ -359,7 +359,7 @@ class ClusterSnapshot:
                 else None,
             )
         if info is not None and new is not None:
-            self.topology.changed(name, info.node, free_gpus(info, u))
+            self.topology.changed(name, info.node, lambda: free_gpus(info, u))
         else:
             self.topology.changed(name, None, 0)
 

@@ -32,7 +32,7 @@ Pure: no I/O, no clock; the snapshot is read, never changed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -71,19 +71,26 @@ class TopologyIndex:
 
     def __init__(self) -> None:
         self._where: dict[str, _Where] = {}
-        self._seen: dict[str, tuple[Node, tuple[str | None, ...]]] = {}  # its domains, per Node
+        # per node: the Node its domains were read from, the domains, whether it names any
+        self._seen: dict[str, tuple[Node, tuple[str | None, ...], bool]] = {}
         self._names: dict[str, dict[str, set[str]]] = {lv: {} for lv in TOPOLOGY_LEVELS}
         self._counts: dict[str, dict[str, list[int]]] = {lv: {} for lv in TOPOLOGY_LEVELS}
         self._loose: dict[str, set[str]] = {lv: set() for lv in TOPOLOGY_LEVELS}
 
-    def changed(self, name: str, node: Node | None, free: int) -> None:
-        """Node ``name`` is now ``node`` (None: not admitted, or gone) with ``free`` GPUs."""
+    def changed(self, name: str, node: Node | None, free: int | Callable[[], int]) -> None:
+        """Node ``name`` is now ``node`` (None: not admitted, or gone) with ``free`` GPUs (or a
+        function that counts them, called only for a node that names a domain: a reservation
+        on a node without topology costs a lookup)."""
         new: _Where | None = None
         if node is not None:
             seen = self._seen.get(name)
             if seen is None or seen[0] is not node:
                 domains = tuple(domain_of(node, lv) for lv in TOPOLOGY_LEVELS)
-                seen = self._seen[name] = (node, domains)
+                seen = self._seen[name] = (node, domains, any(d is not None for d in domains))
+            if not seen[2]:
+                free = 0
+            elif callable(free):
+                free = free()
             new = (seen[1], free)
         else:
             self._seen.pop(name, None)
