@@ -4,9 +4,12 @@ the run, so a missing dependency never hides behind a skip there."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -22,3 +25,16 @@ def unavailable(reason: str) -> NoReturn:
     if IN_CI:
         pytest.fail(f"{reason} (required in CI)", pytrace=False)
     pytest.skip(reason, allow_module_level=True)
+
+
+def bench_json(script: str, *args: str, timeout: float = 120) -> dict[str, Any]:
+    """Run ``bench/<script>`` with ``args`` in this interpreter and parse the JSON it prints."""
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=True,
+    )
+    doc: dict[str, Any] = json.loads(out.stdout)
+    return doc

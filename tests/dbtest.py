@@ -11,6 +11,11 @@ import os
 from importlib import resources
 
 import psycopg
+from alembic import command
+from alembic.config import Config
+from sqlalchemy.engine import Engine
+
+from proofplane.store import migrate
 
 PG_ADMIN = os.environ.get("PROOFPLANE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 ADMIN_TOKEN = "ppt_test-admin-token-0123456789abcdef"
@@ -30,3 +35,15 @@ def pg_admin() -> psycopg.Connection:
 def demo_text() -> str:
     """The shipped demo cluster file."""
     return (resources.files("proofplane") / "data" / "demo-cluster.yaml").read_text()
+
+
+def migrate_to(engine: Engine, revision: str) -> None:
+    """Downgrade (or upgrade) the schema of ``engine`` to ``revision``, then back to head: a
+    migration's down and up paths, as its test walks them."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrate.MIGRATIONS_DIR))
+    cfg.attributes["engine"] = engine
+    command.downgrade(cfg, revision)
+    assert migrate.current_revision(engine) == revision
+    command.upgrade(cfg, "head")
+    assert migrate.is_current(engine)

@@ -66,6 +66,8 @@ class FakeGpu:
     gpm_mig: dict[int, dict[int, float]] = field(default_factory=dict)
     #: GPU instance id -> MiB used
     mig_fb_used: dict[int, int] = field(default_factory=dict)
+    #: multi-node NVLink fabric: (cluster UUID bytes, clique id, state); None: NOT_SUPPORTED
+    fabric: tuple[bytes, int, int] | None = None
 
 
 # H100 GPU instance profiles by profile index (NVML_GPU_INSTANCE_PROFILE_*), as
@@ -89,6 +91,8 @@ class FakeNvml:
     c_nvmlGpuInstance_t = pynvml.c_nvmlGpuInstance_t
     c_nvmlGpmMetricsGet_t = pynvml.c_nvmlGpmMetricsGet_t
     nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
+    c_nvmlGpuFabricInfo_t = pynvml.c_nvmlGpuFabricInfo_t
+    NVML_GPU_FABRIC_STATE_COMPLETED = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
 
     def __init__(self, gpus: list[FakeGpu], *, legacy_bytes: bool = False,
                  init_error: int | None = None, profiles: dict | None = None,
@@ -164,6 +168,16 @@ class FakeNvml:
     def nvmlSystemGetNVMLVersion(self) -> str | bytes:
         self._live()
         return self._s(f"12.{DRIVER}")
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: Any, info_ref: Any) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetGpuFabricInfo")
+        if gpu.fabric is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info = info_ref._obj
+        uuid, clique, state = gpu.fabric
+        ctypes.memmove(info.clusterUuid, uuid, 16)
+        info.cliqueId, info.state, info.status = clique, state, 0
+        return pynvml.NVML_SUCCESS
 
     def nvmlDeviceGetCount(self) -> int:
         self._live()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -117,9 +117,13 @@ def enroll(client: TestClient, name: str, node: SoftNode) -> dict[str, Any]:
     return r.json()  # type: ignore[no-any-return]
 
 
-def round_(client: TestClient, name: str, node: SoftNode) -> dict[str, Any]:
+def round_(
+    client: TestClient, name: str, node: SoftNode, inventory: dict[str, Any] | None = None
+) -> dict[str, Any]:
     issued = client.post(f"{API}/nodes/{name}/attestation/nonce").json()
     ev = node.quote(bytes.fromhex(issued["nonce"]), issued["pcrs"])
+    if inventory is not None:
+        ev = replace(ev, inventory=inventory)
     r = client.post(f"{API}/nodes/{name}/attestation/evidence",
                     json={"nonce": issued["nonce"], "evidence": ev.to_json()})  # fmt: skip
     assert r.status_code == 200, r.text
@@ -263,3 +267,25 @@ def test_policies(client: TestClient) -> None:
     client.post(f"{API}/nodes", json=node_body("n1")).raise_for_status()
     enroll(client, "n1", SoftNode.make())
     err(client.post(f"{API}/nodes/n1/attestation/nonce"), 409, "attestation_policy_missing")
+
+
+def test_a_passing_round_takes_the_nvlink_domain_its_inventory_names(client: TestClient) -> None:
+    """Issue 17 §4: the NVML collector names the node's NVLink domain from the GPUs' fabric; a
+    passing round's inventory sets it on the node (a node.update event says so); a failing
+    round's, or a name that is not a domain, changes nothing."""
+    client.post(f"{API}/nodes", json=node_body("n1")).raise_for_status()
+    client.put(f"{API}/attestation/policy", json={"policy": POLICY}).raise_for_status()
+    node = SoftNode.make()
+    enroll(client, "n1", node)
+    domain = "nvl-0123456789abcdef0123456789abcdef-7"
+    inventory = {"gpus": [], "topology": {"nvlink_domain": domain}}
+    assert round_(client, "n1", node, inventory)["verdict"]["ok"] is True
+    assert client.get(f"{API}/nodes/n1").json()["topology"] == {"nvlink_domain": domain}
+    updates = client.get(f"{API}/events", params={"action": "node.update"}).json()["items"]
+    assert updates[-1]["details"]["source"] == "attested inventory"
+    assert updates[-1]["details"]["topology"]["after"] == {"nvlink_domain": domain}
+    round_(client, "n1", node, {"gpus": [], "topology": {"nvlink_domain": "Not A Name"}})
+    round_(client, "n1", node, inventory)  # the same again: no new event
+    assert client.get(f"{API}/nodes/n1").json()["topology"] == {"nvlink_domain": domain}
+    again = client.get(f"{API}/events", params={"action": "node.update"}).json()["items"]
+    assert len(again) == len(updates)

@@ -24,7 +24,7 @@ from proofplane.cli import agent as agent_cli
 from proofplane.cli.main import app
 from proofplane.hardware import nvml
 from proofplane.hardware.skus import get_sku, layout_errors
-from proofplane.model import MigInstance
+from proofplane.model import MigInstance, validate_name
 
 
 @pytest.fixture
@@ -239,3 +239,27 @@ def test_agent_inventory_each_round(tmp_path, fake: FakeNvml, capsys):
     assert agent_cli.gpu_inventory(None, gone) is None
     assert "sending no GPU inventory: NVML is not available" in capsys.readouterr().err
     assert list(_verdict(None, allowed_vbios=frozenset({VBIOS})).reasons) == ["inventory_missing"]
+
+
+def test_nvlink_fabric_gives_the_nodes_nvlink_domain(fake: FakeNvml):
+    """A GB200-style node (issue 17 §4): every GPU reports the same NVLink cluster and clique,
+    so the inventory names the node's nvlink_domain; a partial or mixed fabric names none."""
+    cluster = bytes.fromhex("0123456789abcdef0123456789abcdef")
+    done = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
+    for g in fake.gpus:
+        g.fabric = (cluster, 7, done)
+    inv = nvml.collect(fake)
+    assert inv["gpus"][0]["fabric"] == {"cluster_uuid": cluster.hex(), "clique_id": 7}
+    assert inv["topology"] == {"nvlink_domain": f"nvl-{cluster.hex()}-7"}
+    validate_name(inv["topology"]["nvlink_domain"], "topology nvlink_domain")
+    fake.gpus[1].fabric = (cluster, 8, done)  # another clique: no single domain
+    assert "topology" not in nvml.collect(fake)
+    fake.gpus[1].fabric = (cluster, 7, pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS)
+    inv = nvml.collect(fake)
+    assert "fabric" not in inv["gpus"][1] and "topology" not in inv
+    # what a real H100 80GB HBM3 (driver 580.159.04, outside any NVLink fabric) answered on the
+    # lent device (scripts/topology_check.py): success, state NOT_SUPPORTED, a zero UUID
+    for g in fake.gpus:
+        g.fabric = (bytes(16), 0, pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED)
+    inv = nvml.collect(fake)
+    assert all("fabric" not in g for g in inv["gpus"]) and "topology" not in inv

@@ -27,6 +27,8 @@ from proofplane.model import (
     PlacedDevice,
     Placement,
     Quota,
+    TopologyMode,
+    TopologyRequest,
 )
 from proofplane.schedule import reasons
 from proofplane.schedule.engine import Held, Job, Scheduler, pool_of
@@ -221,6 +223,11 @@ def observed_codes() -> tuple[Counter[str], Counter[str]]:
     note(Decision(out.placement, out.reason, out.message, out.rejections))
     s = Scheduler([node("a", 2), node("b", 1)])
     out = s.schedule(Job("g", request(count=4, nodes=2)))
+    note(Decision(out.placement, out.reason, out.message, out.rejections))
+    # the engine: a gang that requires one rack where no rack holds it (issue 17 §4)
+    s = Scheduler([replace(node("a"), rack="r1"), replace(node("b"), rack="r2")])
+    topo = TopologyRequest("rack", TopologyMode.REQUIRED)
+    out = s.schedule(Job("r", replace(request(count=2, nodes=2), topology=topo)))
     note(Decision(out.placement, out.reason, out.message, out.rejections))
     # the engine: a node that has not applied the job's network segment (issue 14)
     s = Scheduler([node("a"), node("b", certs={"hipaa": "true"})])

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from dbtest import demo_text
+from dbtest import demo_text, migrate_to
 from proofplane.access import SYSTEM, Actor, Role
 from proofplane.config import NetworkSettings
 from proofplane.errors import ProofplaneError
@@ -698,18 +698,7 @@ def test_work_placed_before_the_underlay_gets_its_endpoints_with_it(store: Store
 
 
 def test_migration_0015_downgrades_and_upgrades_again(demo: Store) -> None:
-    from alembic import command
-    from alembic.config import Config
-
-    from proofplane.store import migrate
-
-    cfg = Config()
-    cfg.set_main_option("script_location", str(migrate.MIGRATIONS_DIR))
-    cfg.attributes["engine"] = demo.engine
-    command.downgrade(cfg, "0014")
-    assert migrate.current_revision(demo.engine) == "0014"
-    command.upgrade(cfg, "head")
-    assert migrate.is_current(demo.engine)
+    migrate_to(demo.engine, "0014")
     assert network.list_segments(demo, SYSTEM).items == []  # the network state starts again
     tenants_svc.create_tenant(demo, SYSTEM, Tenant("after"))
     assert segments(demo, "after") == [("after", None, 10000, 1, "active")]

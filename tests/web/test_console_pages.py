@@ -119,6 +119,7 @@ def test_the_officer_sees_users_and_the_attestation_record(officer: TestClient) 
     page = officer.get(f"/tenants/{HOSPITAL}").text
     assert HOSPITAL_DEV in page and BANK_DEV not in page
     node = officer.get("/nodes/fra-h100-01").text
+    assert "rack fra1-r01 / block fra1-b1 / nvlink_domain fra1-nv1" in node  # issue 17 §4
     link = node.split('href="/nodes/fra-h100-01/attestation/', 1)[1].split('"', 1)[0]
     r = officer.get(f"/nodes/fra-h100-01/attestation/{link}")
     assert r.status_code == 200 and "attachment" in r.headers["content-disposition"]

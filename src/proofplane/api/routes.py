@@ -277,6 +277,7 @@ def register_node(
         ),
         cpu_milli=body.cpu_milli,
         memory_mib=body.memory_mib,
+        topology=dict(body.topology),
     )
     n = nodes_svc.register_node(store, actor, node)
     response.headers["Location"] = f"/api/v1/nodes/{n.name}"
@@ -297,7 +298,12 @@ def update_node(
     store: StoreDep,
     actor: Annotated[Actor, Depends(requires(P.NODES_WRITE))],
 ) -> NodeOut:
-    return NodeOut.of(nodes_svc.update_node(store, actor, name, labels=body.labels, rack=body.rack))
+    topology = dict(body.topology) if body.topology is not None else None
+    return NodeOut.of(
+        nodes_svc.update_node(
+            store, actor, name, labels=body.labels, rack=body.rack, topology=topology
+        )
+    )
 
 
 @router.post("/nodes/{name}/state", tags=["nodes"])
@@ -376,6 +382,9 @@ def _workload_spec(body: WorkloadIn) -> workloads_svc.WorkloadSpec:
         cpu_milli=body.cpu_milli,
         memory_mib=body.memory_mib,
         restartable=body.restartable,
+        topology=workloads_svc.topology_request(body.topology.level, body.topology.mode)
+        if body.topology is not None
+        else None,
     )
 
 
@@ -401,7 +410,10 @@ def submit_workloads(
 ) -> WorkloadBatchOut:
     """Submit up to 1000 workloads in one transaction, all or nothing, placed in order. A
     refused item refuses the batch; the error names it (``items[i]: …``, ``details.index``)."""
-    specs = [_workload_spec(item) for item in body.items]
+    specs = []
+    for i, item in enumerate(body.items):
+        with workloads_svc.batch_item(i):  # a refused topology names its item too
+            specs.append(_workload_spec(item))
     return WorkloadBatchOut(
         items=[WorkloadOut.of(w) for w in workloads_svc.submit_workloads(store, actor, specs)]
     )

@@ -231,6 +231,21 @@ class GpuIn(BodyIn):
     driver_version: str | None = Field(None, max_length=63)
 
 
+# level → domain; the levels and names are checked by the service (machine-readable codes)
+NodeTopology = Annotated[dict[Short, Short], Field(max_length=8)]
+
+
+class TopologyIO(BodyIn):
+    """A gang's topology request (issue 17 §4)."""
+
+    level: Short = Field(description="block, rack, nvlink_domain or rail")
+    mode: Short = Field(
+        "required",
+        description="required: all members in one domain or the gang waits "
+        "(topology_unsatisfiable); preferred: the fewest domains possible now",
+    )
+
+
 class NodeIn(BodyIn):
     name: Name
     region: Name
@@ -244,11 +259,17 @@ class NodeIn(BodyIn):
     memory_mib: int | None = Field(
         None, ge=0, le=2**31 - 1, description="allocatable memory, MiB (absent: not tracked)"
     )
+    topology: NodeTopology = Field(
+        {},
+        description="topology level (block, rack, nvlink_domain, rail) → domain name, e.g. "
+        '{"nvlink_domain": "nvl72-3"}; `rack` is the rack level unless this names one',
+    )
 
 
 class NodePatch(BodyIn):
     labels: Tags | None = None
     rack: Name | None = None
+    topology: NodeTopology | None = Field(None, description="replaces the node's whole mapping")
 
 
 class NodeStateIn(BodyIn):
@@ -291,6 +312,7 @@ class NodeOut(BaseModel):
     )
     cpu_milli: int | None = None
     memory_mib: int | None = None
+    topology: dict[str, str] = {}
 
     @classmethod
     def of(cls, n: Node) -> NodeOut:
@@ -323,6 +345,7 @@ class NodeOut(BaseModel):
             network_drift=n.network_drift,
             cpu_milli=n.cpu_milli,
             memory_mib=n.memory_mib,
+            topology=n.topology,
         )
 
 
@@ -357,6 +380,7 @@ def node_json(n: Node) -> dict[str, Any]:
         "network_drift": n.network_drift,
         "cpu_milli": n.cpu_milli,
         "memory_mib": n.memory_mib,
+        "topology": n.topology,
     }
 
 
@@ -425,6 +449,11 @@ class WorkloadIn(BodyIn):
         False,
         description="it checkpoints itself and may be stopped and started again elsewhere: "
         "defragmentation may move it while it runs (false: only while no job has started)",
+    )
+    topology: TopologyIO | None = Field(
+        None,
+        description="a gang's packing request (gangs only: refused with topology_requires_gang "
+        "on a one-node workload)",
     )
 
 
@@ -501,6 +530,7 @@ class WorkloadOut(BaseModel):
     cpu_milli: int = 0
     memory_mib: int = 0
     restartable: bool = False
+    topology: dict[str, str] | None = None
 
     @classmethod
     def of(cls, w: Workload) -> WorkloadOut:
@@ -522,6 +552,7 @@ class WorkloadOut(BaseModel):
             cpu_milli=w.cpu_milli,
             memory_mib=w.memory_mib,
             restartable=w.restartable,
+            topology=w.topology.to_json() if w.topology is not None else None,
         )
 
 
@@ -559,6 +590,7 @@ def workload_json(w: Workload) -> dict[str, Any]:
         "cpu_milli": w.cpu_milli,
         "memory_mib": w.memory_mib,
         "restartable": w.restartable,
+        "topology": w.topology.to_json() if w.topology is not None else None,
     }
 
 

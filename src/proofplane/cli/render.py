@@ -221,6 +221,7 @@ def show_node(node: dict[str, Any]) -> None:
                 ("region", text(node["region"])),
                 ("zone", text(node["zone"])),
                 ("rack", text(node.get("rack"))),
+                ("topology", text(pairs(node.get("topology")))),
                 ("labels", text(pairs(node.get("labels")))),
                 ("certifications", text(pairs(node.get("certifications")))),
                 ("gpus", text(gpu_summary(node.get("gpus", [])))),
@@ -657,3 +658,21 @@ def network_nodes_table(nodes: Sequence[dict[str, Any]]) -> Table:
             network_drift(n),
         )
     return table
+
+
+def topology_summary(topo: dict[str, Any]) -> str:
+    """One line on a gang's topology request, as ``workloads explain`` judges it now."""
+    level, mode = topo.get("level"), topo.get("mode")
+    head = f"topology: {level} ({mode})"
+    placed = topo.get("placed_domains")
+    parts = []
+    if placed:
+        parts.append(f"placed across {len(placed)} {level}(s): {', '.join(placed)}")
+    if topo.get("satisfiable_now"):
+        parts.append(f"one {level} holds it now")
+    elif topo.get("domains_used"):
+        fewest = topo.get("fewest_possible")
+        parts.append(f"now it would take {topo['domains_used']} {level}(s), at least {fewest}")
+    elif "most_in_one_domain" in topo:
+        parts.append(f"no {level} holds it now (at most {topo['most_in_one_domain']} members)")
+    return head + (": " + "; ".join(parts) if parts else "")

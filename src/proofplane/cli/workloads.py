@@ -84,6 +84,13 @@ def submit(
         "--restartable",
         help="It checkpoints itself: defragmentation may move it while it runs.",
     ),
+    topology: str | None = typer.Option(
+        None,
+        "--topology",
+        help="A gang's packing: LEVEL[:MODE], LEVEL one of block, rack, nvlink_domain, rail; "
+        "MODE required (default: all members in one domain, or wait) or preferred (the fewest "
+        "domains now). E.g. --topology rack:preferred",
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Submit a workload; it is placed at once on compliant capacity or waits with a reason.
@@ -110,6 +117,9 @@ def submit(
     }
     if restartable:
         body["restartable"] = True
+    if topology is not None:
+        level, _, mode = topology.partition(":")
+        body["topology"] = {"level": level, "mode": mode or "required"}
     workload = send(ctx, "POST", "/api/v1/workloads", body)
     if as_json:
         render.print_json(workload)
@@ -291,6 +301,9 @@ def explain(
             table.add_row(str(c["rank"]), c["node"], str(c["idle_gpus_after"]))
         table.caption = f"{a.get('candidates_total', 0)} candidate(s); {a.get('score', '')}"
         out.print(table)
+    topo = a.get("topology")
+    if topo:
+        out.print(render.text(render.topology_summary(topo)), soft_wrap=True)
     quota = a.get("quota") or {}
     if quota.get("exceeded"):
         out.print(render.text(f"quota exceeded: {quota['exceeded']}", "yellow"), soft_wrap=True)

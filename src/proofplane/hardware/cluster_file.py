@@ -29,6 +29,8 @@ from proofplane.model import (
     Node,
     NodeState,
     Tenant,
+    TopologyMode,
+    TopologyRequest,
 )
 
 _UUID_NS = uuid.UUID("7f1c2a4e-5b6d-4e8f-9a0b-1c2d3e4f5a6b")
@@ -89,6 +91,8 @@ class _Node(_Strict):
     network: _Underlay | None = None
     cpu_milli: int | None = Field(None, ge=0, le=2**31 - 1)  # issue 17; absent: not tracked
     memory_mib: int | None = Field(None, ge=0, le=2**31 - 1)
+    # issue 17 §4: topology level → domain, e.g. {"nvlink_domain": "nvl72-1", "block": "b1"}
+    topology: dict[str, str] = {}
 
 
 class _Gpus(_Strict):
@@ -96,6 +100,12 @@ class _Gpus(_Strict):
     model: str | None = None
     mig_profile: str | None = None
     share_milli: int | None = None
+    nodes: int = Field(1, ge=1, le=4096)  # > 1: a gang (count GPUs over that many nodes)
+
+
+class _Topology(_Strict):
+    level: Literal["block", "rack", "nvlink_domain", "rail"]
+    mode: Literal["required", "preferred"] = "required"
 
 
 class _Workload(_Strict):
@@ -109,6 +119,7 @@ class _Workload(_Strict):
     cpu_milli: int = Field(0, ge=0, le=2**31 - 1)  # issue 17
     memory_mib: int = Field(0, ge=0, le=2**31 - 1)
     restartable: StrictBool = False  # issue 17 §3: defragmentation may move it while it runs
+    topology: _Topology | None = None  # issue 17 §4: a gang's packing request
 
 
 class _Cluster(_Strict):
@@ -149,6 +160,7 @@ class WorkloadEntry:
     cpu_milli: int = 0
     memory_mib: int = 0
     restartable: bool = False
+    topology: TopologyRequest | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +313,7 @@ def parse_cluster(text: str) -> ClusterSpec:
                     gpus=_gpus(n),
                     cpu_milli=n.cpu_milli,
                     memory_mib=n.memory_mib,
+                    topology=dict(n.topology),
                 ),
                 NodeState(n.state),
                 dict(n.certifications),
@@ -314,12 +327,17 @@ def parse_cluster(text: str) -> ClusterSpec:
                 w.tenant,
                 dict(w.tags),
                 w.isolation,
-                GpuRequest(w.gpus.count, w.gpus.model, w.gpus.mig_profile, w.gpus.share_milli),
+                GpuRequest(
+                    w.gpus.count, w.gpus.model, w.gpus.mig_profile, w.gpus.share_milli, w.gpus.nodes
+                ),
                 w.priority,
                 tuple(w.command),
                 w.cpu_milli,
                 w.memory_mib,
                 w.restartable,
+                TopologyRequest(w.topology.level, TopologyMode(w.topology.mode))
+                if w.topology is not None
+                else None,
             )
             for w in c.workloads
         ),

@@ -97,6 +97,18 @@ def collect(nvml: Any = None) -> dict[str, Any]:
             nv.nvmlShutdown()
 
 
+def topology_from_gpus(gpus: list[dict[str, Any]]) -> dict[str, str]:
+    """The node's ``nvlink_domain`` (issue 17 §4) from its GPUs' fabric info: when every GPU
+    sits in the same NVLink cluster and clique, ``{"nvlink_domain": "nvl-<cluster>-<clique>"}``
+    (a node name-safe label, the same on every node of that NVLink domain); else nothing."""
+    fabrics = {(g["fabric"]["cluster_uuid"], g["fabric"]["clique_id"]) for g in gpus
+               if g.get("fabric")}  # fmt: skip
+    if len(fabrics) != 1 or any(not g.get("fabric") for g in gpus):
+        return {}
+    cluster, clique = fabrics.pop()
+    return {"nvlink_domain": f"nvl-{cluster}-{clique}"}
+
+
 def sku_for(name: str | None, memory_mb: int | None) -> Sku | None:
     """Our SKU for an NVML device name (``NVIDIA H100 80GB HBM3``, ``NVIDIA A100-SXM4-40GB``):
     the SKU whose family (``H100``) the name contains, nearest in memory size."""
@@ -170,14 +182,16 @@ class _Collector:
         if hasattr(nv, "nvmlSystemGetNVMLVersion"):
             nvml_version = _text(self.optional("nvml_version", system, nv.nvmlSystemGetNVMLVersion))
         count = int(self.call("device count", nv.nvmlDeviceGetCount))
+        gpus = [self.gpu(i, driver) for i in range(count)]
+        topology = topology_from_gpus(gpus)
         return {
             "source": "nvml",
             "driver_version": driver,
             "cuda_driver_version": None if cuda is None else f"{cuda // 1000}.{cuda % 1000 // 10}",
             "nvml_version": nvml_version,
-            "gpus": [self.gpu(i, driver) for i in range(count)],
+            "gpus": gpus,
             "unsupported": system,
-        }
+        } | ({"topology": topology} if topology else {})
 
     def gpu(self, index: int, driver: str | None) -> dict[str, Any]:
         nv = self.nv
@@ -212,7 +226,29 @@ class _Collector:
             "mig_pending": _on(mig[1], getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)),
             "mig_instances": self.gpu_instances(index, h, sku) if mig_on else [],
             "unsupported": nos,
-        }
+        } | self.fabric(h)
+
+    def fabric(self, h: Any) -> dict[str, Any]:
+        """The GPU's multi-node NVLink fabric (GB200 NVL72 and the like): ``{"fabric":
+        {"cluster_uuid": hex, "clique_id": n}}`` once the fabric manager has registered it, else
+        nothing (a GPU outside such a fabric answers NOT_SUPPORTED)."""
+        nv = self.nv
+        if not hasattr(nv, "nvmlDeviceGetGpuFabricInfo") or not hasattr(
+            nv, "c_nvmlGpuFabricInfo_t"
+        ):
+            return {}
+        info = nv.c_nvmlGpuFabricInfo_t()
+        try:
+            nv.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(info))
+        except nv.NVMLError:
+            return {}
+        completed = getattr(nv, "NVML_GPU_FABRIC_STATE_COMPLETED", 3)
+        # NVML_GPU_FABRIC_UUID_LEN is 16; some bindings declare a longer field (a real H100,
+        # driver 580, answered 80 zero bytes with state NOT_SUPPORTED)
+        uuid = bytes(info.clusterUuid)[:16].hex()
+        if info.state != completed or info.status != 0 or not uuid.strip("0"):
+            return {}
+        return {"fabric": {"cluster_uuid": uuid, "clique_id": int(info.cliqueId)}}
 
     def profile_info(self, h: Any, prof_index: int) -> Any:
         """GPU instance profile info: the v2 structure (with the profile's name) where the driver

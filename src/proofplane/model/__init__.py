@@ -4,11 +4,14 @@ from proofplane.model.event import Event, Outcome
 from proofplane.model.node import (
     KEEPS_WORK,
     NODE_TRANSITIONS,
+    TOPOLOGY_LEVELS,
     Gpu,
     MigInstance,
     Node,
     NodeState,
     can_transition,
+    domain_of,
+    validate_topology,
 )
 from proofplane.model.tags import missing_tags, parse_tag_pairs, validate_name, validate_tags
 from proofplane.model.tenant import ComplianceProfile, IsolationLevel, Quota, Tenant
@@ -16,6 +19,8 @@ from proofplane.model.workload import (
     GpuRequest,
     PlacedDevice,
     Placement,
+    TopologyMode,
+    TopologyRequest,
     Workload,
     WorkloadStatus,
 )
@@ -23,6 +28,7 @@ from proofplane.model.workload import (
 __all__ = [
     "KEEPS_WORK",
     "NODE_TRANSITIONS",
+    "TOPOLOGY_LEVELS",
     "ComplianceProfile",
     "Event",
     "Gpu",
@@ -36,11 +42,15 @@ __all__ = [
     "Placement",
     "Quota",
     "Tenant",
+    "TopologyMode",
+    "TopologyRequest",
     "Workload",
     "WorkloadStatus",
     "can_transition",
+    "domain_of",
     "missing_tags",
     "parse_tag_pairs",
     "validate_name",
     "validate_tags",
+    "validate_topology",
 ]

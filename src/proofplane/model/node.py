@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+
+from proofplane.errors import ValidationFailed
+from proofplane.model.tags import validate_name
 
 
 class NodeState(StrEnum):
@@ -85,3 +89,37 @@ class Node:
     # (placement then never filters on that resource).
     cpu_milli: int | None = None
     memory_mib: int | None = None
+    # Issue 17 §4: where the node sits at each topology level (``TOPOLOGY_LEVELS``): level →
+    # domain name, e.g. {"rack": "r12", "nvlink_domain": "nvl72-3"}. ``rack`` above is the
+    # rack level's value when this mapping does not name one (see ``domain_of``).
+    topology: dict[str, str] = field(default_factory=dict)
+
+
+#: The topology levels a node may carry and a gang may ask to be packed at, largest first:
+#: ``block`` (a group of racks behind one spine, Slurm's topology/block), ``rack``,
+#: ``nvlink_domain`` (a multi-node NVLink system such as a GB200 NVL72), ``rail`` (the nodes on
+#: one rail of a rail-optimised fabric).
+TOPOLOGY_LEVELS: tuple[str, ...] = ("block", "rack", "nvlink_domain", "rail")
+
+
+def validate_topology(topology: Mapping[str, str]) -> dict[str, str]:
+    """A node's topology checked: each level one of ``TOPOLOGY_LEVELS``, each domain a name;
+    returned in level order."""
+    for level, domain in topology.items():
+        if level not in TOPOLOGY_LEVELS:
+            raise ValidationFailed(
+                f"topology level {level!r} is not one of {', '.join(TOPOLOGY_LEVELS)}",
+                code="invalid_topology_level",
+                details={"level": level, "known": list(TOPOLOGY_LEVELS)},
+            )
+        validate_name(domain, f"topology {level}")
+    return {lv: topology[lv] for lv in TOPOLOGY_LEVELS if lv in topology}
+
+
+def domain_of(node: Node, level: str) -> str | None:
+    """The node's domain at topology ``level``: its ``topology`` entry, else its ``rack`` for the
+    rack level; None when the node does not say (it then belongs to no domain at that level)."""
+    found = node.topology.get(level)
+    if found is None and level == "rack":
+        return node.rack
+    return found

@@ -101,6 +101,31 @@ class GpuRequest:
         )
 
 
+class TopologyMode(StrEnum):
+    """How a gang's topology request binds (issue 17 §4)."""
+
+    REQUIRED = "required"  # every member in one domain at the level, or the gang waits
+    PREFERRED = "preferred"  # as few domains as the cluster allows now; never waits for it
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyRequest:
+    """A gang's ask to be packed into the fewest domains at ``level`` (one of
+    ``model.node.TOPOLOGY_LEVELS``). Only gangs (``gpus.nodes`` > 1) carry one."""
+
+    level: str
+    mode: TopologyMode = TopologyMode.REQUIRED
+
+    def to_json(self) -> dict[str, str]:
+        return {"level": self.level, "mode": self.mode.value}
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any] | None) -> TopologyRequest | None:
+        if not value:
+            return None
+        return cls(str(value["level"]), TopologyMode(value["mode"]))
+
+
 @dataclass(frozen=True, slots=True)
 class PlacedDevice:
     """One device a placement holds: a whole GPU, a MIG instance, or a share of a GPU."""
@@ -177,3 +202,4 @@ class Workload:
     # issue 17 §3: it may be stopped and started again elsewhere (it checkpoints itself), so
     # defragmentation may move it while it runs; False: only while idle (no job started)
     restartable: bool = False
+    topology: TopologyRequest | None = None  # issue 17 §4: a gang's packing request

@@ -13,7 +13,10 @@ Order of the steps, least disruptive first:
 1. **Quota** (a PreFilter): a tenant's holdings plus the request must fit its ``Quota``, or the
    job waits with ``quota_exceeded`` (every node counted under that code).
 2. **Place** on existing capacity: the snapshot's filters and best fit. A gang (``gpus.nodes``
-   > 1) places ``count // nodes`` whole GPUs on each of ``nodes`` distinct nodes, all or none.
+   > 1) places ``count // nodes`` whole GPUs on each of ``nodes`` distinct nodes, all or none;
+   with a topology request (issue 17 §4) packed into the fewest domains at its level
+   (``schedule.topology``), a ``required`` one waiting with ``topology_unsatisfiable`` when no
+   single domain holds it.
 3. **Repartition** (MIG requests only): an *idle* MIG-enabled GPU (no allocation on any of its
    instances) on a node certified for the job's tags may get a new layout
    (``schedule.mig.layout_for``). A GPU holding work is never touched.
@@ -49,6 +52,7 @@ from proofplane.model import (
     NodeState,
     Placement,
     Quota,
+    TopologyMode,
     missing_tags,
 )
 from proofplane.schedule.mig import layout_for
@@ -66,11 +70,13 @@ from proofplane.schedule.reasons import (
     NODE_NOT_ADMITTED,
     QUOTA_EXCEEDED,
     QUOTA_ITEM,
+    TOPOLOGY_UNSATISFIABLE,
     blocking,
     render,
 )
 from proofplane.schedule.scoring import Scorer
 from proofplane.schedule.snapshot import ClusterSnapshot
+from proofplane.schedule.topology import domains_of, place_gang
 from proofplane.schedule.values import Allocation, Decision, Request
 
 if TYPE_CHECKING:
@@ -163,7 +169,7 @@ def member_request(req: Request) -> Request:
     g = req.gpus
     if g.nodes <= 1:
         return req
-    return replace(req, gpus=GpuRequest(g.per_node, g.model))
+    return replace(req, gpus=GpuRequest(g.per_node, g.model), topology=None)
 
 
 def _admitted_for(node: Node, tags: Mapping[str, str]) -> bool:
@@ -278,6 +284,36 @@ class Scheduler:
         return self._place_gang(req)
 
     def _place_gang(self, req: Request) -> tuple[Placement | None, Decision]:
+        """A gang: with a topology request, packed into the fewest domains at its level
+        (``schedule.topology``); without, member by member (``_place_members``)."""
+        topo = req.topology
+        if topo is None:
+            return self._place_members(req)
+        found = place_gang(self.snapshot, req)
+        if found.placement is not None:
+            return found.placement, Decision(
+                found.placement, None, f"{found.message}: {', '.join(found.placement.nodes)}",
+                topology=found.info,
+            )  # fmt: skip
+        if not found.fits_elsewhere:
+            # it does not fit even across domains: it waits for capacity like any gang (the
+            # member-by-member search says which filters refused how many nodes)
+            placement, d = self._place_members(replace(req, topology=None))
+            if placement is None:
+                return None, replace(d, topology=found.info)
+            if topo.mode is TopologyMode.PREFERRED:  # cannot happen: the search spans all
+                used = domains_of(self.snapshot, placement.nodes, topo.level)
+                info = found.info | {"domains": used, "domains_used": len(used)}
+                return placement, replace(d, topology=info)
+        message = render(
+            TOPOLOGY_UNSATISFIABLE,
+            nodes=req.gpus.nodes,
+            level=topo.level,
+            most=found.info.get("most_in_one_domain", 0),
+        )
+        return None, Decision(None, TOPOLOGY_UNSATISFIABLE, message, {}, topology=found.info)
+
+    def _place_members(self, req: Request) -> tuple[Placement | None, Decision]:
         """Best fit for each member in turn, each on a node no earlier member took; all or
         nothing. Nodes taken by earlier members are hidden by marking them cordoned in the
         snapshot for the duration of the search, then restored."""
@@ -406,9 +442,12 @@ class Scheduler:
             )
         placement, decision = self.place(req)
         if placement is not None:
-            return self._placed(job, placement, decision.message)
+            return self._placed(job, placement, decision.message, decision.topology)
         if decision.reason != INSUFFICIENT_CAPACITY:
-            return Outcome(None, decision.reason, decision.message, dict(decision.rejections))
+            return Outcome(
+                None, decision.reason, decision.message, dict(decision.rejections),
+                {"topology": decision.topology} if decision.topology is not None else {},
+            )  # fmt: skip
         if repartition and req.gpus.mig_profile is not None and req.gpus.nodes <= 1:
             found = self._repartition(req)
             if found is not None:
@@ -432,11 +471,11 @@ class Scheduler:
             if victims:
                 ranks = {v.key: self._rank.get(v.key) for v in victims}
                 released = [self.release(v.key) for v in victims]
-                placement, _ = self.place(req)
+                placement, after = self.place(req)
                 if placement is not None:
                     names = ", ".join(f"{v.tenant}/{v.name}" for v in victims)
                     return replace(
-                        self._placed(job, placement, ""),
+                        self._placed(job, placement, "", after.topology),
                         message=f"placed on {placement.node} by preempting {names}",
                         preempted=tuple(victims),
                     )
@@ -454,11 +493,20 @@ class Scheduler:
                 dict(decision.rejections),
                 {"co_residency": False},
             )
-        return Outcome(None, decision.reason, decision.message, dict(decision.rejections))
+        return Outcome(
+            None, decision.reason, decision.message, dict(decision.rejections),
+            {"topology": decision.topology} if decision.topology is not None else {},
+        )  # fmt: skip
 
-    def _placed(self, job: Job, placement: Placement, message: str) -> Outcome:
+    def _placed(
+        self,
+        job: Job,
+        placement: Placement,
+        message: str,
+        topology: dict[str, object] | None = None,
+    ) -> Outcome:
         self.hold(held_for(job, placement))
-        return Outcome(placement, None, message)
+        return Outcome(placement, None, message, details={"topology": topology} if topology else {})
 
     # ------------------------------------------------------------------ repartitioning
 

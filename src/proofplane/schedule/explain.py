@@ -9,7 +9,9 @@ each node is either rejected by the first filter that fails, in the pipeline's o
 score: with a scoring plugin (``schedule.scoring``, the server's) its key, ranked as the plugin
 places; without one the best-fit score (idle GPUs left on the node after placing: fewer is
 better); ties broken by node name. The quota PreFilter is
-reported on its own. Pure: it reads the scheduler and leaves it as it found it.
+reported on its own; a gang's topology request (``schedule.topology``) too: how it would be
+packed now, whether one domain holds it, the domains its placement spans. Pure: it reads the
+scheduler and leaves it as it found it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from proofplane.schedule.reasons import (
     QUOTA_EXCEEDED,
 )
 from proofplane.schedule.reference import reference_place
+from proofplane.schedule.topology import domains_of, place_gang
 
 MAX_CANDIDATES = 5
 
@@ -49,6 +52,9 @@ def explain_job(
             {"node": name, **ranked.get(name, {"rank": None, "idle_gpus_after": None})}
             for name in placed_on
         ]
+        topo = job.request.topology
+        if topo is not None and job.request.gpus.nodes > 1:
+            out["topology"] = _topology(scheduler, job, placed_on)
         return out
     finally:
         if own is not None:
@@ -133,6 +139,20 @@ def _explain(scheduler: Scheduler, job: Job, unready: AbstractSet[str]) -> dict[
             "enough_candidates": len(candidates) >= job.request.gpus.nodes,
         }
     return out
+
+
+def _topology(scheduler: Scheduler, job: Job, placed_on: tuple[str, ...]) -> dict[str, Any]:
+    """A gang's topology request judged now (``schedule.topology``): how it would be packed,
+    whether one domain holds it, and the domains its placement spans."""
+    topo = job.request.topology
+    assert topo is not None
+    found = place_gang(scheduler.snapshot, job.request)
+    info = dict(found.info)
+    info["satisfiable_now"] = found.placement is not None and info.get("domains_used") == 1
+    info["would_place"] = found.message or None
+    if placed_on:
+        info["placed_domains"] = domains_of(scheduler.snapshot, placed_on, topo.level)
+    return info
 
 
 def _sortable(key: object) -> tuple[object, ...]:

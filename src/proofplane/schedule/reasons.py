@@ -21,7 +21,7 @@ Three kinds of codes:
   node alike).
 * ``pending``: why a workload waits after a decision (``Workload.reason``), with the message
   in ``reason_details["message"]``: ``no_compliant_capacity``, ``insufficient_capacity``,
-  ``quota_exceeded``.
+  ``quota_exceeded``, ``topology_unsatisfiable`` (a gang that requires one topology domain).
 * ``evicted`` / ``ended``: why a workload lost its placement (``preempted``,
   ``certification_revoked``, ``node_<state>``, ``backend_unavailable``) or ended
   (``cancelled``); ``defragmentation``: moved, and placed again at once (issue 17 §3).
@@ -55,6 +55,7 @@ GANG_NODE_TAKEN = "gang_node_taken"
 QUOTA_EXCEEDED = "quota_exceeded"  # also the quota PreFilter's per-node code
 NO_COMPLIANT_CAPACITY = "no_compliant_capacity"
 INSUFFICIENT_CAPACITY = "insufficient_capacity"
+TOPOLOGY_UNSATISFIABLE = "topology_unsatisfiable"  # issue 17 §4
 # --- why a workload lost its placement, or ended ------------------------------------------------
 PREEMPTED = "preempted"
 CERTIFICATION_REVOKED = "certification_revoked"
@@ -171,6 +172,14 @@ _ENTRIES = (
         "which filter refused how many)",
         template="{compliant} node(s) are admitted and certified, none can take it now "
         "({blocking})",
+    ),
+    Reason(
+        TOPOLOGY_UNSATISFIABLE,
+        "pending",
+        "the gang requires all its members in one topology domain (rack, NVLink domain, …) and "
+        "no domain has enough compliant nodes free now, though the cluster as a whole might",
+        template="a gang of {nodes} nodes requires one {level}; it would fit across several, but "
+        "no {level} has {nodes} compliant nodes free now (at most {most})",
     ),
     Reason(
         PREEMPTED,

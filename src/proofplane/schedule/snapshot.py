@@ -78,6 +78,7 @@ from proofplane.schedule.reasons import (
     template,
 )
 from proofplane.schedule.scoring import CPU_UNTRACKED, FULL, Scorer, Shape, State
+from proofplane.schedule.topology import TopologyIndex, free_gpus
 from proofplane.schedule.usage import (
     NO_USAGE,
     ClassKey,
@@ -162,6 +163,8 @@ class ClusterSnapshot:
         self._sole: dict[str, set[str]] = {}  # tenant → nodes it is the only tenant of
         self._tenancy_state: dict[str, tuple[str | None, str | None]] = {}  # (owner, sole)
         self._private: dict[str, int] = {}  # tenant → allocations refusing co-residency
+        # issue 17 §4: admitted nodes by topology domain, with free-GPU counts per domain
+        self.topology = TopologyIndex()
         # Bulk load: usage first, then every node is indexed once.
         for node in nodes:
             self._set_info(node)
@@ -355,6 +358,10 @@ class ClusterSnapshot:
                 if info is not None and new is not None
                 else None,
             )
+        if info is not None and new is not None:
+            self.topology.changed(name, info.node, lambda: free_gpus(info, u))
+        else:
+            self.topology.changed(name, None, 0)
 
     def _owner_buckets(self, owner: str | None) -> Buckets:
         if owner is None:
@@ -393,6 +400,19 @@ class ClusterSnapshot:
         if best is None:
             return self._pending(req, compliant)
         return Decision(Placement(best[1], best[2]), None, f"placed on {best[1]}")
+
+    def compliant_nodes(self, tags: Mapping[str, str]) -> Set[str]:
+        """Admitted nodes certified for every tag in ``tags`` (the compliance filters; a view
+        the caller must not change)."""
+        return self._compliant_set(tags)
+
+    def member_fit(self, name: str, req: Request) -> tuple[PlacedDevice, ...] | None:
+        """The devices ``req`` would take on compliant node ``name`` (every per-node filter:
+        tenancy, GPU model, CPU, memory, capacity), or None. The caller checks compliance."""
+        if name not in self._sig:
+            return None
+        found = self._evaluate(name, req)
+        return found[1] if found is not None else None
 
     def observe(self, req: Request) -> None:
         """Show the scorer one request before its decision (its workload mix learns from the

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from proofplane.model import GpuRequest, IsolationLevel, Placement
+from proofplane.model import GpuRequest, IsolationLevel, Placement, TopologyRequest
 
 FULL_GPU_MILLI = 1000
 MODEL_SEPARATOR = "|"  # a request's GPU model may list alternatives: "V100M16|V100M32"
@@ -39,6 +39,7 @@ class Request:
     co_residency: bool = True
     cpu_milli: int = 0  # issue 17: milli-cores and MiB besides the GPUs (0: none asked)
     memory_mib: int = 0
+    topology: TopologyRequest | None = None  # issue 17 §4: gangs only (``schedule.topology``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,3 +75,5 @@ class Decision:
     reason: str | None  # None when placed; else a ``pending`` code of ``schedule.reasons``
     message: str
     rejections: dict[str, int] = field(default_factory=dict)
+    # a gang with a topology request: how it was (or could not be) packed (``schedule.topology``)
+    topology: dict[str, object] | None = None

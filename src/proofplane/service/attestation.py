@@ -46,7 +46,7 @@ from proofplane.attest.record import EvidenceRecord, make_record
 from proofplane.attest.tpm import ClockInfo, parse_public
 from proofplane.attest.verifier import Verdict, check_ak, evidence_hash
 from proofplane.errors import Conflict, InvalidState, NotFound, ValidationFailed
-from proofplane.model import KEEPS_WORK, NodeState, Outcome
+from proofplane.model import KEEPS_WORK, NodeState, Outcome, validate_name, validate_topology
 from proofplane.service.context import Store, Tx
 from proofplane.service.instruments import count_verdict, on_commit
 from proofplane.service.lifecycle import change_node_state
@@ -458,6 +458,7 @@ def submit_evidence(
             assert verdict.clock is not None
             ident.last_clock = verdict.clock.to_json()
             ident.last_passed_at = tx.now
+            _hardware_topology(tx, row, evidence)
             if prow.enforce:
                 _admit(tx, row, ident, "attestation passed" + _sim_note(simulated))
         elif prow.enforce:
@@ -466,6 +467,26 @@ def submit_evidence(
                 "attestation failed: " + ",".join(verdict.reasons) + _sim_note(simulated),
             )  # fmt: skip
         return AttestOutcome(name, erow.id, verdict.to_json(), row.state, row.state_reason)
+
+
+def _hardware_topology(tx: Tx, row: NodeRow, evidence: Evidence) -> None:
+    """A passing round's GPU inventory may name the node's NVLink domain (the NVML collector
+    reads it from the GPUs' fabric, ``hardware.nvml``): the node takes it, with a
+    ``node.update`` event (issue 17 §4; rule 6: hardware facts come from hardware). A name
+    that is not a valid domain, or an inventory that names none, changes nothing."""
+    topology = (evidence.inventory or {}).get("topology")
+    found = topology.get("nvlink_domain") if isinstance(topology, Mapping) else None
+    before = dict(row.topology or {})
+    if not isinstance(found, str) or before.get("nvlink_domain") == found:
+        return
+    try:
+        validate_name(found, "topology nvlink_domain")
+    except ValidationFailed:
+        return
+    after = validate_topology({**before, "nvlink_domain": found})
+    change = {"topology": {"before": before, "after": after}, "source": "attested inventory"}
+    row.topology, row.updated_at = after, tx.now
+    tx.record("node.update", "node", row.name, details=change)
 
 
 def _refused(code: str, evidence: Evidence, expected: Expected, policy: Policy) -> Verdict:

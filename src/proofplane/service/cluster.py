@@ -13,7 +13,12 @@ from proofplane.service.context import NewEvent, Store, Tx
 from proofplane.service.lifecycle import change_node_state
 from proofplane.service.nodes import check_node, insert_node, issue_certification
 from proofplane.service.tenants import insert_tenant, validate_profile
-from proofplane.service.workloads import WorkloadSpec, check_gpu_request, insert_workload
+from proofplane.service.workloads import (
+    WorkloadSpec,
+    check_gpu_request,
+    check_topology,
+    insert_workload,
+)
 from proofplane.store.tables import CertificationRow, GpuRow, NodeRow, WorkloadRow
 
 _BULK_STATES = frozenset({NodeState.REGISTERED, NodeState.ADMITTED, NodeState.CORDONED})
@@ -56,6 +61,7 @@ def load_cluster(store: Store, actor: Actor, spec: ClusterSpec) -> dict[str, int
                 w.cpu_milli,
                 w.memory_mib,
                 w.restartable,
+                w.topology,
             )
             optional = bool(w.cpu_milli or w.memory_mib)
             gpus = _in(
@@ -63,6 +69,7 @@ def load_cluster(store: Store, actor: Actor, spec: ClusterSpec) -> dict[str, int
                 lambda g=w.gpus, o=optional: check_gpu_request(g, gpu_optional=o),
             )
             validate_name(w.name, "workload")
+            _in(f"workloads.{w.name}", lambda t=w.topology, g=gpus: check_topology(t, g))
             _in(f"workloads.{w.name}", lambda s=ws, g=gpus: insert_workload(tx, s, g))
         tx.record(
             "cluster.load",
@@ -157,6 +164,7 @@ def _insert_nodes(tx: Tx, spec: ClusterSpec, nodes: list[Node]) -> None:
                 "labels": dict(n.labels),
                 "cpu_milli": n.cpu_milli,
                 "memory_mib": n.memory_mib,
+                "topology": dict(n.topology) or None,
                 "state": final[ns.state][0],
                 "state_reason": final[ns.state][1],
                 "created_at": now,
@@ -236,6 +244,7 @@ def register_details(node: Node) -> dict[str, object]:
         "zone": node.zone,
         "rack": node.rack,
         "labels": dict(node.labels),
+        **({"topology": dict(node.topology)} if node.topology else {}),
         "gpus": [
             {"index": g.index, "uuid": g.uuid, "model": g.model, "mig_enabled": g.mig_enabled}
             for g in node.gpus

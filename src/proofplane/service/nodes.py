@@ -17,6 +17,7 @@ from proofplane.model import (
     missing_tags,
     validate_name,
     validate_tags,
+    validate_topology,
 )
 from proofplane.schedule.reasons import CERTIFICATION_REVOKED, render
 from proofplane.service import execution
@@ -43,6 +44,17 @@ def check_node(node: Node) -> Node:
         validate_name(value, what)
     if node.rack is not None:
         validate_name(node.rack, "rack")
+    topology = validate_topology(node.topology)
+    rack = topology.get("rack")
+    if rack is not None and node.rack is not None and rack != node.rack:
+        raise ValidationFailed(
+            f"rack {node.rack!r} and topology.rack {rack!r} disagree (give one, or the same)",
+            code="invalid_topology",
+            details={"rack": node.rack, "topology": topology},
+        )
+    if rack is not None:
+        node = replace(node, rack=rack)
+    node = replace(node, topology=topology)
     if node.certifications:
         raise ValidationFailed(
             "certifications are issued by the control plane, not declared by a node",
@@ -88,6 +100,7 @@ def insert_node(tx: Tx, node: Node) -> NodeRow:
         labels=dict(node.labels),
         cpu_milli=node.cpu_milli,
         memory_mib=node.memory_mib,
+        topology=dict(node.topology) or None,
         state=NodeState.REGISTERED.value,
         state_reason=None,
         created_at=tx.now,
@@ -118,6 +131,7 @@ def insert_node(tx: Tx, node: Node) -> NodeRow:
             "zone": node.zone,
             "rack": node.rack,
             "labels": dict(node.labels),
+            **({"topology": dict(node.topology)} if node.topology else {}),
             "gpus": [
                 {"index": g.index, "uuid": g.uuid, "model": g.model, "mig_enabled": g.mig_enabled}
                 for g in node.gpus
@@ -134,13 +148,19 @@ def update_node(
     *,
     labels: dict[str, str] | None = None,
     rack: str | None = None,
+    topology: dict[str, str] | None = None,
 ) -> Node:
-    """Change a node's descriptive fields (labels, rack). Trust-bearing fields have own calls."""
+    """Change a node's descriptive fields (labels, rack, topology: the whole mapping is
+    replaced). Trust-bearing fields have own calls."""
     authorize(actor, Permission.NODES_WRITE)
     if labels is not None:
         labels = validate_tags(labels, field="labels")
     if rack is not None:
         validate_name(rack, "rack")
+    if topology is not None:
+        topology = validate_topology(topology)
+        if rack is None:
+            rack = topology.get("rack")
     with store.write(actor) as tx:
         row = node_row(tx.session, name)
         changes: dict[str, Any] = {}
@@ -150,6 +170,9 @@ def update_node(
         if rack is not None and rack != row.rack:
             changes["rack"] = {"before": row.rack, "after": rack}
             row.rack = rack
+        if topology is not None and topology != (row.topology or {}):
+            changes["topology"] = {"before": row.topology or {}, "after": topology}
+            row.topology = topology or None
         if changes:
             row.updated_at = tx.now
             tx.record("node.update", "node", name, details=changes)

@@ -488,6 +488,7 @@ def job_of(row: WorkloadRow) -> Job:
             wl.co_residency,
             wl.cpu_milli,
             wl.memory_mib,
+            wl.topology,
         ),
         wl.priority,
     )
@@ -707,6 +708,7 @@ def apply_outcome(
             details["preempted"] = [f"{v.tenant}/{v.name}" for v in outcome.preempted]
         if outcome.repartitions:
             details["repartitioned"] = [f"{c.node}/gpu{c.gpu_index}" for c in outcome.repartitions]
+        details.update(outcome.details)  # a gang's topology outcome (issue 17 §4)
         tx.record("workload.place", "workload", row.name, details=details)
         # The victims wait with reason "preempted" unless capacity elsewhere takes them now
         # (they cannot preempt back: their priority is lower).

@@ -14,11 +14,14 @@ from proofplane.access import Actor, Permission, authorize
 from proofplane.errors import Conflict, InvalidState, NotFound, ProofplaneError, ValidationFailed
 from proofplane.hardware.skus import SKUS, canonical_model, get_sku
 from proofplane.model import (
+    TOPOLOGY_LEVELS,
     GpuRequest,
     IsolationLevel,
     Outcome,
     Placement,
     Tenant,
+    TopologyMode,
+    TopologyRequest,
     Workload,
     WorkloadStatus,
     validate_name,
@@ -99,6 +102,7 @@ class WorkloadSpec:
     cpu_milli: int = 0  # issue 17: CPU (milli-cores) and memory (MiB) besides the GPUs
     memory_mib: int = 0
     restartable: bool = False  # issue 17 §3: defragmentation may move it while it runs
+    topology: TopologyRequest | None = None  # issue 17 §4: a gang's packing request
 
 
 _SHAPE_FOR = {
@@ -107,6 +111,40 @@ _SHAPE_FOR = {
     IsolationLevel.EXCLUSIVE_GPU: "whole GPUs (count, no mig_profile or share_milli)",
     IsolationLevel.DEDICATED_NODE: "whole GPUs (count, no mig_profile or share_milli)",
 }
+
+
+def topology_request(level: str, mode: str = "required") -> TopologyRequest:
+    """A gang's topology request from its words (the API's, a cluster file's): ``level`` one
+    of ``TOPOLOGY_LEVELS``, ``mode`` ``required`` (the default) or ``preferred``."""
+    if level not in TOPOLOGY_LEVELS:
+        raise ValidationFailed(
+            f"topology.level must be one of {', '.join(TOPOLOGY_LEVELS)}",
+            code="invalid_topology_level",
+            details={"level": level, "known": list(TOPOLOGY_LEVELS)},
+        )
+    modes = [m.value for m in TopologyMode]
+    if mode not in modes:
+        raise ValidationFailed(
+            f"topology.mode must be one of {', '.join(modes)}",
+            code="invalid_topology_mode",
+            details={"mode": mode, "known": modes},
+        )
+    return TopologyRequest(level, TopologyMode(mode))
+
+
+def check_topology(topology: TopologyRequest | None, gpus: GpuRequest) -> None:
+    """A topology request is a gang's (``gpus.nodes`` > 1): on a one-node workload it would
+    mean nothing, so it is refused rather than silently ignored."""
+    if topology is None:
+        return
+    topology_request(topology.level, str(topology.mode))
+    if gpus.nodes <= 1:
+        raise ValidationFailed(
+            "topology applies to gangs only (gpus.nodes > 1): a one-node workload sits in "
+            "one domain at every level",
+            code="topology_requires_gang",
+            details={"nodes": gpus.nodes},
+        )
 
 
 def check_resources(cpu_milli: int, memory_mib: int) -> None:
@@ -261,6 +299,7 @@ def _check_spec(spec: WorkloadSpec) -> GpuRequest:
     validate_name(spec.name, "workload")
     check_resources(spec.cpu_milli, spec.memory_mib)
     gpus = check_gpu_request(spec.gpus, gpu_optional=bool(spec.cpu_milli or spec.memory_mib))
+    check_topology(spec.topology, gpus)
     _check_command(spec.command)
     return gpus
 
@@ -290,7 +329,7 @@ def _check_command(command: Sequence[str]) -> None:
 
 
 @contextmanager
-def _item(index: int) -> Iterator[None]:
+def batch_item(index: int) -> Iterator[None]:
     """Name the batch item an error is about: ``items[3]: …`` and ``details.index``."""
     try:
         yield
@@ -322,7 +361,7 @@ def submit_workloads(store: Store, actor: Actor, specs: Sequence[WorkloadSpec]) 
     items: list[tuple[WorkloadSpec, GpuRequest]] = []
     first: dict[tuple[str, str], int] = {}
     for i, spec in enumerate(specs):
-        with _item(i):
+        with batch_item(i):
             authorize(actor, Permission.WORKLOADS_WRITE, tenant=spec.tenant)
             gpus = _check_spec(spec)
             earlier = first.setdefault((spec.tenant, spec.name), i)
@@ -372,7 +411,7 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
     values: list[dict[str, Any]] = []
     notes: list[str] = []
     for i, (spec, gpus) in enumerate(items):
-        with _item(i):
+        with batch_item(i):
             tenant = tenants.get(spec.tenant)
             if tenant is None:
                 raise NotFound(f"tenant {spec.tenant!r} not found", details={"tenant": spec.tenant})
@@ -421,12 +460,14 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
         details = {**fields, "priority": spec.priority, "command": v["command"]}
         if spec.restartable:
             details["restartable"] = True
+        if spec.topology is not None:
+            details["topology"] = spec.topology.to_json()
         if note:
             details["isolation_note"] = note
         events.append(NewEvent("workload.submit", "workload", name, details))
         if netstate.is_per_workload(trows[spec.tenant].profile):
             write_buffered()  # its segment's event after its submission, as one by one
-            with _item(i):
+            with batch_item(i):
                 netstate.allocate_segment(tx, spec.tenant, workload=name, workload_id=wid)
         request = Request(
             name,
@@ -437,6 +478,7 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
             v["co_residency"],
             spec.cpu_milli,
             spec.memory_mib,
+            spec.topology,
         )
         unready = view.unready(spec.tenant, wid)
         defrag = defrag_for(tx, view, gpus)
@@ -455,7 +497,7 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
                         "workload.place",
                         "workload",
                         name,
-                        {**fields, **placement_json(outcome.placement)},
+                        {**fields, **placement_json(outcome.placement), **outcome.details},
                     )
                 )
                 placed.append((wid, outcome.placement))
@@ -540,6 +582,7 @@ def _row_values(
         "cpu_milli": spec.cpu_milli,
         "memory_mib": spec.memory_mib,
         "restartable": spec.restartable,
+        "topology": spec.topology.to_json() if spec.topology is not None else None,
     }
 
 
@@ -592,6 +635,7 @@ def _workload_of(
         cpu_milli=v["cpu_milli"],
         memory_mib=v["memory_mib"],
         restartable=v["restartable"],
+        topology=TopologyRequest.from_json(v["topology"]),
     )
 
 
@@ -617,6 +661,8 @@ def insert_workload(tx: Tx, spec: WorkloadSpec, gpus: GpuRequest) -> WorkloadRow
     details = {**decision_details(row), "priority": spec.priority, "command": list(spec.command)}
     if spec.restartable:
         details["restartable"] = True
+    if spec.topology is not None:
+        details["topology"] = spec.topology.to_json()
     if note:
         details["isolation_note"] = note
     tx.record("workload.submit", "workload", spec.name, details=details)
@@ -804,10 +850,18 @@ def _summary(wl: Workload, a: dict[str, Any]) -> str:
         details = wl.reason_details or {}
         if details.get("moved_by") == DEFRAGMENTATION or details.get("defrag"):
             how = f" ({details.get('message')})"
+        topo = a.get("topology") or {}
+        packed = ""
+        if topo.get("placed_domains"):
+            domains = topo["placed_domains"]
+            packed = (
+                f"; its gang asks {topo['level']} ({topo['mode']}) and spans "
+                f"{len(domains)}: {', '.join(domains)}"
+            )
         return (
             f"{wl.status.value} on {', '.join(parts)}{how}: it is certified for "
-            f"{wl.tags or 'no tags'} and scored best fit (fewest idle GPUs left, then name); "
-            f"nodes rejected as the cluster stands now: {filters}"
+            f"{wl.tags or 'no tags'} and scored best fit (fewest idle GPUs left, then name)"
+            f"{packed}; nodes rejected as the cluster stands now: {filters}"
         )
     return (
         f"pending ({wl.reason}): {(wl.reason_details or {}).get('message', '')}; "

@@ -22,6 +22,7 @@ from proofplane.model import (
     Placement,
     Quota,
     Tenant,
+    TopologyRequest,
     Workload,
     WorkloadStatus,
 )
@@ -84,6 +85,7 @@ def node_from_row(row: NodeRow) -> Node:
         updated_at=row.updated_at,
         cpu_milli=row.cpu_milli,
         memory_mib=row.memory_mib,
+        topology=dict(row.topology or {}),
     )
 
 
@@ -115,7 +117,7 @@ _NN = NodeNetworkRow.__table__.c
 # the last column: the node's network drift (issue 14), from an outer join on node_network
 NODE_COLUMNS = (
     _N.id, _N.name, _N.region, _N.zone, _N.rack, _N.labels, _N.state, _N.state_reason,
-    _N.created_at, _N.updated_at, _NN.drift, _N.cpu_milli, _N.memory_mib,
+    _N.created_at, _N.updated_at, _NN.drift, _N.cpu_milli, _N.memory_mib, _N.topology,
 )  # fmt: skip
 _NODES_FROM = NodeRow.__table__.outerjoin(NodeNetworkRow.__table__, _NN.node_id == _N.id)
 # mig_instances as its JSON text: most GPUs have none ("[]"), which then costs no decoding
@@ -185,7 +187,8 @@ def _mig_instances(text: str | None) -> tuple[MigInstance, ...]:
 
 
 def _node(row: Sequence[Any], gpus: list[Gpu], certs: dict[str, str]) -> Node:
-    _id, name, region, zone, rack, labels, state, reason, created, updated, drift, cpu, mem = row
+    (_id, name, region, zone, rack, labels, state, reason, created, updated, drift, cpu, mem,
+     topology) = row  # fmt: skip
     return Node(
         name=name,
         region=region,
@@ -201,6 +204,7 @@ def _node(row: Sequence[Any], gpus: list[Gpu], certs: dict[str, str]) -> Node:
         network_drift=drift,
         cpu_milli=cpu,
         memory_mib=mem,
+        topology=dict(topology or {}),
     )
 
 
@@ -263,6 +267,7 @@ def workload_from_row(row: WorkloadRow) -> Workload:
         cpu_milli=row.cpu_milli,
         memory_mib=row.memory_mib,
         restartable=row.restartable,
+        topology=TopologyRequest.from_json(row.topology),
     )
 
 
@@ -296,7 +301,8 @@ def workload_select() -> Select[Any]:
         _W.name, _T.name, _W.tags, _W.isolation, _W.gpu_count, _W.gpu_model, _W.mig_profile,
         _W.share_milli, _W.gpu_nodes, _W.priority, _W.command, _W.status, _W.reason,
         _W.reason_details, _W.created_at, _W.updated_at, _W.co_residency,
-        _W.cpu_milli, _W.memory_mib, _W.restartable, _N.name, _P.devices, _P.members,
+        _W.cpu_milli, _W.memory_mib, _W.restartable, _W.topology, _N.name, _P.devices,
+        _P.members,
     ).select_from(_WORKLOAD_FROM)  # fmt: skip
 
 
@@ -315,7 +321,7 @@ def load_workloads(session: Session, query: Select[Any]) -> list[Workload]:
     for (
         name, tenant, tags, isolation, count, model, mig_profile, share, nodes, priority,
         command, status, reason, details, created, updated, co_residency,
-        cpu_milli, memory_mib, restartable, node, devices, members,
+        cpu_milli, memory_mib, restartable, topology, node, devices, members,
     ) in session.connection().execute(query):  # fmt: skip
         placement = None
         if node is not None:
@@ -348,6 +354,7 @@ def load_workloads(session: Session, query: Select[Any]) -> list[Workload]:
                 cpu_milli=cpu_milli,
                 memory_mib=memory_mib,
                 restartable=restartable,
+                topology=TopologyRequest.from_json(topology),
             )
         )
     return out

@@ -89,6 +89,8 @@ class NodeRow(Base):
     # issue 17: allocatable CPU (milli-cores) and memory (MiB); NULL: not tracked
     cpu_milli: Mapped[int | None] = mapped_column(Integer, nullable=True)
     memory_mib: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # issue 17 §4: topology level → domain ({"nvlink_domain": "nvl72-3"}); NULL: none
+    topology: Mapped[dict[str, str] | None] = mapped_column(JsonType, nullable=True)
 
     gpus: Mapped[list[GpuRow]] = relationship(
         back_populates="node", order_by="GpuRow.index", cascade="all, delete-orphan"
@@ -160,6 +162,8 @@ class WorkloadRow(Base):
     memory_mib: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # issue 17 §3: defragmentation may move it while it runs (it checkpoints itself)
     restartable: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # issue 17 §4: a gang's {"level": …, "mode": …}; NULL: no topology request
+    topology: Mapped[dict[str, str] | None] = mapped_column(JsonType, nullable=True)
 
     tenant: Mapped[TenantRow] = relationship()
     placement: Mapped[PlacementRow | None] = relationship(

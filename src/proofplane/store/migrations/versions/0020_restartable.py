@@ -4,7 +4,7 @@ A restartable workload checkpoints itself and may be stopped and started again e
 defragmentation may move it while it runs. Others move only while idle (no job started).
 
 Revision ID: 0020
-Revises: 0017 (re-chained onto 0019 at merge)
+Revises: 0019
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0020"
-down_revision: str | None = "0017"
+down_revision: str | None = "0019"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
