@@ -174,8 +174,8 @@ def parse_devices(
         raise _refuse("'samples' must be a list")
     total = 0
     for e in entries:
-        values = e.get("values") if isinstance(e, Mapping) else None
-        total += len(values) if isinstance(values, Mapping) else 1
+        values = e.get("values") if type(e) is dict or isinstance(e, Mapping) else None
+        total += len(values) if type(values) is dict or isinstance(values, Mapping) else 1
     if total > max_samples:
         raise ValidationFailed(
             f"{total} readings in one request: at most {max_samples}; send smaller batches",
@@ -187,13 +187,11 @@ def parse_devices(
     out: list[DeviceSample] = []
     kept_total = 0
     times: dict[Any, datetime] = {}
-    fields = FIELDS
-    mig_fields = MIG_FIELDS
+    checks = _CHECKS
     isfinite = math.isfinite
-    numbers = (int, float)
     keys = _ENTRY_KEYS
     for i, e in enumerate(entries):
-        if not isinstance(e, Mapping):
+        if type(e) is not dict and not isinstance(e, Mapping):
             raise _refuse(f"samples[{i}] must be an object", i)
         if not keys.issuperset(e):
             extra = set(e) - keys
@@ -227,30 +225,30 @@ def parse_devices(
         except TypeError:  # an unhashable ts (a list, an object)
             raise _refuse(f"samples[{i}].ts must be a time", i) from None
         values = e.get("values")
-        if not isinstance(values, Mapping):
+        if type(values) is not dict and not isinstance(values, Mapping):
             raise _refuse(f"samples[{i}].values must be an object of field: number", i)
         late = ts > latest
         old = ts < oldest
         mig = gi_id is not None
         kept: dict[str, float] = {}
         for name, value in values.items():
-            if type(value) not in numbers or not isfinite(value):
+            kind = type(value)
+            if (kind is not float and kind is not int) or not isfinite(value):
                 raise _refuse(f"samples[{i}].values[{str(name)[:64]!r}] must be a finite "
                               "number", i)  # fmt: skip
-            f = fields.get(name)
-            reason = None
-            if f is None:
+            check = checks.get(name)
+            if check is None:
                 reason = "unknown_field"
-            elif not f.low <= value <= f.high:
+            elif not check[0] <= value <= check[1]:
                 reason = "out_of_range"
-            elif mig and name not in mig_fields:
+            elif mig and not check[2]:
                 reason = "not_for_mig"
             elif late:
                 reason = "in_future"
             elif old:
                 reason = "too_old"
             else:
-                kept[name] = float(value)
+                kept[name] = value if kind is float else float(value)
                 continue
             ignored[reason] = ignored.get(reason, 0) + 1
         if kept:
@@ -260,6 +258,10 @@ def parse_devices(
 
 
 _ENTRY_KEYS = frozenset({"gpu_uuid", "gi_id", "profile", "mig_start", "ts", "values"})
+#: Per field: its bounds and whether a MIG instance may report it (one lookup per reading).
+_CHECKS: Mapping[str, tuple[float, float, bool]] = {
+    name: (f.low, f.high, name in MIG_FIELDS) for name, f in FIELDS.items()
+}
 
 
 def to_wire(samples: list[Sample], *, simulated: bool = False) -> dict[str, Any]:

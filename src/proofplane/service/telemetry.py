@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, delete, func, insert, or_, select
+from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
@@ -117,6 +117,18 @@ class NodeDevices:
     whole: dict[str, Holder] = field(default_factory=dict)
     mig: dict[tuple[str, int], Holder] = field(default_factory=dict)
     parts: dict[str, list[Holder]] = field(default_factory=dict)  # slices and shares of a GPU
+    # per device (uuid, gi_id, profile, mig_start, simulated): who holds it once every holder
+    # is placed (the newest ``since``), as series identities, the sole holder and the
+    # device's key: a node's devices are worked out once per change, not once per post
+    resolved: dict[tuple[Any, ...], _Resolved] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Resolved:
+    since: datetime  # valid for samples at or after this time
+    idents: tuple[tuple[Any, ...], ...]  # a series identity per holder (and the rest)
+    sole: tuple[str | None, str | None]
+    key: str  # telemetry_device_latest
 
 
 def _slice_share(model: str | None, profile: str | None) -> float:
@@ -180,6 +192,7 @@ class _DeviceCache:
         self.lock = threading.Lock()
         self.nodes: dict[str, tuple[int, NodeDevices]] = {}
         self.series: dict[tuple[Any, ...], int] = {}  # series identity → id (committed ones)
+        self.seen: dict[int, int] = {}  # series id → the newest hour (ms // HOUR_MS) stamped
 
     def devices(self, session: Session, node_id: int, name: str, state: str) -> NodeDevices:
         raw = sqlite_connection(session)
@@ -320,7 +333,9 @@ def store_devices(
         held = cache.devices(session, node_id, name, state)
         att = _attribute(held, devices, simulated)
         series_ids = _series_ids(session, cache, att.rows)
-        _insert_samples(session, [(series_ids[k[0]], *row) for k, row in att.rows.items()])
+        rows = [(row[0], series_ids[k[0]], *row[1:]) for k, row in att.rows.items()]
+        _insert_samples(session, rows)
+        _mark_seen(session, cache, {(series_ids[ident], ms // HOUR_MS) for ident, ms in att.rows})
         # only a reading that could mean trouble needs the device's previous one (a fleet's
         # readings are XID 0, no ECC error, cool: no extra query)
         worth = {(key, f) for key, _ts, _uuid, f, value in att.health
@@ -343,9 +358,10 @@ def store_devices(
         return Ingested(name, att.readings, att.stored, dict(ignored or {}), drained)
 
 
-def _device_key(uuid: str, gi_id: int | None) -> str:
-    """A device's key in ``telemetry_device_latest``."""
-    return f"{uuid}{_SEP}{'' if gi_id is None else gi_id}"
+def _device_key(node: str, uuid: str, gi_id: int | None) -> str:
+    """A device's key in ``telemetry_device_latest`` (node first: a node's devices sit
+    together, and its post updates one or two pages)."""
+    return f"{node}{_SEP}{uuid}{_SEP}{'' if gi_id is None else gi_id}"
 
 
 #: The fields in storage order, and their columns (``store.tables.TELEMETRY_COLUMNS``).
@@ -374,71 +390,119 @@ def _attribute(
     health fields. ``gpu_not_on_node`` for another node's GPU."""
     out = _Attributed({}, {}, [])
     rows, latest, health = out.rows, out.latest, out.health
-    node = devices.node
-    gpus = devices.gpus
-    whole, mig, parts = devices.whole, devices.mig, devices.parts
+    resolved = devices.resolved
     order = _ORDER
+    ms_of: dict[datetime, int] = {}
+    readings = stored = 0
     for s in samples:
         uuid, gi, profile, ts, values = s.gpu_uuid, s.gi_id, s.profile, s.ts, s.values
         if not values:
             continue
-        gpu = gpus.get(uuid)
-        if gpu is None:
-            raise ValidationFailed(
-                f"GPU {uuid} is not a GPU of node {node}: a node posts readings of its own GPUs",
-                code="gpu_not_on_node",
-                details={"node": node, "gpu_uuid": uuid},
-            )
-        ms = to_ms(ts)
-        holders: list[Holder]
-        if gi is not None:
-            start = s.mig_start
-            if start is None:  # name the instance by its profile when unambiguous
-                found = [st for st, p in gpu[2].items() if p == profile]
-                start = found[0] if len(found) == 1 else None
-            h = mig.get((uuid, start)) if start is not None else None
-            holders = [Holder(h.workload, h.tenant, h.since, 1.0)] if h is not None else []
-        else:
-            w = whole.get(uuid)
-            holders = [w] if w is not None else parts.get(uuid, [])
-        held = [h for h in holders if h.since <= ts]
-        rest = 1.0 - sum(h.share for h in held)
-        targets = [(h.workload, h.tenant, round(h.share, 6)) for h in held]
-        if rest > 1e-9:
-            targets.append((None, None, round(rest, 6)))
-        sole = (held[0].workload, held[0].tenant) if len(targets) == 1 and held else (
-            None, None)  # fmt: skip
+        ms = ms_of.get(ts)
+        if ms is None:
+            ms = ms_of[ts] = to_ms(ts)
+        r = resolved.get((uuid, gi, profile, s.mig_start, simulated))
+        if r is None or ts < r.since:
+            r = _resolve(devices, s, simulated)
         vals = list(map(values.get, order))
         n = len(values)
-        out.readings += n
-        out.stored += n * len(targets)
-        for workload, tenant, share in targets:
-            k = ((node, uuid, gi, profile, workload, tenant, share, simulated), ms)
+        readings += n
+        stored += n * len(r.idents)
+        for ident in r.idents:
+            k = (ident, ms)
             seen = rows.get(k)
             if seen is None:
                 rows[k] = [ms, *vals]
             else:  # the same device and time twice: the first reading of a field counts
                 seen[1:] = [a if a is not None else b for a, b in zip(seen[1:], vals,
                                                                        strict=True)]  # fmt: skip
-        key = _device_key(uuid, gi)
+        key = r.key
         prev = latest.get(key)
-        row = [key, node, uuid, gi, profile, ms, sole[0], sole[1], simulated, *vals]
         if prev is None:
-            latest[key] = row
+            latest[key] = [key, devices.node, uuid, gi, profile, ms, *r.sole, simulated, *vals]
         elif prev[5] <= ms:  # a newer sample: its values, the older ones where it has none
-            latest[key] = row[:9] + [a if a is not None else b for a, b in zip(
-                vals, prev[9:], strict=True)]  # fmt: skip
+            latest[key] = [key, devices.node, uuid, gi, profile, ms, *r.sole, simulated] + [
+                a if a is not None else b for a, b in zip(vals, prev[9:], strict=True)]  # fmt: skip
         else:
             prev[9:] = [a if a is not None else b for a, b in zip(prev[9:], vals, strict=True)]
         for i, f in _HEALTH_ORDER:
             v = vals[i]
             if v is not None:
                 health.append((key, ms, uuid, f, v))
+    out.readings, out.stored = readings, stored
     return out
+
+
+def _resolve(devices: NodeDevices, s: DeviceSample, simulated: bool) -> _Resolved:
+    """Who held the device of ``s`` at its time (its series identities: one per holder, and
+    one for the part nobody held); remembered for the later samples every holder covers."""
+    node = devices.node
+    uuid, gi, profile, ts = s.gpu_uuid, s.gi_id, s.profile, s.ts
+    gpu = devices.gpus.get(uuid)
+    if gpu is None:
+        raise ValidationFailed(
+            f"GPU {uuid} is not a GPU of node {node}: a node posts readings of its own GPUs",
+            code="gpu_not_on_node",
+            details={"node": node, "gpu_uuid": uuid},
+        )
+    holders: list[Holder]
+    if gi is not None:
+        start = s.mig_start
+        if start is None:  # name the instance by its profile when unambiguous
+            found = [st for st, p in gpu[2].items() if p == profile]
+            start = found[0] if len(found) == 1 else None
+        h = devices.mig.get((uuid, start)) if start is not None else None
+        holders = [Holder(h.workload, h.tenant, h.since, 1.0)] if h is not None else []
+    else:
+        w = devices.whole.get(uuid)
+        holders = [w] if w is not None else devices.parts.get(uuid, [])
+    held = [h for h in holders if h.since <= ts]
+    rest = 1.0 - sum(h.share for h in held)
+    targets = [(h.workload, h.tenant, round(h.share, 6)) for h in held]
+    if rest > 1e-9:
+        targets.append((None, None, round(rest, 6)))
+    sole = (held[0].workload, held[0].tenant) if len(targets) == 1 and held else (None, None)
+    idents = tuple((node, uuid, gi, profile, w, t, share, simulated) for w, t, share in targets)
+    r = _Resolved(ts, idents, sole, _device_key(node, uuid, gi))
+    if len(held) == len(holders):  # every holder counted: so it stays for later samples
+        since = max((h.since for h in holders), default=_EPOCH)
+        r = _Resolved(since, idents, sole, r.key)
+        if len(devices.resolved) < 100_000:
+            devices.resolved[(uuid, gi, profile, s.mig_start, simulated)] = r
+    return r
 
 
 _SERIES_COLS = ("node", "gpu_uuid", "gi_id", "profile", "workload", "tenant", "share",
                 "simulated")  # fmt: skip
+
+
+def _mark_seen(session: Session, cache: _DeviceCache, used: set[tuple[int, int]]) -> None:
+    """Move each series' ``seen_ms`` to the newest hour it now has samples in: once per series
+    and hour in a process (a fleet's series are stamped once an hour, not once a post)."""
+    seen = cache.seen
+    todo = {}
+    for sid, hour in used:
+        if seen.get(sid, -1) < hour and todo.get(sid, -1) < hour:
+            todo[sid] = hour
+    if not todo:
+        return
+    stmt = (
+        update(TelemetrySeriesRow)
+        .where(
+            TelemetrySeriesRow.id == bindparam("sid"), TelemetrySeriesRow.seen_ms < bindparam("ms")
+        )
+        .values(seen_ms=bindparam("ms"))
+    )
+    session.connection().execute(stmt, [{"sid": sid, "ms": h * HOUR_MS} for sid, h in todo.items()])
+    if len(seen) > 1_000_000:
+        seen.clear()
+
+    def remember(_s: Session) -> None:
+        seen.update(todo)
+
+    from sqlalchemy import event as sa_event
+
+    sa_event.listen(session, "after_commit", remember, once=True)
 
 
 def _series_ids(
@@ -459,7 +523,9 @@ def _series_ids(
         ).all())  # fmt: skip
     new = [k for k in keys if k not in found]
     if new:
-        values = [{"key": k, **dict(zip(_SERIES_COLS, by_key[k], strict=True))} for k in new]
+        seen_ms = min(ms for _ident, ms in rows) // HOUR_MS * HOUR_MS
+        values = [{"key": k, **dict(zip(_SERIES_COLS, by_key[k], strict=True)),
+                   "seen_ms": seen_ms} for k in new]  # fmt: skip
         session.execute(_dialect_insert(session, TelemetrySeriesRow).on_conflict_do_nothing(),
                         values)  # fmt: skip
         for chunk in _chunks(new, 500):
@@ -500,16 +566,16 @@ def _dialect_insert(session: Session, table: Any) -> Any:
 
 _T = telemetry_samples
 _L = telemetry_device_latest
-_SAMPLE_COLS = ("series_id", "ts", *_COLS)
+_SAMPLE_COLS = ("ts", "series_id", *_COLS)
 # a re-sent sample is a no-op; one that brings fields the stored one lacks fills them
 _SAMPLES_SQLITE = (
     f"INSERT INTO telemetry_samples ({', '.join(_SAMPLE_COLS)}) "
-    f"VALUES ({', '.join('?' * len(_SAMPLE_COLS))}) ON CONFLICT (series_id, ts) DO UPDATE SET "
+    f"VALUES ({', '.join('?' * len(_SAMPLE_COLS))}) ON CONFLICT (ts, series_id) DO UPDATE SET "
     + ", ".join(f"{c} = coalesce(telemetry_samples.{c}, excluded.{c})" for c in _COLS)
 )
 _LATEST_COLS = ("key", "node", "gpu_uuid", "gi_id", "profile", "ts", "workload", "tenant",
                 "simulated", *_COLS)  # fmt: skip
-_LATEST_META = _LATEST_COLS[1:9]
+_LATEST_META = _LATEST_COLS[4:9]  # what an update sets (key, node, GPU, instance are the key)
 _LATEST_SQLITE = (
     f"INSERT INTO telemetry_device_latest ({', '.join(_LATEST_COLS)}) "
     f"VALUES ({', '.join('?' * len(_LATEST_COLS))}) ON CONFLICT (key) DO UPDATE SET "
@@ -530,7 +596,7 @@ def _insert_samples(session: Session, rows: list[tuple[Any, ...]]) -> None:
         return
     stmt = postgresql.insert(_T)
     stmt = stmt.on_conflict_do_update(
-        index_elements=["series_id", "ts"],
+        index_elements=["ts", "series_id"],
         set_={c: func.coalesce(_T.c[c], stmt.excluded[c]) for c in _COLS},
     )
     session.execute(stmt, [dict(zip(_SAMPLE_COLS, r, strict=True)) for r in rows])
@@ -1118,10 +1184,14 @@ def apply_retention(
         hours = session.execute(delete(_H).where(_H.hour < hourly_cut)).rowcount
         latest_cut = to_ms(now - timedelta(hours=raw_hours))
         stale = session.execute(delete(_L).where(_L.c.ts < latest_cut)).rowcount
-        used = select(_T.c.series_id).where(_T.c.series_id == _S.id).exists()
-        series = session.execute(delete(_S).where(~used)).rowcount
+        series = 0
+        if through is not None:  # a series whose newest hour ended by the cutoff has no sample
+            gone = to_ms(cutoff) - HOUR_MS
+            series = session.execute(delete(_S).where(_S.seen_ms <= gone)).rowcount
     if series:
-        _cache(store.engine).series.clear()
+        cache = _cache(store.engine)
+        cache.series.clear()
+        cache.seen.clear()
     return {"raw": raw or 0, "hourly": hours or 0, "latest": stale or 0, "series": series or 0}
 
 

@@ -697,28 +697,32 @@ class TelemetrySeriesRow(Base):
     tenant: Mapped[str | None] = mapped_column(String(63), nullable=True)
     share: Mapped[float] = mapped_column(Float)
     simulated: Mapped[bool] = mapped_column(Boolean)
+    # the start (Unix ms) of the newest hour it has samples in: retention drops a series once
+    # that hour is past the raw window (no index on the samples' series_id needed)
+    seen_ms: Mapped[int] = mapped_column(BigInteger)
 
 
 #: A raw sample, kept PROOFPLANE_TELEMETRY_RAW_HOURS (``ts``: Unix milliseconds): one row per
-#: device series and time, one column per field (``TELEMETRY_COLUMNS``). The key makes a
-#: re-sent sample a no-op (a re-sent one with more fields fills the missing ones).
+#: device series and time, one column per field (``TELEMETRY_COLUMNS``). The key, time first,
+#: is the table (SQLite: WITHOUT ROWID): an interval's samples append to the same pages, and
+#: every reader asks for a time range. It makes a re-sent sample a no-op (a re-sent one with
+#: more fields fills the missing ones).
 telemetry_samples = Table(
     "telemetry_samples",
     Base.metadata,
-    Column("series_id", BigId, primary_key=True, autoincrement=False),
     Column("ts", BigInteger, primary_key=True, autoincrement=False),
+    Column("series_id", BigId, primary_key=True, autoincrement=False),
     *_field_columns(),
-    Index("ix_telemetry_samples_ts", "ts"),
     sqlite_with_rowid=False,
 )
 
-#: The newest sample of each device (``key``: gpu_uuid and gi_id), with the holder then when
-#: it was the only one: what dashboards, health and /metrics read. A field the newest sample
-#: lacks keeps its previous value.
+#: The newest sample of each device (``key``: node, gpu_uuid and gi_id: a node's devices sit
+#: together), with the holder then when it was the only one: what dashboards, health and
+#: /metrics read. A field the newest sample lacks keeps its previous value.
 telemetry_device_latest = Table(
     "telemetry_device_latest",
     Base.metadata,
-    Column("key", String(100), primary_key=True),
+    Column("key", String(160), primary_key=True),
     Column("node", String(63), nullable=False),
     Column("gpu_uuid", String(64), nullable=False),
     Column("gi_id", Integer, nullable=True),
@@ -729,6 +733,7 @@ telemetry_device_latest = Table(
     Column("simulated", Boolean, nullable=False),
     *_field_columns(),
     Index("ix_telemetry_device_latest_node", "node"),
+    sqlite_with_rowid=False,
 )
 
 

@@ -70,6 +70,7 @@ def _create_packed() -> None:
         sa.Column("tenant", sa.String(length=63), nullable=True),
         sa.Column("share", sa.Float(), nullable=False),
         sa.Column("simulated", sa.Boolean(), nullable=False),
+        sa.Column("seen_ms", sa.BigInteger(), nullable=False),
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("key", name="uq_telemetry_device_series_key"),
     )
@@ -80,16 +81,16 @@ def _create_packed() -> None:
                     ["gpu_uuid", "gi_id"])  # fmt: skip
     op.create_table(
         "telemetry_samples",
-        sa.Column("series_id", BigId, nullable=False),
         sa.Column("ts", sa.BigInteger(), nullable=False),  # Unix milliseconds
+        sa.Column("series_id", BigId, nullable=False),
         *_field_columns(),
-        sa.PrimaryKeyConstraint("series_id", "ts"),
-        sqlite_with_rowid=False,  # the key is the table: one B-tree less per sample
+        # time first: an interval's rows append to the same pages; the key is the table
+        sa.PrimaryKeyConstraint("ts", "series_id"),
+        sqlite_with_rowid=False,
     )
-    op.create_index("ix_telemetry_samples_ts", "telemetry_samples", ["ts"])
     op.create_table(
         "telemetry_device_latest",
-        sa.Column("key", sa.String(length=100), nullable=False),
+        sa.Column("key", sa.String(length=160), nullable=False),
         sa.Column("node", sa.String(length=63), nullable=False),
         sa.Column("gpu_uuid", sa.String(length=64), nullable=False),
         sa.Column("gi_id", sa.Integer(), nullable=True),
@@ -100,6 +101,7 @@ def _create_packed() -> None:
         sa.Column("simulated", sa.Boolean(), nullable=False),
         *_field_columns(),
         sa.PrimaryKeyConstraint("key"),
+        sqlite_with_rowid=False,
     )
     op.create_index("ix_telemetry_device_latest_node", "telemetry_device_latest", ["node"])
 
@@ -165,7 +167,6 @@ def _drop_old() -> None:
 def _drop_packed() -> None:
     op.drop_index("ix_telemetry_device_latest_node", table_name="telemetry_device_latest")
     op.drop_table("telemetry_device_latest")
-    op.drop_index("ix_telemetry_samples_ts", table_name="telemetry_samples")
     op.drop_table("telemetry_samples")
     op.drop_index("ix_telemetry_device_series_device", table_name="telemetry_device_series")
     op.drop_index("ix_telemetry_device_series_workload", table_name="telemetry_device_series")
@@ -205,7 +206,7 @@ def upgrade() -> None:
     series = sa.table(
         "telemetry_device_series", *(sa.column(c) for c in (
             "id", "key", "node", "gpu_uuid", "gi_id", "profile", "workload", "tenant", "share",
-            "simulated")),
+            "simulated", "seen_ms")),
     )  # fmt: skip
     for oid, node, uuid, gi, profile, fname, workload, tenant, share, sim in old:
         if fname not in COLUMNS:
@@ -217,6 +218,7 @@ def upgrade() -> None:
                 sa.insert(series).values(
                     key=key, node=node, gpu_uuid=uuid, gi_id=gi, profile=profile,
                     workload=workload, tenant=tenant, share=float(share), simulated=bool(sim),
+                    seen_ms=0,
                 ).returning(series.c.id)
             ).scalar_one()  # fmt: skip
         mapping.append({"old_id": oid, "new_id": new_ids[key], "field": fname})
@@ -233,6 +235,11 @@ def upgrade() -> None:
             "JOIN telemetry_series_map m ON m.old_id = r.series_id GROUP BY m.new_id, r.ts"
         ))  # fmt: skip
     op.drop_table("telemetry_series_map")
+    conn.execute(sa.text(
+        "UPDATE telemetry_device_series SET seen_ms = coalesce((SELECT max(s.ts) FROM "
+        "telemetry_samples s WHERE s.series_id = telemetry_device_series.id), 0) / 3600000 "
+        "* 3600000"
+    ))  # fmt: skip
     # the newest reading per device and field → one row per device
     devices: dict[str, dict[str, Any]] = {}
     for node, uuid, gi, profile, fname, ts, value, workload, tenant, sim in conn.execute(
@@ -243,7 +250,7 @@ def upgrade() -> None:
     ):
         if fname not in COLUMNS:
             continue
-        key = f"{uuid}{_SEP}{'' if gi is None else gi}"
+        key = f"{node}{_SEP}{uuid}{_SEP}{'' if gi is None else gi}"
         d = devices.setdefault(key, {"key": key, **dict.fromkeys(COLUMNS.values())})
         d.update(node=node, gpu_uuid=uuid, gi_id=gi, profile=profile, ts=ts,
                  workload=workload, tenant=tenant, simulated=bool(sim))  # fmt: skip
