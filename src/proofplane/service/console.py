@@ -256,9 +256,7 @@ def _utilisation(session: Any, names: list[str]) -> tuple[float | None, dict[str
     fleet = session.scalar(select(func.avg(util)).where(whole))
     per_node = dict(
         session.execute(
-            select(L.c.node, func.avg(util))
-            .where(whole, L.c.node.in_(names))
-            .group_by(L.c.node)
+            select(L.c.node, func.avg(util)).where(whole, L.c.node.in_(names)).group_by(L.c.node)
         ).all()
     )
     return (None if fleet is None else float(fleet)), {k: float(v) for k, v in per_node.items()}
