@@ -3,32 +3,31 @@ figure, each section made by one function of this file (``SECTIONS``): ``ingest`
 ``metrics_scrape`` and ``usage_report`` (added by their owners), and ``machine``.
 
 **ingest** (target: ≥ 20,000 samples/s on one core into SQLite; 5,000 nodes × 8 GPUs every
-15 s is 2,700/s). The fleet: ``--nodes`` (100) nodes of 8 H100s loaded through
+15 s is 2,700/s). A *sample* is the issue's: one device's (a GPU's or a MIG instance's) set of
+readings at one interval. The fleet: ``--nodes`` (100) nodes of 8 H100s loaded through
 ``load_cluster``; on each node GPU 0 holds 7 × 1g.10gb and GPU 1 2 × 3g.40gb MIG instances,
-and workloads of several tenants hold the MIG instances, whole GPUs and GPU shares (so readings
+and workloads of several tenants hold the MIG instances, whole GPUs and GPU shares (so samples
 are attributed to placements, shared GPUs split by share, as in production). One *post* is
-what one node's agent sends each interval: for each GPU the DCGM fields a collector reads
-(utilisation, SM/DRAM activity, frame buffer, power, energy, temperatures, XID, ECC SBE/DBE,
-row-remap failure, PCIe and NVLink throughput: 17 values) and for each MIG instance its five
-(GR/SM/DRAM activity, frame buffer used/free): 161 readings per node. The timed path is the
+what one node's agent sends each interval: 17 device samples (8 GPUs, 9 MIG instances), each
+GPU with the DCGM fields a collector reads (utilisation, SM/DRAM activity, frame buffer,
+power, energy, temperatures, XID, ECC SBE/DBE, row-remap failure, PCIe and NVLink throughput:
+17 values, 16 on the two MIG-mode GPUs plus frame buffer free) and each MIG instance its five
+(GR/SM/DRAM activity, frame buffer used/free): 181 readings per post. The timed path is the
 server's for ``POST /api/v1/nodes/{name}/telemetry`` minus HTTP: ``json.loads`` of the body
-bytes (what the route's JSON parsing does) and ``service.telemetry.ingest`` (authorisation
-of the node's agent, ``meter.samples.parse_batch``, attribution to the holding placements, the
-series lookup, the raw insert, the newest-reading upsert, the health check of XID/ECC/
+bytes (what the route's JSON parsing does) and ``service.telemetry.ingest``, the function the
+route calls (authorisation of the node's agent, ``meter.samples.parse_devices``, attribution to
+the holding placements, the series lookup, one packed row per device holder and time into
+``telemetry_samples``, the newest-sample upsert per device, the health check of XID/ECC/
 row-remap/temperature, one write transaction per post), on one thread, SQLite in WAL mode with
 the store's settings. Each run posts ``--intervals`` intervals of every node (the clock moves
 15 s per interval) into the same, growing database; ``samples_per_s`` is the median over
-``--runs`` runs of readings / wall time (``samples_per_s_runs`` lists them), ``posts_per_s``
-the same per post, ``cpu_us_per_sample`` the process CPU time per reading, and
-``bytes_per_sample`` the database size (raw + series + latest, indexes included) per stored
-reading after the runs. HTTP itself is measured by ``bench/api.py``.
-
-A *sample* is what ``meter.samples.Sample`` is: one reading of one field of one device. The
-issue's fleet example counts one sample per GPU per interval (5,000 x 8 / 15 s = 2,667/s);
-``device_samples_per_s`` gives the figure in that unit (a device's whole set of readings: 17
-fields per GPU, 5 per MIG instance), and ``fleet_readings_per_s_5000_nodes_every_15s`` what
-that fleet posts in readings with this field set. ``samples_per_cpu_s`` is readings per
-CPU-second of the one thread (the figure for "one core" on a machine others share).
+``--runs`` runs of device samples / wall time (``samples_per_s_runs`` lists them),
+``readings_per_s`` the same runs in field readings, ``posts_per_s`` per post,
+``cpu_us_per_sample`` the process CPU time per device sample and ``samples_per_cpu_s`` device
+samples per CPU-second of the one thread (the figure for "one core" on a machine others
+share), ``bytes_per_sample`` / ``bytes_per_reading`` the database size (samples + series +
+latest, indexes included) per stored row / stored reading after the runs. ``uptime_before`` /
+``uptime_after`` say how loaded the machine was. HTTP itself is measured by ``bench/api.py``.
 
     .venv/bin/python bench/telemetry.py --json [--quick] [--only ingest]
 """
