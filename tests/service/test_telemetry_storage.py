@@ -241,3 +241,19 @@ def test_migration_0018_carries_per_reading_rows_over_and_back(store: Store) -> 
     assert sorted(map(tuple, old_latest)) == sorted([(P, 110.0), (E, 5e6), (G, 0.5)])
     migrate.upgrade(store.engine)
     assert migrate.is_current(store.engine)
+
+
+def test_a_node_decommissioned_after_its_last_post_is_refused(cluster: Store) -> None:
+    """The node's id, state and holders are reused between posts while no event was written;
+    a decommission writes one, so the next post reads the node again and is refused."""
+    from proofplane.errors import InvalidState
+    from proofplane.service import decommission
+
+    now = datetime.now(UTC)
+    n2 = gpu_uuid("n2", 0)
+    _post(cluster, "n2", [tc.entry(n2, now, {P: 1})], now=now)
+    _post(cluster, "n2", [tc.entry(n2, now + timedelta(seconds=15), {P: 2})], now=now)
+    decommission.decommission_node(cluster, SYSTEM, "n2", "retired")
+    with pytest.raises(InvalidState) as err:
+        _post(cluster, "n2", [tc.entry(n2, now + timedelta(seconds=30), {P: 3})], now=now)
+    assert err.value.code == "decommissioned_node"

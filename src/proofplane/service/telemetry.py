@@ -121,6 +121,7 @@ class NodeDevices:
     # is placed (the newest ``since``), as series identities, the sole holder and the
     # device's key: a node's devices are worked out once per change, not once per post
     resolved: dict[tuple[Any, ...], _Resolved] = field(default_factory=dict)
+    node_id: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +149,7 @@ def load_devices(session: Session, node_id: int, name: str, state: str) -> NodeD
             )
         )
     }
-    out = NodeDevices(name, state, gpus)
+    out = NodeDevices(name, state, gpus, node_id=node_id)
     on_node = select(placement_nodes.c.placement_id).where(placement_nodes.c.node_id == node_id)
     rows = session.execute(
         select(
@@ -194,12 +195,23 @@ class _DeviceCache:
         self.series: dict[tuple[Any, ...], int] = {}  # series identity → id (committed ones)
         self.seen: dict[int, int] = {}  # series id → the newest hour (ms // HOUR_MS) stamped
 
-    def devices(self, session: Session, node_id: int, name: str, state: str) -> NodeDevices:
+    @staticmethod
+    def newest(session: Session) -> int:
         raw = sqlite_connection(session)
         if raw is not None:
-            newest = raw.execute("SELECT max(seq) FROM events").fetchone()[0] or 0
-        else:
-            newest = session.scalar(select(func.max(EventRow.seq))) or 0
+            return int(raw.execute("SELECT max(seq) FROM events").fetchone()[0] or 0)
+        return int(session.scalar(select(func.max(EventRow.seq))) or 0)
+
+    def cached(self, session: Session, name: str) -> NodeDevices | None:
+        """The node's devices (its id and state with them) when nothing changed since they
+        were read; None: read them (``devices``)."""
+        newest = self.newest(session)
+        with self.lock:
+            hit = self.nodes.get(name)
+        return hit[1] if hit is not None and hit[0] == newest else None
+
+    def devices(self, session: Session, node_id: int, name: str, state: str) -> NodeDevices:
+        newest = self.newest(session)
         with self.lock:
             hit = self.nodes.get(name)
         if hit is not None and hit[0] == newest:
@@ -313,24 +325,23 @@ def store_devices(
     cache = _cache(store.engine)
     with store.write(actor, now) as tx:
         session = tx.session
-        raw_conn = sqlite_connection(session)
-        if raw_conn is not None:
-            found = raw_conn.execute(
-                "SELECT id, state FROM nodes WHERE name = ?", (name,)
-            ).fetchone()
+        held = cache.cached(session, name)  # unchanged since the last post: no node query
+        if held is not None:
+            node_id, state = held.node_id, held.state
         else:
             found = session.execute(
                 select(NodeRow.id, NodeRow.state).where(NodeRow.name == name)
             ).first()
-        if found is None:
-            raise NotFound(f"node {name!r} not found", details={"node": name})
-        node_id, state = found
+            if found is None:
+                raise NotFound(f"node {name!r} not found", details={"node": name})
+            node_id, state = found
         if state == NodeState.DECOMMISSIONED.value:
             raise InvalidState(
                 f"node {name!r} is decommissioned", code="decommissioned_node",
                 details={"node": name},
             )  # fmt: skip
-        held = cache.devices(session, node_id, name, state)
+        if held is None:
+            held = cache.devices(session, node_id, name, state)
         att = _attribute(held, devices, simulated)
         series_ids = _series_ids(session, cache, att.rows)
         rows = [(row[0], series_ids[k[0]], *row[1:]) for k, row in att.rows.items()]
