@@ -24,8 +24,14 @@ def test_bench_telemetry_quick(tmp_path):
     assert "machine" in data and data["machine"]["sqlite"]
     ingest = data["ingest"]
     for key in ("samples_per_s", "samples_per_s_runs", "samples_per_cpu_s", "posts_per_s",
-                "cpu_us_per_sample", "readings_per_post", "bytes_per_sample"):  # fmt: skip
+                "readings_per_s", "cpu_us_per_sample", "readings_per_post", "bytes_per_sample",
+                "uptime_before"):  # fmt: skip
         assert key in ingest
     assert ingest["samples_per_s"] > 0 and len(ingest["samples_per_s_runs"]) == 3
-    # readings of shared GPUs are stored once per holder
-    assert ingest["stored_rows_per_post"] >= ingest["readings_per_post"]
+    assert ingest["target_samples_per_s"] == 20_000
+    # a sample is a device's readings: 17 devices (8 GPUs, 9 MIG instances), 181 readings
+    assert (ingest["devices_per_post"], ingest["readings_per_post"]) == (17, 181)
+    assert ingest["readings_per_s"] > ingest["samples_per_s"]
+    # one packed row per device and holder (shared GPUs once per holder and once for the rest)
+    assert ingest["devices_per_post"] <= ingest["stored_rows_per_post"] < 40
+    assert ingest["stored_readings_per_post"] >= ingest["readings_per_post"]

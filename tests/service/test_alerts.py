@@ -264,16 +264,16 @@ def test_rules_file_errors(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _latest(store: Store, tenant: str, devices: int, activity: float, at: datetime) -> None:
     from proofplane.meter.fields import GR_ENGINE_ACTIVE
-    from proofplane.store.tables import TelemetryLatestRow
+    from proofplane.store.tables import TELEMETRY_COLUMNS, telemetry_device_latest
 
     ms = int(at.timestamp() * 1000)
     with store.write(SYSTEM) as tx:
         for d in range(devices):
             uuid = f"GPU-{tenant}-now-{d}"
-            tx.session.add(TelemetryLatestRow(
-                key=f"{uuid}|-|{GR_ENGINE_ACTIVE}", node="n1", gpu_uuid=uuid, gi_id=None,
-                profile=None, field=GR_ENGINE_ACTIVE, ts=ms, value=activity, workload=f"w{d}",
-                tenant=tenant, simulated=True))  # fmt: skip
+            tx.session.execute(telemetry_device_latest.insert().values(
+                key=f"{uuid}|-", node="n1", gpu_uuid=uuid, gi_id=None, profile=None, ts=ms,
+                workload=f"w{d}", tenant=tenant, simulated=True,
+                **{TELEMETRY_COLUMNS[GR_ENGINE_ACTIVE]: activity}))  # fmt: skip
 
 
 def test_a_spike_in_the_newest_readings_raises_before_its_hour_ends(cluster: Store) -> None:

@@ -164,15 +164,15 @@ def test_sso_is_offered_when_oidc_is_configured(world: World) -> None:
 def test_gpu_utilisation_is_shown_to_those_who_see_every_tenant(
     world: World, officer: TestClient
 ) -> None:
-    from proofplane.store.tables import TelemetryLatestRow
+    from proofplane.store.tables import telemetry_device_latest
 
     with world.store.engine.begin() as conn:
         conn.execute(
-            TelemetryLatestRow.__table__.insert(),
+            telemetry_device_latest.insert(),
             [
                 {"key": f"util-{g}", "node": "fra-h100-01", "gpu_uuid": f"GPU-x-{g}",
-                 "gi_id": None, "profile": None, "field": "DCGM_FI_DEV_GPU_UTIL",
-                 "ts": 0, "value": value, "workload": None, "tenant": None, "simulated": True}
+                 "gi_id": None, "profile": None, "dev_gpu_util": value,
+                 "ts": 0, "workload": None, "tenant": None, "simulated": True}
                 for g, value in enumerate((30.0, 50.0))
             ],
         )  # fmt: skip

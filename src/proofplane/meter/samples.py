@@ -105,6 +105,30 @@ def parse_ts(value: Any) -> datetime:
     raise ValueError("not a time")
 
 
+class DeviceSample(NamedTuple):
+    """One device's readings at one time (a GPU, or a MIG instance of it): what one entry of
+    the posted body holds once checked, ``values`` the kept readings by field name. The unit
+    the store keeps (one row per device and time) and the issue's "sample"."""
+
+    gpu_uuid: str
+    gi_id: int | None
+    profile: str | None
+    mig_start: int | None
+    ts: datetime
+    values: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceBatch:
+    """What a posted body holds, per device: the device samples with readings kept, whether
+    they are simulated, how many readings were kept and how many were left out, by reason."""
+
+    devices: list[DeviceSample]
+    simulated: bool = False
+    ignored: dict[str, int] = field(default_factory=dict)
+    readings: int = 0
+
+
 def parse_batch(
     body: Any,
     *,
@@ -114,8 +138,29 @@ def parse_batch(
     max_samples: int = MAX_SAMPLES,
     max_skew: timedelta = MAX_SKEW,
 ) -> Batch:
-    """The samples of a posted body (see the module's docstring for the form and what is
-    refused or left out). ``now`` and ``oldest`` bound the sample times."""
+    """The samples of a posted body, one per reading (see the module's docstring for the form
+    and what is refused or left out). ``now`` and ``oldest`` bound the sample times."""
+    batch = parse_devices(body, now=now, oldest=oldest, max_samples=max_samples,
+                          max_skew=max_skew)  # fmt: skip
+    out = [
+        Sample(node, d.gpu_uuid, d.gi_id, d.profile, name, d.ts, value, d.mig_start)
+        for d in batch.devices
+        for name, value in d.values.items()
+    ]
+    return Batch(out, batch.simulated, batch.ignored)
+
+
+def parse_devices(
+    body: Any,
+    *,
+    now: datetime,
+    oldest: datetime,
+    max_samples: int = MAX_SAMPLES,
+    max_skew: timedelta = MAX_SKEW,
+) -> DeviceBatch:
+    """The device samples of a posted body (what :func:`parse_batch` checks and leaves out,
+    kept grouped as the body groups them: ingest stores one row per device and time). An
+    entry none of whose readings is kept is left out."""
     if not isinstance(body, Mapping):
         raise _refuse("the body must be a JSON object with a 'samples' list")
     unknown = set(body) - {"samples", "simulated"}
@@ -129,8 +174,8 @@ def parse_batch(
         raise _refuse("'samples' must be a list")
     total = 0
     for e in entries:
-        values = e.get("values") if isinstance(e, Mapping) else None
-        total += len(values) if isinstance(values, Mapping) else 1
+        values = e.get("values") if type(e) is dict or isinstance(e, Mapping) else None
+        total += len(values) if type(values) is dict or isinstance(values, Mapping) else 1
     if total > max_samples:
         raise ValidationFailed(
             f"{total} readings in one request: at most {max_samples}; send smaller batches",
@@ -139,14 +184,17 @@ def parse_batch(
         )
     latest = now + max_skew
     ignored: dict[str, int] = {}
-    out: list[Sample] = []
+    out: list[DeviceSample] = []
+    kept_total = 0
     times: dict[Any, datetime] = {}
-    fields = FIELDS
+    checks = _CHECKS
+    isfinite = math.isfinite
+    keys = _ENTRY_KEYS
     for i, e in enumerate(entries):
-        if not isinstance(e, Mapping):
+        if type(e) is not dict and not isinstance(e, Mapping):
             raise _refuse(f"samples[{i}] must be an object", i)
-        extra = set(e) - {"gpu_uuid", "gi_id", "profile", "mig_start", "ts", "values"}
-        if extra:
+        if not keys.issuperset(e):
+            extra = set(e) - keys
             raise _refuse(f"samples[{i}] has unknown key(s) {sorted(extra)[:5]}", i)
         uuid = e.get("gpu_uuid")
         if not isinstance(uuid, str) or not _UUID.fullmatch(uuid):
@@ -177,31 +225,43 @@ def parse_batch(
         except TypeError:  # an unhashable ts (a list, an object)
             raise _refuse(f"samples[{i}].ts must be a time", i) from None
         values = e.get("values")
-        if not isinstance(values, Mapping):
+        if type(values) is not dict and not isinstance(values, Mapping):
             raise _refuse(f"samples[{i}].values must be an object of field: number", i)
         late = ts > latest
         old = ts < oldest
+        mig = gi_id is not None
+        kept: dict[str, float] = {}
         for name, value in values.items():
-            if type(value) not in (int, float) or not math.isfinite(value):
+            kind = type(value)
+            if (kind is not float and kind is not int) or not isfinite(value):
                 raise _refuse(f"samples[{i}].values[{str(name)[:64]!r}] must be a finite "
                               "number", i)  # fmt: skip
-            f = fields.get(name)
-            reason = None
-            if f is None:
+            check = checks.get(name)
+            if check is None:
                 reason = "unknown_field"
-            elif not f.low <= value <= f.high:
+            elif not check[0] <= value <= check[1]:
                 reason = "out_of_range"
-            elif gi_id is not None and name not in MIG_FIELDS:
+            elif mig and not check[2]:
                 reason = "not_for_mig"
             elif late:
                 reason = "in_future"
             elif old:
                 reason = "too_old"
-            if reason is not None:
-                ignored[reason] = ignored.get(reason, 0) + 1
+            else:
+                kept[name] = value if kind is float else float(value)
                 continue
-            out.append(Sample(node, uuid, gi_id, profile, name, ts, float(value), start))
-    return Batch(out, simulated, ignored)
+            ignored[reason] = ignored.get(reason, 0) + 1
+        if kept:
+            kept_total += len(kept)
+            out.append(DeviceSample(uuid, gi_id, profile, start, ts, kept))
+    return DeviceBatch(out, simulated, ignored, kept_total)
+
+
+_ENTRY_KEYS = frozenset({"gpu_uuid", "gi_id", "profile", "mig_start", "ts", "values"})
+#: Per field: its bounds and whether a MIG instance may report it (one lookup per reading).
+_CHECKS: Mapping[str, tuple[float, float, bool]] = {
+    name: (f.low, f.high, name in MIG_FIELDS) for name, f in FIELDS.items()
+}
 
 
 def to_wire(samples: list[Sample], *, simulated: bool = False) -> dict[str, Any]:

@@ -38,14 +38,15 @@ from proofplane.store.repo import (
     workload_select,
 )
 from proofplane.store.tables import (
+    TELEMETRY_COLUMNS,
     CertificationRow,
     EvidenceRow,
     GpuRow,
     NodeAttestationRow,
     NodeRow,
-    TelemetryLatestRow,
     TenantRow,
     WorkloadRow,
+    telemetry_device_latest,
 )
 
 ATTESTATION_STATES = ("passed", "failed", "stale", "simulated", "none")
@@ -249,12 +250,13 @@ def cluster_view(
 def _utilisation(session: Any, names: list[str]) -> tuple[float | None, dict[str, float]]:
     """The fleet's and each of ``names``' mean GPU utilisation (DCGM_FI_DEV_GPU_UTIL, %) over
     their newest readings."""
-    L = TelemetryLatestRow
-    whole = (L.field == GPU_UTIL) & L.gi_id.is_(None)
-    fleet = session.scalar(select(func.avg(L.value)).where(whole))
+    L = telemetry_device_latest
+    util = L.c[TELEMETRY_COLUMNS[GPU_UTIL]]
+    whole = util.is_not(None) & L.c.gi_id.is_(None)
+    fleet = session.scalar(select(func.avg(util)).where(whole))
     per_node = dict(
         session.execute(
-            select(L.node, func.avg(L.value)).where(whole, L.node.in_(names)).group_by(L.node)
+            select(L.c.node, func.avg(util)).where(whole, L.c.node.in_(names)).group_by(L.c.node)
         ).all()
     )
     return (None if fleet is None else float(fleet)), {k: float(v) for k, v in per_node.items()}

@@ -3,11 +3,16 @@ PROOFPLANE_TELEMETRY_RAW_HOURS, default 48; hourly rollups for 400 days), and th
 functions metering, alerting and capacity use.
 
 Ingest (``ingest``): a node's agent posts readings of its own GPUs and MIG instances
-(``meter.samples.parse_batch`` checks the body). Each reading is keyed to the placement that
-held the device at that moment: a whole GPU's holder; a MIG instance's holder; for a reading
-of a whole GPU that MIG instances or shares of several workloads divide, one row per holder
-with its ``share`` (its compute-slice fraction, its share_milli / 1000) and one unattributed
-row for the rest (counters are split by share, so energy adds up; see ``meter.rollup``). A
+(``meter.samples.parse_devices`` checks the body). A device's readings at one time (a
+*sample*: 17 DCGM fields of a GPU, 5 of a MIG instance) are one row of ``telemetry_samples``,
+one nullable column per field (``store.tables.TELEMETRY_COLUMNS``), written with one prepared
+``executemany`` per post: no ORM object and no row per reading. Each sample is keyed to the
+placement that held the device at that moment (its series, ``telemetry_device_series``): a
+whole GPU's holder; a MIG instance's holder; for a sample of a whole GPU that MIG instances or
+shares of several workloads divide, one row per holder with its ``share`` (its compute-slice
+fraction, its share_milli / 1000) and one unattributed row for the rest (counters are split
+by share, so energy adds up; see ``meter.rollup``). ``telemetry_device_latest`` keeps each
+device's newest sample (a field it lacks keeps its previous value). A
 holder placed after the reading's time did not hold it then. Readings of health fields go
 through ``meter.health``: a fatal one drains the GPU (``service.gpu_health``) in the same
 transaction. A reading sent twice is stored once (a retried batch is harmless).
@@ -40,10 +45,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, delete, func, insert, or_, select
+from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import Session
 
 from proofplane.access import Actor, Permission, authorize
 from proofplane.errors import InvalidState, NotFound, ValidationFailed
@@ -51,24 +56,25 @@ from proofplane.hardware.skus import COMPUTE_SLICES, SKUS
 from proofplane.meter.fields import COUNTERS, FIELDS, GR_ENGINE_ACTIVE, TOTAL_ENERGY
 from proofplane.meter.health import HEALTH_FIELDS, Finding, assess, worth_checking
 from proofplane.meter.rollup import HOUR, Hourly, Point, SeriesKey, hour_of, merge, rollup
-from proofplane.meter.samples import MAX_SAMPLES, Sample, parse_batch
+from proofplane.meter.samples import MAX_SAMPLES, DeviceSample, Sample, parse_devices
 from proofplane.model import NodeState
 from proofplane.service.attestation import authorize_node
 from proofplane.service.context import Store
 from proofplane.service.pagination import Page, check_limit, decode_cursor, paginate
 from proofplane.store.audit_log import sqlite_connection
 from proofplane.store.tables import (
+    TELEMETRY_COLUMNS,
     EventRow,
     GpuRow,
     NodeRow,
     PlacementRow,
     TelemetryHourlyRow,
-    TelemetryLatestRow,
-    TelemetryRawRow,
     TelemetrySeriesRow,
     TenantRow,
     WorkloadRow,
     placement_nodes,
+    telemetry_device_latest,
+    telemetry_samples,
 )
 
 RAW_HOURS = 48.0  # PROOFPLANE_TELEMETRY_RAW_HOURS
@@ -111,6 +117,19 @@ class NodeDevices:
     whole: dict[str, Holder] = field(default_factory=dict)
     mig: dict[tuple[str, int], Holder] = field(default_factory=dict)
     parts: dict[str, list[Holder]] = field(default_factory=dict)  # slices and shares of a GPU
+    # per device (uuid, gi_id, profile, mig_start, simulated): who holds it once every holder
+    # is placed (the newest ``since``), as series identities, the sole holder and the
+    # device's key: a node's devices are worked out once per change, not once per post
+    resolved: dict[tuple[Any, ...], _Resolved] = field(default_factory=dict)
+    node_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Resolved:
+    since: datetime  # valid for samples at or after this time
+    idents: tuple[tuple[Any, ...], ...]  # a series identity per holder (and the rest)
+    sole: tuple[str | None, str | None]
+    key: str  # telemetry_device_latest
 
 
 def _slice_share(model: str | None, profile: str | None) -> float:
@@ -130,7 +149,7 @@ def load_devices(session: Session, node_id: int, name: str, state: str) -> NodeD
             )
         )
     }
-    out = NodeDevices(name, state, gpus)
+    out = NodeDevices(name, state, gpus, node_id=node_id)
     on_node = select(placement_nodes.c.placement_id).where(placement_nodes.c.node_id == node_id)
     rows = session.execute(
         select(
@@ -174,13 +193,25 @@ class _DeviceCache:
         self.lock = threading.Lock()
         self.nodes: dict[str, tuple[int, NodeDevices]] = {}
         self.series: dict[tuple[Any, ...], int] = {}  # series identity → id (committed ones)
+        self.seen: dict[int, int] = {}  # series id → the newest hour (ms // HOUR_MS) stamped
 
-    def devices(self, session: Session, node_id: int, name: str, state: str) -> NodeDevices:
+    @staticmethod
+    def newest(session: Session) -> int:
         raw = sqlite_connection(session)
         if raw is not None:
-            newest = raw.execute("SELECT max(seq) FROM events").fetchone()[0] or 0
-        else:
-            newest = session.scalar(select(func.max(EventRow.seq))) or 0
+            return int(raw.execute("SELECT max(seq) FROM events").fetchone()[0] or 0)
+        return int(session.scalar(select(func.max(EventRow.seq))) or 0)
+
+    def cached(self, session: Session, name: str) -> NodeDevices | None:
+        """The node's devices (its id and state with them) when nothing changed since they
+        were read; None: read them (``devices``)."""
+        newest = self.newest(session)
+        with self.lock:
+            hit = self.nodes.get(name)
+        return hit[1] if hit is not None and hit[0] == newest else None
+
+    def devices(self, session: Session, node_id: int, name: str, state: str) -> NodeDevices:
+        newest = self.newest(session)
         with self.lock:
             hit = self.nodes.get(name)
         if hit is not None and hit[0] == newest:
@@ -246,10 +277,10 @@ def ingest(
     ``decommissioned_node``."""
     authorize_node(actor, name)
     now = now or datetime.now(UTC)
-    batch = parse_batch(
-        body, node=name, now=now, oldest=now - timedelta(hours=raw_hours), max_samples=max_samples
+    batch = parse_devices(
+        body, now=now, oldest=now - timedelta(hours=raw_hours), max_samples=max_samples
     )
-    return store_samples(store, actor, name, batch.samples, simulated=batch.simulated,
+    return store_devices(store, actor, name, batch.devices, simulated=batch.simulated,
                          ignored=batch.ignored, now=now)  # fmt: skip
 
 
@@ -263,131 +294,234 @@ def store_samples(
     ignored: dict[str, int] | None = None,
     now: datetime | None = None,
 ) -> Ingested:
-    """Store checked samples of node ``name`` (``ingest`` after parsing; the demo's simulated
-    source directly)."""
+    """Store checked samples of node ``name`` (one per reading: the demo's simulated source),
+    grouped per device and time as ``store_devices`` keeps them."""
+    groups: dict[tuple[Any, ...], DeviceSample] = {}
+    for s in samples:
+        key = (s.gpu_uuid, s.gi_id, s.profile, s.mig_start, s.ts)
+        d = groups.get(key)
+        if d is None:
+            d = groups[key] = DeviceSample(s.gpu_uuid, s.gi_id, s.profile, s.mig_start, s.ts, {})
+        d.values.setdefault(s.field, s.value)
+    return store_devices(store, actor, name, list(groups.values()), simulated=simulated,
+                         ignored=ignored, now=now)  # fmt: skip
+
+
+def store_devices(
+    store: Store,
+    actor: Actor,
+    name: str,
+    devices: Sequence[DeviceSample],
+    *,
+    simulated: bool = False,
+    ignored: dict[str, int] | None = None,
+    now: datetime | None = None,
+) -> Ingested:
+    """Store checked device samples of node ``name`` (``ingest`` after parsing): one row per
+    device holder and time, the device's newest sample, and the health check, in one write
+    transaction."""
     from proofplane.service import gpu_health
 
     cache = _cache(store.engine)
     with store.write(actor, now) as tx:
         session = tx.session
-        found = session.execute(
-            select(NodeRow.id, NodeRow.state).where(NodeRow.name == name)
-        ).first()
-        if found is None:
-            raise NotFound(f"node {name!r} not found", details={"node": name})
-        node_id, state = found
+        held = cache.cached(session, name)  # unchanged since the last post: no node query
+        if held is not None:
+            node_id, state = held.node_id, held.state
+        else:
+            found = session.execute(
+                select(NodeRow.id, NodeRow.state).where(NodeRow.name == name)
+            ).first()
+            if found is None:
+                raise NotFound(f"node {name!r} not found", details={"node": name})
+            node_id, state = found
         if state == NodeState.DECOMMISSIONED.value:
             raise InvalidState(
                 f"node {name!r} is decommissioned", code="decommissioned_node",
                 details={"node": name},
             )  # fmt: skip
-        devices = cache.devices(session, node_id, name, state)
-        rows, latest, health = _attribute(devices, samples, simulated)
-        series_ids = _series_ids(session, cache, rows)
-        raw = [(series_ids[ident], ms, value) for ident, ms, value in rows]
-        _insert_raw(session, raw)
+        if held is None:
+            held = cache.devices(session, node_id, name, state)
+        att = _attribute(held, devices, simulated)
+        series_ids = _series_ids(session, cache, att.rows)
+        rows = [(row[0], series_ids[k[0]], *row[1:]) for k, row in att.rows.items()]
+        _insert_samples(session, rows)
+        _mark_seen(session, cache, {(series_ids[ident], ms // HOUR_MS) for ident, ms in att.rows})
         # only a reading that could mean trouble needs the device's previous one (a fleet's
         # readings are XID 0, no ECC error, cool: no extra query)
-        worth = {_device_key(s.gpu_uuid, s.gi_id, s.field) for s in health
-                 if worth_checking(s.field, s.value)}  # fmt: skip
-        previous = _previous(session, worth) if worth else {}
-        _upsert_latest(session, list(latest.values()))
+        worth = {(key, f) for key, _ts, _uuid, f, value in att.health
+                 if worth_checking(f, value)}  # fmt: skip
+        previous = _previous(session, {k for k, _f in worth}) if worth else {}
+        _upsert_latest(session, list(att.latest.values()))
         drained: list[dict[str, Any]] = []
         if worth:
             node = session.get(NodeRow, node_id)
             assert node is not None
-            for s in sorted(health, key=lambda s: s.ts):
-                key = _device_key(s.gpu_uuid, s.gi_id, s.field)
-                if key not in worth:
+            for key, _ts, uuid, f, value in sorted(att.health, key=lambda h: h[1]):
+                if (key, f) not in worth:
                     continue
-                finding = assess(s.field, s.value, previous.get(key))
-                previous[key] = s.value
+                finding = assess(f, value, previous.get((key, f)))
+                previous[(key, f)] = value
                 if finding is not None:
-                    done = gpu_health.drain(tx, node, s.gpu_uuid, finding)
+                    done = gpu_health.drain(tx, node, uuid, finding)
                     if done is not None:
                         drained.append(done)
-        return Ingested(name, len(samples), len(raw), dict(ignored or {}), drained)
+        return Ingested(name, att.readings, att.stored, dict(ignored or {}), drained)
 
 
-def _device_key(uuid: str, gi_id: int | None, field_name: str) -> str:
-    return f"{uuid}{_SEP}{'' if gi_id is None else gi_id}{_SEP}{field_name}"
+def _device_key(node: str, uuid: str, gi_id: int | None) -> str:
+    """A device's key in ``telemetry_device_latest`` (node first: a node's devices sit
+    together, and its post updates one or two pages)."""
+    return f"{node}{_SEP}{uuid}{_SEP}{'' if gi_id is None else gi_id}"
 
 
-_Ident = tuple[Any, ...]  # a series: node, gpu_uuid, gi_id, profile, field, workload, tenant,
-# share, simulated
-_Row = tuple[_Ident, int, float]
+#: The fields in storage order, and their columns (``store.tables.TELEMETRY_COLUMNS``).
+_ORDER: tuple[str, ...] = tuple(TELEMETRY_COLUMNS)
+_COLS: tuple[str, ...] = tuple(TELEMETRY_COLUMNS.values())
+_HEALTH_ORDER = tuple((i, f) for i, f in enumerate(_ORDER) if f in HEALTH_FIELDS)
+
+_Ident = tuple[Any, ...]  # a series: node, gpu_uuid, gi_id, profile, workload, tenant, share,
+# simulated
+
+
+@dataclass(slots=True)
+class _Attributed:
+    rows: dict[tuple[_Ident, int], list[Any]]  # (series, ms) → [ms, value per _ORDER field]
+    latest: dict[str, list[Any]]  # device key → a telemetry_device_latest row (_LATEST_COLS)
+    health: list[tuple[str, int, str, str, float]]  # (device key, ms, uuid, field, value)
+    readings: int = 0
+    stored: int = 0
 
 
 def _attribute(
-    devices: NodeDevices, samples: Iterable[Sample], simulated: bool
-) -> tuple[list[_Row], dict[str, tuple[Any, ...]], list[Sample]]:
-    """Each sample's raw rows (series identity, ms, value), the newest reading per device and
-    field (a row of ``telemetry_latest``), and the samples of health fields.
-    ``gpu_not_on_node`` for another node's GPU."""
-    rows: list[_Row] = []
-    append = rows.append
-    latest: dict[str, tuple[Any, ...]] = {}
-    health: list[Sample] = []
-    node = devices.node
-    gpus = devices.gpus
-    whole, mig, parts = devices.whole, devices.mig, devices.parts
-    last: tuple[Any, ...] | None = None
-    targets: list[tuple[str | None, str | None, float]] = []
-    sole: tuple[str | None, str | None] = (None, None)
-    ms = 0
+    devices: NodeDevices, samples: Iterable[DeviceSample], simulated: bool
+) -> _Attributed:
+    """Each device sample's rows (one per holder: series identity and time → values), the
+    newest sample per device (a row of ``telemetry_device_latest``), and the readings of
+    health fields. ``gpu_not_on_node`` for another node's GPU."""
+    out = _Attributed({}, {}, [])
+    rows, latest, health = out.rows, out.latest, out.health
+    resolved = devices.resolved
+    order = _ORDER
+    ms_of: dict[datetime, int] = {}
+    readings = stored = 0
     for s in samples:
-        uuid, gi, profile, ts = s.gpu_uuid, s.gi_id, s.profile, s.ts
-        device = (uuid, gi, profile, s.mig_start, ts)
-        if device != last:  # readings come grouped by device and time: work out who held it
-            last = device
-            gpu = gpus.get(uuid)
-            if gpu is None:
-                raise ValidationFailed(
-                    f"GPU {uuid} is not a GPU of node {node}: a node posts readings of its own "
-                    "GPUs",
-                    code="gpu_not_on_node",
-                    details={"node": node, "gpu_uuid": uuid},
-                )
-            ms = to_ms(ts)
-            holders: list[Holder]
-            if gi is not None:
-                start = s.mig_start
-                if start is None:  # name the instance by its profile when unambiguous
-                    found = [st for st, p in gpu[2].items() if p == profile]
-                    start = found[0] if len(found) == 1 else None
-                h = mig.get((uuid, start)) if start is not None else None
-                holders = [Holder(h.workload, h.tenant, h.since, 1.0)] if h is not None else []
-            else:
-                w = whole.get(uuid)
-                holders = [w] if w is not None else parts.get(uuid, [])
-            held = [h for h in holders if h.since <= ts]
-            rest = 1.0 - sum(h.share for h in held)
-            targets = [(h.workload, h.tenant, round(h.share, 6)) for h in held]
-            if rest > 1e-9:
-                targets.append((None, None, round(rest, 6)))
-            sole = (held[0].workload, held[0].tenant) if len(targets) == 1 and held else (
-                None, None)  # fmt: skip
-        f, value = s.field, s.value
-        for workload, tenant, share in targets:
-            append(((node, uuid, gi, profile, f, workload, tenant, share, simulated), ms, value))
-        key = f"{uuid}{_SEP}{'' if gi is None else gi}{_SEP}{f}"  # _device_key
+        uuid, gi, profile, ts, values = s.gpu_uuid, s.gi_id, s.profile, s.ts, s.values
+        if not values:
+            continue
+        ms = ms_of.get(ts)
+        if ms is None:
+            ms = ms_of[ts] = to_ms(ts)
+        r = resolved.get((uuid, gi, profile, s.mig_start, simulated))
+        if r is None or ts < r.since:
+            r = _resolve(devices, s, simulated)
+        vals = list(map(values.get, order))
+        n = len(values)
+        readings += n
+        stored += n * len(r.idents)
+        for ident in r.idents:
+            k = (ident, ms)
+            seen = rows.get(k)
+            if seen is None:
+                rows[k] = [ms, *vals]
+            else:  # the same device and time twice: the first reading of a field counts
+                seen[1:] = [a if a is not None else b for a, b in zip(seen[1:], vals,
+                                                                       strict=True)]  # fmt: skip
+        key = r.key
         prev = latest.get(key)
-        if prev is None or prev[6] <= ms:  # in _LATEST_COLS order
-            latest[key] = (key, node, uuid, gi, profile, f, ms, value, sole[0], sole[1],
-                           simulated)  # fmt: skip
-        if f in HEALTH_FIELDS:
-            health.append(s)
-    return rows, latest, health
+        if prev is None:
+            latest[key] = [key, devices.node, uuid, gi, profile, ms, *r.sole, simulated, *vals]
+        elif prev[5] <= ms:  # a newer sample: its values, the older ones where it has none
+            latest[key] = [key, devices.node, uuid, gi, profile, ms, *r.sole, simulated] + [
+                a if a is not None else b for a, b in zip(vals, prev[9:], strict=True)]  # fmt: skip
+        else:
+            prev[9:] = [a if a is not None else b for a, b in zip(prev[9:], vals, strict=True)]
+        for i, f in _HEALTH_ORDER:
+            v = vals[i]
+            if v is not None:
+                health.append((key, ms, uuid, f, v))
+    out.readings, out.stored = readings, stored
+    return out
 
 
-_SERIES_COLS = ("node", "gpu_uuid", "gi_id", "profile", "field", "workload", "tenant", "share",
+def _resolve(devices: NodeDevices, s: DeviceSample, simulated: bool) -> _Resolved:
+    """Who held the device of ``s`` at its time (its series identities: one per holder, and
+    one for the part nobody held); remembered for the later samples every holder covers."""
+    node = devices.node
+    uuid, gi, profile, ts = s.gpu_uuid, s.gi_id, s.profile, s.ts
+    gpu = devices.gpus.get(uuid)
+    if gpu is None:
+        raise ValidationFailed(
+            f"GPU {uuid} is not a GPU of node {node}: a node posts readings of its own GPUs",
+            code="gpu_not_on_node",
+            details={"node": node, "gpu_uuid": uuid},
+        )
+    holders: list[Holder]
+    if gi is not None:
+        start = s.mig_start
+        if start is None:  # name the instance by its profile when unambiguous
+            found = [st for st, p in gpu[2].items() if p == profile]
+            start = found[0] if len(found) == 1 else None
+        h = devices.mig.get((uuid, start)) if start is not None else None
+        holders = [Holder(h.workload, h.tenant, h.since, 1.0)] if h is not None else []
+    else:
+        w = devices.whole.get(uuid)
+        holders = [w] if w is not None else devices.parts.get(uuid, [])
+    held = [h for h in holders if h.since <= ts]
+    rest = 1.0 - sum(h.share for h in held)
+    targets = [(h.workload, h.tenant, round(h.share, 6)) for h in held]
+    if rest > 1e-9:
+        targets.append((None, None, round(rest, 6)))
+    sole = (held[0].workload, held[0].tenant) if len(targets) == 1 and held else (None, None)
+    idents = tuple((node, uuid, gi, profile, w, t, share, simulated) for w, t, share in targets)
+    r = _Resolved(ts, idents, sole, _device_key(node, uuid, gi))
+    if len(held) == len(holders):  # every holder counted: so it stays for later samples
+        since = max((h.since for h in holders), default=_EPOCH)
+        r = _Resolved(since, idents, sole, r.key)
+        if len(devices.resolved) < 100_000:
+            devices.resolved[(uuid, gi, profile, s.mig_start, simulated)] = r
+    return r
+
+
+_SERIES_COLS = ("node", "gpu_uuid", "gi_id", "profile", "workload", "tenant", "share",
                 "simulated")  # fmt: skip
 
 
-def _series_ids(session: Session, cache: _DeviceCache, rows: list[_Row]) -> Mapping[_Ident, int]:
+def _mark_seen(session: Session, cache: _DeviceCache, used: set[tuple[int, int]]) -> None:
+    """Move each series' ``seen_ms`` to the newest hour it now has samples in: once per series
+    and hour in a process (a fleet's series are stamped once an hour, not once a post)."""
+    seen = cache.seen
+    todo = {}
+    for sid, hour in used:
+        if seen.get(sid, -1) < hour and todo.get(sid, -1) < hour:
+            todo[sid] = hour
+    if not todo:
+        return
+    stmt = (
+        update(TelemetrySeriesRow)
+        .where(
+            TelemetrySeriesRow.id == bindparam("sid"), TelemetrySeriesRow.seen_ms < bindparam("ms")
+        )
+        .values(seen_ms=bindparam("ms"))
+    )
+    session.connection().execute(stmt, [{"sid": sid, "ms": h * HOUR_MS} for sid, h in todo.items()])
+    if len(seen) > 1_000_000:
+        seen.clear()
+
+    def remember(_s: Session) -> None:
+        seen.update(todo)
+
+    from sqlalchemy import event as sa_event
+
+    sa_event.listen(session, "after_commit", remember, once=True)
+
+
+def _series_ids(
+    session: Session, cache: _DeviceCache, rows: Mapping[tuple[_Ident, int], Any]
+) -> Mapping[_Ident, int]:
     """The series id of each row's identity, creating the series not stored yet."""
     known = cache.series
-    missing = {ident for ident, _ms, _v in rows if ident not in known}
+    missing = {ident for ident, _ms in rows if ident not in known}
     if not missing:
         return known
     by_key = {_series_key(*ident): ident for ident in missing}
@@ -400,7 +534,9 @@ def _series_ids(session: Session, cache: _DeviceCache, rows: list[_Row]) -> Mapp
         ).all())  # fmt: skip
     new = [k for k in keys if k not in found]
     if new:
-        values = [{"key": k, **dict(zip(_SERIES_COLS, by_key[k], strict=True))} for k in new]
+        seen_ms = min(ms for _ident, ms in rows) // HOUR_MS * HOUR_MS
+        values = [{"key": k, **dict(zip(_SERIES_COLS, by_key[k], strict=True)),
+                   "seen_ms": seen_ms} for k in new]  # fmt: skip
         session.execute(_dialect_insert(session, TelemetrySeriesRow).on_conflict_do_nothing(),
                         values)  # fmt: skip
         for chunk in _chunks(new, 500):
@@ -439,63 +575,82 @@ def _dialect_insert(session: Session, table: Any) -> Any:
     return sqlite.insert(table)
 
 
-_RAW_SQLITE = (
-    "INSERT INTO telemetry_raw (series_id, ts, value) VALUES (?, ?, ?) ON CONFLICT DO NOTHING"
+_T = telemetry_samples
+_L = telemetry_device_latest
+_SAMPLE_COLS = ("ts", "series_id", *_COLS)
+# a re-sent sample is a no-op; one that brings fields the stored one lacks fills them
+_SAMPLES_SQLITE = (
+    f"INSERT INTO telemetry_samples ({', '.join(_SAMPLE_COLS)}) "
+    f"VALUES ({', '.join('?' * len(_SAMPLE_COLS))}) ON CONFLICT (ts, series_id) DO UPDATE SET "
+    + ", ".join(f"{c} = coalesce(telemetry_samples.{c}, excluded.{c})" for c in _COLS)
 )
-_LATEST_COLS = ("key", "node", "gpu_uuid", "gi_id", "profile", "field", "ts", "value", "workload",
-                "tenant", "simulated")  # fmt: skip
+_LATEST_COLS = ("key", "node", "gpu_uuid", "gi_id", "profile", "ts", "workload", "tenant",
+                "simulated", *_COLS)  # fmt: skip
+_LATEST_META = _LATEST_COLS[4:9]  # what an update sets (key, node, GPU, instance are the key)
 _LATEST_SQLITE = (
-    f"INSERT INTO telemetry_latest ({', '.join(_LATEST_COLS)}) "
+    f"INSERT INTO telemetry_device_latest ({', '.join(_LATEST_COLS)}) "
     f"VALUES ({', '.join('?' * len(_LATEST_COLS))}) ON CONFLICT (key) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in _LATEST_COLS[1:])
-    + " WHERE excluded.ts >= telemetry_latest.ts"
+    + ", ".join(f"{c} = excluded.{c}" for c in _LATEST_META)
+    + ", "
+    + ", ".join(f"{c} = coalesce(excluded.{c}, telemetry_device_latest.{c})" for c in _COLS)
+    + " WHERE excluded.ts >= telemetry_device_latest.ts"
 )
 
 
-def _insert_raw(session: Session, rows: list[tuple[int, int, float]]) -> None:
+def _insert_samples(session: Session, rows: list[tuple[Any, ...]]) -> None:
+    """Rows in ``_SAMPLE_COLS`` order."""
     if not rows:
         return
     raw = sqlite_connection(session)
     if raw is not None:
-        raw.executemany(_RAW_SQLITE, rows)
+        raw.executemany(_SAMPLES_SQLITE, rows)
         return
-    stmt = postgresql.insert(TelemetryRawRow).on_conflict_do_nothing()
-    session.execute(stmt, [{"series_id": a, "ts": b, "value": c} for a, b, c in rows])
+    stmt = postgresql.insert(_T)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["ts", "series_id"],
+        set_={c: func.coalesce(_T.c[c], stmt.excluded[c]) for c in _COLS},
+    )
+    session.execute(stmt, [dict(zip(_SAMPLE_COLS, r, strict=True)) for r in rows])
 
 
-def _upsert_latest(session: Session, rows: list[tuple[Any, ...]]) -> None:
-    """Rows in ``_LATEST_COLS`` order; an older reading never replaces a newer one."""
+def _upsert_latest(session: Session, rows: list[list[Any]]) -> None:
+    """Rows in ``_LATEST_COLS`` order; an older sample never replaces a newer one, and a
+    field the newer one lacks keeps its value."""
     if not rows:
         return
     raw = sqlite_connection(session)
     if raw is not None:
         raw.executemany(_LATEST_SQLITE, rows)
         return
-    stmt = postgresql.insert(TelemetryLatestRow)
+    stmt = postgresql.insert(_L)
+    set_: dict[str, Any] = {c: stmt.excluded[c] for c in _LATEST_META}
+    set_.update({c: func.coalesce(stmt.excluded[c], _L.c[c]) for c in _COLS})
     stmt = stmt.on_conflict_do_update(
-        index_elements=["key"],
-        set_={c: stmt.excluded[c] for c in _LATEST_COLS[1:]},
-        where=stmt.excluded.ts >= TelemetryLatestRow.ts,
+        index_elements=["key"], set_=set_, where=stmt.excluded.ts >= _L.c.ts
     )
     session.execute(stmt, [dict(zip(_LATEST_COLS, r, strict=True)) for r in rows])
 
 
-def _previous(session: Session, keys: set[str]) -> dict[str, float]:
-    """The newest stored reading of each device and field ``keys`` names."""
-    out: dict[str, float] = {}
+def _previous(session: Session, keys: set[str]) -> dict[tuple[str, str], float]:
+    """The newest stored reading of each health field of the devices ``keys`` names."""
+    out: dict[tuple[str, str], float] = {}
+    cols = [_L.c[TELEMETRY_COLUMNS[f]] for _i, f in _HEALTH_ORDER]
     for chunk in _chunks(sorted(keys), 500):
-        out.update(session.execute(
-            select(TelemetryLatestRow.key, TelemetryLatestRow.value)
-            .where(TelemetryLatestRow.key.in_(chunk))
-        ).all())  # fmt: skip
+        for key, *values in session.execute(select(_L.c.key, *cols).where(_L.c.key.in_(chunk))):
+            for (_i, f), v in zip(_HEALTH_ORDER, values, strict=True):
+                if v is not None:
+                    out[(key, f)] = v
     return out
 
 
 # --- reads -----------------------------------------------------------------------------------
 
 _S = TelemetrySeriesRow
-_R = TelemetryRawRow
 _H = TelemetryHourlyRow
+
+
+def _col(table: Any, field_name: str) -> Any:
+    return table.c[TELEMETRY_COLUMNS[field_name]]
 
 
 def rolled_through(session: Session) -> datetime | None:
@@ -514,43 +669,50 @@ def _points(
     node: str | None = None,
     fields: Iterable[str] | None = None,
 ) -> tuple[list[Point], dict[SeriesKey, float]]:
-    """Raw points in [start, end) (filtered; ``fields``: only these), and the previous reading
-    of each counter device before ``start`` (within ``COUNTER_LOOKBACK``)."""
-    cols = (_S.node, _S.gpu_uuid, _S.gi_id, _S.field, _R.ts, _R.value, _S.workload, _S.tenant,
-            _S.share, _S.simulated)  # fmt: skip
+    """Raw points (one per reading) in [start, end) (filtered; ``fields``: only these), and
+    the previous reading of each counter device before ``start`` (within
+    ``COUNTER_LOOKBACK``)."""
+    wanted = None if fields is None else set(fields)
+    names = [f for f in _ORDER if (wanted is None or f in wanted)
+             and (field_name is None or f == field_name)]  # fmt: skip
+    if not names:
+        return [], {}
+    cols = [_col(_T, f) for f in names]
     q = (
-        select(*cols)
-        .join(_S, _S.id == _R.series_id)
-        .where(_R.ts >= to_ms(start), _R.ts < to_ms(end))
-    )
+        select(_S.node, _S.gpu_uuid, _S.gi_id, _T.c.ts, _S.workload, _S.tenant, _S.share,
+               _S.simulated, *cols)
+        .join(_S, _S.id == _T.c.series_id)
+        .where(_T.c.ts >= to_ms(start), _T.c.ts < to_ms(end), or_(*(c.is_not(None)
+                                                                    for c in cols)))
+    )  # fmt: skip
     if tenant is not None:
         q = q.where(_S.tenant == tenant)
-    if field_name is not None:
-        q = q.where(_S.field == field_name)
     if node is not None:
         q = q.where(_S.node == node)
-    if fields is not None:
-        q = q.where(_S.field.in_(sorted(fields)))
-    points = [
-        Point(n, g, gi, f, from_ms(ts), v, w, t, sh, bool(sim))
-        for n, g, gi, f, ts, v, w, t, sh, sim in session.execute(q)
-    ]
+    points = []
+    for n, g, gi, ts, w, t, sh, sim, *values in session.execute(q):
+        at = from_ms(ts)
+        for f, v in zip(names, values, strict=True):
+            if v is not None:
+                points.append(Point(n, g, gi, f, at, v, w, t, sh, bool(sim)))
     previous: dict[SeriesKey, float] = {}
     counters = {(p.gpu_uuid, p.gi_id, p.field) for p in points if p.field in COUNTERS}
     if counters:
-        fields = sorted({k[2] for k in counters})
+        cfields = sorted({k[2] for k in counters})
+        ccols = [_col(_T, f) for f in cfields]
         prev_q = (
-            select(_S.gpu_uuid, _S.gi_id, _S.field, _R.ts, _R.value)
-            .join(_S, _S.id == _R.series_id)
-            .where(_R.ts >= to_ms(start - COUNTER_LOOKBACK), _R.ts < to_ms(start),
-                   _S.field.in_(fields))
-            .order_by(_R.ts)
+            select(_S.gpu_uuid, _S.gi_id, _T.c.ts, *ccols)
+            .join(_S, _S.id == _T.c.series_id)
+            .where(_T.c.ts >= to_ms(start - COUNTER_LOOKBACK), _T.c.ts < to_ms(start),
+                   or_(*(c.is_not(None) for c in ccols)))
+            .order_by(_T.c.ts)
         )  # fmt: skip
         if node is not None:
             prev_q = prev_q.where(_S.node == node)
-        for g, gi, f, _ts, v in session.execute(prev_q):
-            if (g, gi, f) in counters:
-                previous[(g, gi, f)] = v
+        for g, gi, _ts, *values in session.execute(prev_q):
+            for f, v in zip(cfields, values, strict=True):
+                if v is not None and (g, gi, f) in counters:
+                    previous[(g, gi, f)] = v
     return points, previous
 
 
@@ -566,46 +728,66 @@ def aggregate(
     field_name: str | None = None,
     node: str | None = None,
 ) -> list[Hourly]:
-    """The hourly rollups of the raw readings in [start, end): gauges summed up in the
-    database (per series and hour), counters' increases in Python (``meter.rollup``) from all
-    of each device's readings (a holder's increase needs the readings before it held the
-    device), then filtered. Series of the same holder (another share, profile) are merged."""
+    """The hourly rollups of the raw samples in [start, end): gauges summed up in the
+    database (per series and hour, one column each), counters' increases in Python
+    (``meter.rollup``) from all of each device's readings (a holder's increase needs the
+    readings before it held the device), then filtered. Series of the same holder (another
+    share, profile) are merged."""
     lo, hi = to_ms(start), to_ms(end)
     out: dict[tuple[Any, ...], Hourly] = {}
-    gauge_fields = [f for f in FIELDS if f not in COUNTERS]
-    want = [f for f in gauge_fields if field_name is None or f == field_name]
-    if want or field_name not in FIELDS:
-        bucket = (_R.ts // HOUR_MS).label("bucket")
+    gauges = [f for f in _ORDER if f not in COUNTERS and (field_name is None or f == field_name)]
+    if gauges:
+        gcols = [_col(_T, f) for f in gauges]
+        bucket = (_T.c.ts // HOUR_MS).label("bucket")
+        stats = []
+        for i, c in enumerate(gcols):
+            stats += [func.count(c).label(f"n{i}"), func.sum(c).label(f"s{i}"),
+                      func.min(c).label(f"lo{i}"), func.max(c).label(f"hi{i}")]  # fmt: skip
         agg = (
-            select(_R.series_id, bucket, func.count().label("n"), func.sum(_R.value).label("s"),
-                   func.min(_R.value).label("lo"), func.max(_R.value).label("hi"),
-                   func.max(_R.ts).label("mt"))
-            .join(_S, _S.id == _R.series_id)
-            .where(_R.ts >= lo, _R.ts < hi, _S.field.not_in(sorted(COUNTERS)))
-            .group_by(_R.series_id, bucket)
+            select(_T.c.series_id, bucket, func.max(_T.c.ts).label("mt"), *stats)
+            .join(_S, _S.id == _T.c.series_id)
+            .where(_T.c.ts >= lo, _T.c.ts < hi, or_(*(c.is_not(None) for c in gcols)))
+            .group_by(_T.c.series_id, bucket)
         )  # fmt: skip
         if tenant is not None:
             agg = agg.where(_S.tenant == tenant)
-        if field_name is not None:
-            agg = agg.where(_S.field == field_name)
         if node is not None:
             agg = agg.where(_S.node == node)
         a = agg.subquery()
-        last = aliased(TelemetryRawRow)
+        last = _T.alias("last")
         q = (
-            select(a.c.bucket, _S.node, _S.gpu_uuid, _S.gi_id, _S.field, _S.workload, _S.tenant,
-                   a.c.n, a.c.s, a.c.lo, a.c.hi, last.value, _S.simulated, a.c.mt)
+            select(a, _S.node, _S.gpu_uuid, _S.gi_id, _S.workload, _S.tenant, _S.simulated,
+                   *(_col(last, f) for f in gauges))
             .join(_S, _S.id == a.c.series_id)
-            .join(last, and_(last.series_id == a.c.series_id, last.ts == a.c.mt))
+            .join(last, and_(last.c.series_id == a.c.series_id, last.c.ts == a.c.mt))
             .order_by(a.c.mt)
         )  # fmt: skip
-        for b, n_, g, gi, f, w, t, cnt, total, mn, mx, lv, sim, _mt in session.execute(q):
-            row = Hourly(from_ms(int(b) * HOUR_MS), n_, g, gi, f, w, t, int(cnt), float(total),
-                         float(mn), float(mx), float(lv), bool(sim))  # fmt: skip
-            key = (row.hour, n_, g, gi, f, w, t)
-            seen = out.get(key)
-            out[key] = row if seen is None else merge(seen, row)
-    counters = [f for f in COUNTERS if field_name is None or f == field_name]
+        width = 3 + 4 * len(gauges)
+        for row in session.execute(q):
+            sid, b, _mt = row[0], int(row[1]), row[2]
+            n_, g, gi, w, t, sim = row[width : width + 6]
+            lasts = row[width + 6 :]
+            hour = from_ms(b * HOUR_MS)
+            for i, f in enumerate(gauges):
+                cnt = row[3 + 4 * i]
+                if not cnt:
+                    continue
+                lv = lasts[i]
+                if lv is None:  # the hour's newest sample lacks it: its own newest reading
+                    col = _col(_T, f)
+                    lv = session.scalar(
+                        select(col).where(_T.c.series_id == sid, col.is_not(None),
+                                          _T.c.ts >= max(lo, b * HOUR_MS),
+                                          _T.c.ts < min(hi, (b + 1) * HOUR_MS))
+                        .order_by(_T.c.ts.desc()).limit(1)
+                    )  # fmt: skip
+                h = Hourly(hour, n_, g, gi, f, w, t, int(cnt), float(row[4 + 4 * i]),
+                           float(row[5 + 4 * i]), float(row[6 + 4 * i]), float(lv),
+                           bool(sim))  # fmt: skip
+                key = (hour, n_, g, gi, f, w, t)
+                seen = out.get(key)
+                out[key] = h if seen is None else merge(seen, h)
+    counters = [f for f in _ORDER if f in COUNTERS and (field_name is None or f == field_name)]
     if counters:
         points, previous = _points(session, start, end, node=node, fields=counters)
         for row in rollup(points, previous):
@@ -710,22 +892,24 @@ def hourly_rows(
 
 
 def latest(store: Store, *, node: str | None = None) -> list[dict[str, Any]]:
-    """The newest reading per (node, gpu_uuid, gi_id, field), by node, GPU and field."""
-    L = TelemetryLatestRow
-    q = select(L.node, L.gpu_uuid, L.gi_id, L.profile, L.field, L.ts, L.value, L.workload,
-               L.tenant, L.simulated)  # fmt: skip
+    """The newest reading per (node, gpu_uuid, gi_id, field), by node, GPU and field
+    (``ts``: the time of the device's newest sample)."""
+    q = select(_L.c.node, _L.c.gpu_uuid, _L.c.gi_id, _L.c.profile, _L.c.ts, _L.c.workload,
+               _L.c.tenant, _L.c.simulated, *(_L.c[c] for c in _COLS))  # fmt: skip
     if node is not None:
-        q = q.where(L.node == node)
-    names = ("node", "gpu_uuid", "gi_id", "profile", "field", "ts", "value", "workload",
-             "tenant", "simulated")  # fmt: skip
+        q = q.where(_L.c.node == node)
     with store.read() as session:
         out = []
-        for row in session.execute(q.order_by(L.node, L.gpu_uuid, L.gi_id, L.field)):
-            d = dict(zip(names, row, strict=True))
-            d["ts"] = from_ms(d["ts"])
-            d["simulated"] = bool(d["simulated"])
-            out.append(d)
-        return out
+        for n, g, gi, prof, ts, w, t, sim, *values in session.execute(q):
+            at = from_ms(ts)
+            for f, v in zip(_ORDER, values, strict=True):
+                if v is not None:
+                    out.append({"node": n, "gpu_uuid": g, "gi_id": gi, "profile": prof,
+                                "field": f, "ts": at, "value": v, "workload": w, "tenant": t,
+                                "simulated": bool(sim)})  # fmt: skip
+    out.sort(key=lambda d: (d["node"], d["gpu_uuid"], -1 if d["gi_id"] is None else d["gi_id"],
+                            d["field"]))  # fmt: skip
+    return out
 
 
 def list_latest(store: Store, actor: Actor, node: str | None = None) -> list[dict[str, Any]]:
@@ -746,20 +930,27 @@ def tenant_latest(store: Store, *, fields: Iterable[str], since: datetime) -> li
     """Per (tenant, field), over the newest reading of each device newer than ``since``:
     ``tenant, field, devices, sum, min, max`` (tenant None: devices no single placement held),
     computed in the database (what /metrics reads on every scrape)."""
-    L = TelemetryLatestRow
-    names = sorted(set(fields))
+    names = sorted(f for f in set(fields) if f in TELEMETRY_COLUMNS)
+    if not names:
+        return []
+    stats = []
+    for f in names:
+        c = _col(_L, f)
+        stats += [func.count(c), func.sum(c), func.min(c), func.max(c)]
     q = (
-        select(L.tenant, L.field, func.count(), func.sum(L.value), func.min(L.value),
-               func.max(L.value))
-        .where(L.field.in_(names), L.ts >= to_ms(_aware(since, "since")))
-        .group_by(L.tenant, L.field)
-    )  # fmt: skip
+        select(_L.c.tenant, *stats)
+        .where(_L.c.ts >= to_ms(_aware(since, "since")))
+        .group_by(_L.c.tenant)
+    )
+    out = []
     with store.read() as session:
-        return [
-            {"tenant": t, "field": f, "devices": int(n), "sum": float(s), "min": float(lo),
-             "max": float(hi)}
-            for t, f, n, s, lo, hi in session.execute(q)
-        ]  # fmt: skip
+        for t, *values in session.execute(q):
+            for i, f in enumerate(names):
+                n, total, lo, hi = values[4 * i : 4 * i + 4]
+                if n:
+                    out.append({"tenant": t, "field": f, "devices": int(n), "sum": float(total),
+                                "min": float(lo), "max": float(hi)})  # fmt: skip
+    return out
 
 
 def energy_kwh(
@@ -837,7 +1028,7 @@ def _filtered(
         q = q.where(tenant_col.in_(sorted(visible)))
     if node is not None:
         q = q.where(node_col == node)
-    if field_name is not None:
+    if field_name is not None and field_col is not None:
         q = q.where(field_col == field_name)
     if lo is not None:
         q = q.where(time_col >= lo)
@@ -857,34 +1048,59 @@ def _list_raw(
     limit: int,
     cursor: str | None,
 ) -> Page[dict[str, Any]]:
+    """One item per reading: each stored sample's fields (in ``FIELDS`` order) by time and
+    series; the cursor names the last item's sample and field."""
     after = decode_cursor("telemetry-raw", cursor, str)
+    names = [field_name] if field_name is not None else list(_ORDER)
+    cols = [_col(_T, f) for f in names]
     q = select(
-        _R.ts, _R.series_id, _R.value, _S.node, _S.gpu_uuid, _S.gi_id, _S.profile, _S.field,
-        _S.workload, _S.tenant, _S.share, _S.simulated,
-    ).join(_S, _S.id == _R.series_id)  # fmt: skip
+        _T.c.ts, _T.c.series_id, _S.node, _S.gpu_uuid, _S.gi_id, _S.profile, _S.workload,
+        _S.tenant, _S.share, _S.simulated, *cols,
+    ).join(_S, _S.id == _T.c.series_id)  # fmt: skip
     lo, hi = (None if t is None else to_ms(t) for t in (start, end))
-    q = _filtered(q, (_S.tenant, _S.node, _S.field, _R.ts), tenant, visible, node, field_name,
-                  lo, hi)  # fmt: skip
+    q = _filtered(q, (_S.tenant, _S.node, None, _T.c.ts), tenant, visible, node, None, lo, hi)
+    if field_name is not None:
+        q = q.where(cols[0].is_not(None))
+    skip: tuple[int, int, int] | None = None
     if after is not None:
         try:
-            ts_s, sid_s = str(after).split(":")
-            ts_after, sid_after = int(ts_s), int(sid_s)
-        except ValueError:
+            parts = [int(p) for p in str(after).split(":")]
+            ts_after, sid_after = parts[0], parts[1]
+            fi_after = parts[2] if len(parts) == 3 else len(_ORDER)
+            if len(parts) not in (2, 3):
+                raise ValueError
+        except (ValueError, IndexError):
             raise ValidationFailed("invalid cursor", code="invalid_cursor") from None
-        q = q.where(or_(_R.ts > ts_after, and_(_R.ts == ts_after, _R.series_id > sid_after)))
-    q = q.order_by(_R.ts, _R.series_id).limit(limit + 1)
+        skip = (ts_after, sid_after, fi_after)
+        q = q.where(or_(_T.c.ts > ts_after,
+                        and_(_T.c.ts == ts_after, _T.c.series_id >= sid_after)))  # fmt: skip
+    q = q.order_by(_T.c.ts, _T.c.series_id)
+    index = {f: i for i, f in enumerate(_ORDER)}
+    items: list[dict[str, Any]] = []
+    keys: list[str] = []
+    offset = 0
     with store.read() as session:
-        rows = session.execute(q).all()
-    items = [
-        {
-            "ts": from_ms(ts), "node": n, "gpu_uuid": g, "gi_id": gi, "profile": prof,
-            "field": f, "value": v, "unit": FIELDS[f].unit if f in FIELDS else None,
-            "workload": w, "tenant": t, "share": sh, "simulated": bool(sim),
-        }
-        for ts, _sid, v, n, g, gi, prof, f, w, t, sh, sim in rows
-    ]  # fmt: skip
-    key = f"{rows[limit - 1][0]}:{rows[limit - 1][1]}" if len(rows) > limit else None
-    return paginate("telemetry-raw", items, limit, key)
+        while len(items) <= limit:
+            rows = session.execute(q.offset(offset).limit(limit + 2)).all()
+            offset += len(rows)
+            for ts, sid, n, g, gi, prof, w, t, sh, sim, *values in rows:
+                at = from_ms(ts)
+                for f, v in zip(names, values, strict=True):
+                    if v is None:
+                        continue
+                    fi = index[f]
+                    if skip is not None and (ts, sid) == skip[:2] and fi <= skip[2]:
+                        continue
+                    items.append({
+                        "ts": at, "node": n, "gpu_uuid": g, "gi_id": gi, "profile": prof,
+                        "field": f, "value": v, "unit": FIELDS[f].unit, "workload": w,
+                        "tenant": t, "share": sh, "simulated": bool(sim),
+                    })  # fmt: skip
+                    keys.append(f"{ts}:{sid}:{fi}")
+            if len(rows) < limit + 2:
+                break
+    key = keys[limit - 1] if len(items) > limit else None
+    return paginate("telemetry-raw", items[: limit + 1], limit, key)
 
 
 def _list_hourly(
@@ -939,9 +1155,9 @@ def rollup_hours(
             stored = rolled_through(session)
             if stored is not None and (hour is None or stored > hour):
                 hour = stored
-            q = select(func.min(_R.ts))
+            q = select(func.min(_T.c.ts))
             if hour is not None:
-                q = q.where(_R.ts >= to_ms(hour))
+                q = q.where(_T.c.ts >= to_ms(hour))
             first = session.scalar(q)  # skip to the next hour with readings
             if first is None:
                 break
@@ -963,9 +1179,10 @@ def apply_retention(
     store: Store, actor: Actor, now: datetime, *, raw_hours: float = RAW_HOURS,
     hourly_days: int = HOURLY_DAYS,
 ) -> dict[str, int]:  # fmt: skip
-    """Delete raw readings older than ``raw_hours`` (never one whose hour is not rolled up
-    yet), rollups older than ``hourly_days``, series without readings and stale newest
-    readings. Returns the counts deleted."""
+    """Delete raw samples older than ``raw_hours`` (never one whose hour is not rolled up
+    yet), rollups older than ``hourly_days``, series without samples and stale newest
+    samples. Returns the counts deleted (``raw``: samples, one per device holder and time;
+    ``latest``: devices)."""
     with store.write(actor, now) as tx:
         session = tx.session
         through = rolled_through(session)
@@ -973,17 +1190,19 @@ def apply_retention(
         raw = 0
         if through is not None:  # nothing rolled up yet: every raw reading still counts
             cutoff = min(cutoff, through)
-            raw = session.execute(delete(_R).where(_R.ts < to_ms(cutoff))).rowcount
+            raw = session.execute(delete(_T).where(_T.c.ts < to_ms(cutoff))).rowcount
         hourly_cut = now - timedelta(days=hourly_days)
         hours = session.execute(delete(_H).where(_H.hour < hourly_cut)).rowcount
         latest_cut = to_ms(now - timedelta(hours=raw_hours))
-        stale = session.execute(
-            delete(TelemetryLatestRow).where(TelemetryLatestRow.ts < latest_cut)
-        ).rowcount
-        used = select(_R.series_id).where(_R.series_id == _S.id).exists()
-        series = session.execute(delete(_S).where(~used)).rowcount
+        stale = session.execute(delete(_L).where(_L.c.ts < latest_cut)).rowcount
+        series = 0
+        if through is not None:  # a series whose newest hour ended by the cutoff has no sample
+            gone = to_ms(cutoff) - HOUR_MS
+            series = session.execute(delete(_S).where(_S.seen_ms <= gone)).rowcount
     if series:
-        _cache(store.engine).series.clear()
+        cache = _cache(store.engine)
+        cache.series.clear()
+        cache.seen.clear()
     return {"raw": raw or 0, "hourly": hours or 0, "latest": stale or 0, "series": series or 0}
 
 
@@ -993,11 +1212,12 @@ def utilisation_summary(
     """Per (tenant, workload): the first and last time, the highest value and the count of the
     GR_ENGINE_ACTIVE readings in [since, until] of devices the workload held alone (share 1):
     what idle detection judges (``meter.idle``)."""
+    gr = _col(_T, GR_ENGINE_ACTIVE)
     q = (
-        select(_S.tenant, _S.workload, func.min(_R.ts), func.max(_R.ts), func.max(_R.value),
-               func.count())
-        .join(_S, _S.id == _R.series_id)
-        .where(_R.ts >= to_ms(since), _R.ts <= to_ms(until), _S.field == GR_ENGINE_ACTIVE,
+        select(_S.tenant, _S.workload, func.min(_T.c.ts), func.max(_T.c.ts), func.max(gr),
+               func.count(gr))
+        .join(_S, _S.id == _T.c.series_id)
+        .where(_T.c.ts >= to_ms(since), _T.c.ts <= to_ms(until), gr.is_not(None),
                _S.workload.is_not(None), _S.share >= 0.999999)
         .group_by(_S.tenant, _S.workload)
     )  # fmt: skip

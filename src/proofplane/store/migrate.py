@@ -29,6 +29,11 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     erase_freed_pages(engine)
 
 
+def downgrade(engine: Engine, revision: str) -> None:
+    """Step the schema back to ``revision`` (tests of a migration's data carry-over)."""
+    command.downgrade(_config(engine), revision)
+
+
 def head_revision() -> str:
     script = ScriptDirectory.from_config(_config_without_engine())
     head = script.get_current_head()

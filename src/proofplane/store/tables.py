@@ -30,6 +30,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from proofplane.meter.fields import FIELDS as TELEMETRY_FIELDS
+
 JsonType = JSON().with_variant(JSONB(), "postgresql")
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -666,17 +668,30 @@ class NodeNetworkRow(Base):
 # --- telemetry (issue 15) ------------------------------------------------------------------
 
 
-class TelemetrySeriesRow(Base):
-    """One series of raw readings: a device's field as one placement holder saw it (``share``:
-    the part of the device it held; ``workload``/``tenant`` None: nobody). Raw rows name
-    their series, so a reading is three numbers on disk."""
+#: The storage column of each telemetry field (``meter.fields.FIELDS``, in its order): the
+#: DCGM name without ``DCGM_FI_``, lower case (``DCGM_FI_DEV_POWER_USAGE`` → ``dev_power_usage``).
+#: A sample is one row with one nullable column per field (a field the device did not report
+#: is NULL): a new field is a new column (a migration), never a new row per reading.
+TELEMETRY_COLUMNS: dict[str, str] = {
+    name: name.removeprefix("DCGM_FI_").lower() for name in TELEMETRY_FIELDS
+}
 
-    __tablename__ = "telemetry_series"
+
+def _field_columns() -> list[Column[Any]]:
+    return [Column(c, Float, nullable=True) for c in TELEMETRY_COLUMNS.values()]
+
+
+class TelemetrySeriesRow(Base):
+    """One device as one placement holder saw it (``share``: the part of the device it held;
+    ``workload``/``tenant`` None: nobody). Samples name their series, so a device's sample
+    is its series, its time and its values."""
+
+    __tablename__ = "telemetry_device_series"
     __table_args__ = (
-        UniqueConstraint("key", name="uq_telemetry_series_key"),
-        Index("ix_telemetry_series_node", "node"),
-        Index("ix_telemetry_series_workload", "workload"),
-        Index("ix_telemetry_series_device", "gpu_uuid", "field"),
+        UniqueConstraint("key", name="uq_telemetry_device_series_key"),
+        Index("ix_telemetry_device_series_node", "node"),
+        Index("ix_telemetry_device_series_workload", "workload"),
+        Index("ix_telemetry_device_series_device", "gpu_uuid", "gi_id"),
     )
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     key: Mapped[str] = mapped_column(String(400))
@@ -684,41 +699,48 @@ class TelemetrySeriesRow(Base):
     gpu_uuid: Mapped[str] = mapped_column(String(64))
     gi_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     profile: Mapped[str | None] = mapped_column(String(32), nullable=True)
-    field: Mapped[str] = mapped_column(String(64))
     workload: Mapped[str | None] = mapped_column(String(63), nullable=True)
     tenant: Mapped[str | None] = mapped_column(String(63), nullable=True)
     share: Mapped[float] = mapped_column(Float)
     simulated: Mapped[bool] = mapped_column(Boolean)
+    # the start (Unix ms) of the newest hour it has samples in: retention drops a series once
+    # that hour is past the raw window (no index on the samples' series_id needed)
+    seen_ms: Mapped[int] = mapped_column(BigInteger)
 
 
-class TelemetryRawRow(Base):
-    """A raw reading, kept PROOFPLANE_TELEMETRY_RAW_HOURS (``ts``: Unix milliseconds). The
-    key makes a re-sent reading a no-op."""
+#: A raw sample, kept PROOFPLANE_TELEMETRY_RAW_HOURS (``ts``: Unix milliseconds): one row per
+#: device series and time, one column per field (``TELEMETRY_COLUMNS``). The key, time first,
+#: is the table (SQLite: WITHOUT ROWID): an interval's samples append to the same pages, and
+#: every reader asks for a time range. It makes a re-sent sample a no-op (a re-sent one with
+#: more fields fills the missing ones).
+telemetry_samples = Table(
+    "telemetry_samples",
+    Base.metadata,
+    Column("ts", BigInteger, primary_key=True, autoincrement=False),
+    Column("series_id", BigId, primary_key=True, autoincrement=False),
+    *_field_columns(),
+    sqlite_with_rowid=False,
+)
 
-    __tablename__ = "telemetry_raw"
-    __table_args__ = (Index("ix_telemetry_raw_ts", "ts"), {"sqlite_with_rowid": False})
-    series_id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=False)
-    ts: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
-    value: Mapped[float] = mapped_column(Float)
-
-
-class TelemetryLatestRow(Base):
-    """The newest reading of each device and field (``key``: gpu_uuid, gi_id, field), with the
-    holder then when it was the only one: what dashboards, health and /metrics read."""
-
-    __tablename__ = "telemetry_latest"
-    __table_args__ = (Index("ix_telemetry_latest_node", "node"),)
-    key: Mapped[str] = mapped_column(String(200), primary_key=True)
-    node: Mapped[str] = mapped_column(String(63))
-    gpu_uuid: Mapped[str] = mapped_column(String(64))
-    gi_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    profile: Mapped[str | None] = mapped_column(String(32), nullable=True)
-    field: Mapped[str] = mapped_column(String(64))
-    ts: Mapped[int] = mapped_column(BigInteger)
-    value: Mapped[float] = mapped_column(Float)
-    workload: Mapped[str | None] = mapped_column(String(63), nullable=True)
-    tenant: Mapped[str | None] = mapped_column(String(63), nullable=True)
-    simulated: Mapped[bool] = mapped_column(Boolean)
+#: The newest sample of each device (``key``: node, gpu_uuid and gi_id: a node's devices sit
+#: together), with the holder then when it was the only one: what dashboards, health and
+#: /metrics read. A field the newest sample lacks keeps its previous value.
+telemetry_device_latest = Table(
+    "telemetry_device_latest",
+    Base.metadata,
+    Column("key", String(160), primary_key=True),
+    Column("node", String(63), nullable=False),
+    Column("gpu_uuid", String(64), nullable=False),
+    Column("gi_id", Integer, nullable=True),
+    Column("profile", String(32), nullable=True),
+    Column("ts", BigInteger, nullable=False),
+    Column("workload", String(63), nullable=True),
+    Column("tenant", String(63), nullable=True),
+    Column("simulated", Boolean, nullable=False),
+    *_field_columns(),
+    Index("ix_telemetry_device_latest_node", "node"),
+    sqlite_with_rowid=False,
+)
 
 
 class TelemetryHourlyRow(Base):
