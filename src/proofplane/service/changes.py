@@ -371,12 +371,14 @@ def control_from_env() -> str:
 
 
 def _votes(tx_session: Any, change_id: int) -> list[ChangeVoteRow]:
-    return list(
-        tx_session.scalars(
-            select(ChangeVoteRow).where(ChangeVoteRow.change_id == change_id).order_by(
-                ChangeVoteRow.id)
-        )
-    )  # fmt: skip
+    return list(tx_session.scalars(_VOTES, {"change": change_id}))
+
+
+_VOTES = (
+    select(ChangeVoteRow)
+    .where(ChangeVoteRow.change_id == bindparam("change"))
+    .order_by(ChangeVoteRow.id)
+)
 
 
 def _pure(row: ChangeRequestRow, votes: list[ChangeVoteRow]) -> rules.Change:
