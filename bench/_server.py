@@ -153,14 +153,11 @@ class Server:
 
     def cpu_seconds(self) -> dict[int, float]:
         """user+system CPU seconds of each process (``pids``), from /proc/<pid>/stat."""
-        tick = os.sysconf("SC_CLK_TCK")
         out = {}
         for pid in self.pids():
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            out[pid] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            seconds = pid_cpu_seconds(pid)
+            if seconds is not None:
+                out[pid] = seconds
         return out
 
     def stop(self) -> None:
@@ -176,6 +173,15 @@ class Server:
             return self.log.read_text(errors="replace")[-2000:]
         except OSError:
             return ""
+
+
+def pid_cpu_seconds(pid: int) -> float | None:
+    """user+system CPU seconds of process ``pid`` (None: gone), from /proc/<pid>/stat."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def process_cpu_seconds(name: str) -> float:

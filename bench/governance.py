@@ -13,6 +13,12 @@ other (each step waits for the previous answer: the latency a person sees). ``ch
 is changes fully applied per second of wall time; p50/p99 latency per step. Each run uses a
 fresh database; the figures are the medians over ``--runs`` runs.
 
+Beside the wall-clock figure, the CPU each change costs: the server process's (user+system,
+/proc) and this load generator's (``getrusage``), in ms per change over the timed phase, and
+the closed loop's CPU-bound rate, 1000 / (server + client ms): what one requester at a time
+would reach with the cores to itself. On a shared machine the wall-clock figure follows the
+load; the CPU per change much less.
+
     .venv/bin/python bench/governance.py --json [--quick]
 """
 
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -34,7 +41,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _server import free_port, pct
+from _server import free_port, pct, pid_cpu_seconds
 from proofplane.access import SYSTEM, Actor, Role
 from proofplane.machine import machine
 from proofplane.model import Gpu, Node, NodeState
@@ -153,6 +160,7 @@ def one_run(tmp: Path, nodes: int, warmup: int, concurrency: int, workers: int) 
 
         for i in range(nodes, nodes + warmup):  # connections open, caches warm
             change(i, record=False)
+        server0, client0 = pid_cpu_seconds(proc.pid), _own_cpu_seconds()
         t0 = time.perf_counter()
         if concurrency == 1:
             for i in range(nodes):
@@ -161,6 +169,7 @@ def one_run(tmp: Path, nodes: int, warmup: int, concurrency: int, workers: int) 
             with ThreadPoolExecutor(concurrency) as pool:
                 list(pool.map(lambda i: change(i, record=True), range(nodes)))
         elapsed = time.perf_counter() - t0
+        server1, client1 = pid_cpu_seconds(proc.pid), _own_cpu_seconds()
         check = clients()["alice"].get("/api/v1/nodes/gpu-0000").json()
         if check.get("certifications", {}).get("hipaa") != "true":
             raise SystemExit("the grant did not reach the node")
@@ -174,12 +183,21 @@ def one_run(tmp: Path, nodes: int, warmup: int, concurrency: int, workers: int) 
             proc.kill()
     out: dict[str, Any] = {"changes_per_s": nodes / elapsed, "seconds": elapsed,
                            "change_control": ready.get("change_control")}  # fmt: skip
+    server_ms = 1000 * (server1 - server0) / nodes if server0 is not None and server1 else 0.0
+    client_ms = 1000 * (client1 - client0) / nodes
+    out["server_cpu_ms"], out["client_cpu_ms"] = server_ms, client_ms
+    out["cpu_bound_changes_per_s"] = 1000 / (server_ms + client_ms) if server_ms else 0.0
     for step in STEPS:
         out[f"{step}_p50_ms"] = pct(lat[step], 0.50)
         out[f"{step}_p99_ms"] = pct(lat[step], 0.99)
     total = [sum(v) for v in zip(*(lat[s] for s in STEPS), strict=True)]
     out["change_p50_ms"], out["change_p99_ms"] = pct(total, 0.50), pct(total, 0.99)
     return out
+
+
+def _own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         "changes_per_s": med("changes_per_s"),
         "changes_per_s_runs": [round(r["changes_per_s"], 1) for r in runs],
         "requests_per_s": round(med("changes_per_s") * len(STEPS), 1),
+        "cpu_ms_per_change": {"server": med("server_cpu_ms"), "client": med("client_cpu_ms")},
+        "cpu_bound_changes_per_s": med("cpu_bound_changes_per_s"),
         "latency_ms": {
             step: {"p50": med(f"{step}_p50_ms"), "p99": med(f"{step}_p99_ms")}
             for step in (*STEPS, "change")
@@ -233,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(f"{out['changes_per_s']:.1f} changes/s (target >= {TARGET_CHANGES_PER_S:.0f})")
+        cpu = out["cpu_ms_per_change"]
+        print(f"  CPU per change: server {cpu['server']:.2f} ms, client {cpu['client']:.2f} ms "
+              f"(CPU-bound {out['cpu_bound_changes_per_s']:.1f} changes/s)")  # fmt: skip
         for step, f in out["latency_ms"].items():
             print(f"  {step:>10}: p50 {f['p50']:.2f} ms  p99 {f['p99']:.2f} ms")
     return 0

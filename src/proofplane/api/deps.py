@@ -5,24 +5,29 @@ Every route declares exactly one access rule, through one of ``requires(permissi
 ``signed_in`` (any identity, for self-service), ``enrolling`` (also an MFA-enrollment session)
 or ``public``. The route-matrix test walks the application's routes and fails on a route that
 declares none.
+
+A sync dependency costs a hop through the thread pool and back (issue 20), so these rules and
+``StoreDep`` run on the event loop: they do no I/O, except ``current_actor`` when the caller
+is not already known (``caller``), which then runs in the thread pool.
 """
 
 from __future__ import annotations
 
 import hmac
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import Depends, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from proofplane.access import Actor, Forbidden, Permission, Unauthenticated, authorize
 from proofplane.access.credentials import CSRF_COOKIE, CSRF_HEADER, SESSION_COOKIE, csrf_token
 from proofplane.api.tls_scope import CLIENT_CA
 from proofplane.config import Settings
 from proofplane.service import pki
-from proofplane.service.access import IssuedToken, authenticate
+from proofplane.service.access import IssuedToken, authenticate, cached_actor
 from proofplane.service.context import Store
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -68,6 +73,14 @@ def get_settings(request: Request) -> Settings:
     return request.app.state.settings  # type: ignore[no-any-return]
 
 
+async def app_store(request: Request) -> Store:
+    """``get_store`` as a dependency, on the event loop (``StoreDep``)."""
+    return get_store(request)
+
+
+StoreDep = Annotated[Store, Depends(app_store)]
+
+
 def client_address(request: Request) -> str:
     """The caller's address, for the login throttle. Behind a reverse proxy this is the
     proxy's unless uvicorn trusts it to say who the client is (``--forwarded-allow-ips``,
@@ -107,6 +120,22 @@ def current_actor(request: Request) -> Actor:
         # that its node is still in service.
         return pki.actor_for_certificate(store, cert, now)
     raise Unauthenticated("authentication required: send Authorization: Bearer <token>")
+
+
+async def caller(request: Request) -> Actor:
+    """``current_actor``, answered on the event loop when that needs no I/O: a bearer token
+    this process checked within the token cache's TTL (``cached_actor``: not expired, its
+    "last used" not due) on a connection without client certificates. Anything else (a token
+    not seen yet, a session cookie and its CSRF check, a client certificate, a mutual-TLS
+    connection) goes through ``current_actor`` in the thread pool."""
+    header = request.headers.get("authorization")
+    if header is not None and not mutual_tls(request):
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            actor = cached_actor(get_store(request), token.strip(), datetime.now(UTC))
+            if actor is not None:
+                return actor
+    return await run_in_threadpool(current_actor, request)
 
 
 # The routes where a node agent's bearer credential stays good on a mutual-TLS server even
@@ -154,11 +183,11 @@ def _marked(rule: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return mark
 
 
-def requires(permission: Permission) -> Callable[..., Actor]:
+def requires(permission: Permission) -> Callable[..., Awaitable[Actor]]:
     """The caller must hold ``permission`` in some scope (tenant scope is the service's)."""
 
     @_marked(permission)
-    def dependency(actor: Actor = Depends(current_actor)) -> Actor:
+    async def dependency(actor: Actor = Depends(caller)) -> Actor:
         _not_enrolling(actor)
         authorize(actor, permission)
         return actor
@@ -166,13 +195,13 @@ def requires(permission: Permission) -> Callable[..., Actor]:
     return dependency
 
 
-def agent_or(permission: Permission) -> Callable[..., Actor]:
+def agent_or(permission: Permission) -> Callable[..., Awaitable[Actor]]:
     """A node's agent credential (which acts only for its own node: the service checks the
     node), or anyone holding ``permission``. Declared as ``permission`` in the route matrix:
     agents are not users and hold no role."""
 
     @_marked(permission)
-    def dependency(actor: Actor = Depends(current_actor)) -> Actor:
+    async def dependency(actor: Actor = Depends(caller)) -> Actor:
         if not actor.roles and actor.name.startswith("node:") and actor.token_id is not None:
             return actor
         _not_enrolling(actor)
@@ -191,20 +220,20 @@ def _not_enrolling(actor: Actor) -> None:
 
 
 @_marked("signed-in")
-def signed_in(actor: Actor = Depends(current_actor)) -> Actor:
+async def signed_in(actor: Actor = Depends(caller)) -> Actor:
     """Any authenticated identity, acting on its own things (its tokens, itself)."""
     _not_enrolling(actor)
     return actor
 
 
 @_marked("enrolling")
-def enrolling(actor: Actor = Depends(current_actor)) -> Actor:
+async def enrolling(actor: Actor = Depends(caller)) -> Actor:
     """Also an MFA-enrollment session: the routes that let a user finish enrolling."""
     return actor
 
 
 @_marked("public")
-def public() -> None:
+async def public() -> None:
     """No authentication: health probes, the API description, logging in."""
 
 

@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
-from starlette.concurrency import run_in_threadpool
 
 from proofplane.access import Actor
 from proofplane.access import Permission as P
-from proofplane.api.deps import (
-    access_rule,
-    current_actor,
-    get_settings,
-    get_store,
-    mutual_tls,
-    requires,
-)
+from proofplane.api.deps import StoreDep, get_settings, requires
 from proofplane.api.schemas import (
     CancelIn,
     CertificationIn,
@@ -63,8 +54,6 @@ from proofplane.service import events as events_svc
 from proofplane.service import nodes as nodes_svc
 from proofplane.service import tenants as tenants_svc
 from proofplane.service import workloads as workloads_svc
-from proofplane.service.access import cached_actor
-from proofplane.service.context import Store
 
 _ERRORS = {
     404: {"model": ErrorResponse, "description": "not found"},
@@ -73,43 +62,6 @@ _ERRORS = {
 }
 
 router = APIRouter(prefix="/api/v1", responses=_ERRORS)  # type: ignore[arg-type]
-StoreDep = Annotated[Store, Depends(get_store)]
-
-
-# --- the hot reads (issue 20) -------------------------------------------------------------------
-# A sync dependency costs a hop through the thread pool and back; the reads below take their
-# store and their caller on the event loop when that needs no I/O, and only the handler itself
-# (which reads the database) runs in the pool.
-
-
-async def _store(request: Request) -> Store:
-    return get_store(request)
-
-
-ReadStore = Annotated[Store, Depends(_store)]
-
-
-def reads(permission: P) -> Callable[..., Awaitable[Actor]]:
-    """``requires(permission)`` for the hot GET routes: a bearer token this process checked
-    within the token cache's TTL is answered on the event loop (``cached_actor``: no I/O);
-    anything else (a token not seen yet or expired, "last used" due, a session cookie, a
-    client certificate, a mutual-TLS connection) goes through ``current_actor`` in the thread
-    pool; then ``requires(permission)``'s own checks (enrollment-only, the permission)."""
-    check = requires(permission)
-
-    async def dependency(request: Request) -> Actor:
-        actor = None
-        header = request.headers.get("authorization")
-        if header is not None and not mutual_tls(request):
-            scheme, _, token = header.partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                actor = cached_actor(get_store(request), token.strip(), datetime.now(UTC))
-        if actor is None:
-            actor = await run_in_threadpool(current_actor, request)
-        return check(actor)
-
-    dependency.proofplane_access = access_rule(check)  # type: ignore[attr-defined]
-    return dependency
 
 
 Limit = Annotated[int, Query(ge=1, le=500, description="page size")]
@@ -224,8 +176,8 @@ def set_tenant_quota(
 
 @router.get("/nodes", tags=["nodes"], response_model=Page[NodeOut])
 def list_nodes(
-    store: ReadStore,
-    actor: Annotated[Actor, Depends(reads(P.NODES_READ))],
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.NODES_READ))],
     state: NodeState | None = None,
     region: str | None = None,
     zone: str | None = None,
@@ -286,7 +238,7 @@ def register_node(
 
 @router.get("/nodes/{name}", tags=["nodes"], response_model=NodeOut)
 def get_node(
-    name: str, store: ReadStore, actor: Annotated[Actor, Depends(reads(P.NODES_READ))]
+    name: str, store: StoreDep, actor: Annotated[Actor, Depends(requires(P.NODES_READ))]
 ) -> Response:
     return json_response(node_json(nodes_svc.get_node(store, actor, name)))
 
@@ -356,8 +308,8 @@ def revoke_certification(
 
 @router.get("/workloads", tags=["workloads"], response_model=Page[WorkloadOut])
 def list_workloads(
-    store: ReadStore,
-    actor: Annotated[Actor, Depends(reads(P.WORKLOADS_READ))],
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.WORKLOADS_READ))],
     tenant: str | None = None,
     status: WorkloadStatus | None = None,
     node: str | None = None,
@@ -422,8 +374,8 @@ def submit_workloads(
 @router.get("/workloads/{name}", tags=["workloads"], response_model=WorkloadOut)
 def get_workload(
     name: str,
-    store: ReadStore,
-    actor: Annotated[Actor, Depends(reads(P.WORKLOADS_READ))],
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.WORKLOADS_READ))],
     tenant: TenantQuery = None,
 ) -> Response:
     return json_response(
@@ -460,8 +412,8 @@ def cancel_workload(
 
 @router.get("/events", tags=["events"], response_model=Page[EventOut])
 def list_events(
-    store: ReadStore,
-    actor: Annotated[Actor, Depends(reads(P.EVENTS_READ))],
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.EVENTS_READ))],
     action: Annotated[str | None, Query(description="exact, or a prefix ending in *")] = None,
     target_type: str | None = None,
     target_id: str | None = None,
@@ -493,8 +445,8 @@ def list_events(
 @router.get("/events/{seq}", tags=["events"], response_model=EventOut)
 def get_event(
     seq: Annotated[int, Path(ge=1, le=2**63 - 1)],
-    store: ReadStore,
-    actor: Annotated[Actor, Depends(reads(P.EVENTS_READ))],
+    store: StoreDep,
+    actor: Annotated[Actor, Depends(requires(P.EVENTS_READ))],
 ) -> Response:
     return json_response(event_json(events_svc.get_event(store, actor, seq)))
 

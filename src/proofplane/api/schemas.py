@@ -118,8 +118,14 @@ def json_page(items: list[dict[str, Any]], next_cursor: str | None) -> Response:
     return json_response({"items": items, "next": next_cursor})
 
 
-def json_response(content: Any) -> Response:
-    return Response(to_json(content), media_type="application/json")
+def json_response(
+    content: Any, status_code: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    """``content`` (already in its response shape, from our own store) as JSON, unvalidated:
+    the bytes FastAPI's serializer would write for it."""
+    return Response(
+        to_json(content), status_code=status_code, headers=headers, media_type="application/json"
+    )
 
 
 class ErrorBody(BaseModel):

@@ -31,7 +31,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 
 from proofplane.access import Actor, Permission, Role, authorize
 from proofplane.access.authz import Forbidden
@@ -161,9 +161,9 @@ def register(change_type: ChangeType) -> None:
 def _grant(
     store: Store, actor: Actor, p: CertificationGrant, *, change_id: int | None = None
 ) -> Any:
-    from proofplane.service.nodes import grant_certification
+    from proofplane.service.nodes import certify
 
-    return grant_certification(store, actor, p.node, p.key, p.value)
+    return certify(store, actor, p.node, p.key, p.value)
 
 
 def _revoke(
@@ -371,12 +371,14 @@ def control_from_env() -> str:
 
 
 def _votes(tx_session: Any, change_id: int) -> list[ChangeVoteRow]:
-    return list(
-        tx_session.scalars(
-            select(ChangeVoteRow).where(ChangeVoteRow.change_id == change_id).order_by(
-                ChangeVoteRow.id)
-        )
-    )  # fmt: skip
+    return list(tx_session.scalars(_VOTES, {"change": change_id}))
+
+
+_VOTES = (
+    select(ChangeVoteRow)
+    .where(ChangeVoteRow.change_id == bindparam("change"))
+    .order_by(ChangeVoteRow.id)
+)
 
 
 def _pure(row: ChangeRequestRow, votes: list[ChangeVoteRow]) -> rules.Change:
@@ -463,10 +465,18 @@ def _digest(body: dict[str, Any]) -> str:
 
 
 def rule_for(session: Any, change_type: str) -> rules.Rule:
-    row = session.get(ChangeRuleRow, change_type)
+    """The type's stored rule, else its default (a Core read: most types have none stored,
+    and the ORM would build nothing but still compile and run its own query each time)."""
+    row = session.connection().execute(_RULE, {"type": change_type}).first()
     if row is not None:
         return rules.Rule(row.approvals, tuple(row.roles))
     return rules.DEFAULT_RULES.get(change_type, rules.ONE)
+
+
+_RULE_TABLE = ChangeRuleRow.__table__
+_RULE = select(_RULE_TABLE.c.approvals, _RULE_TABLE.c.roles).where(
+    _RULE_TABLE.c.type == bindparam("type")
+)
 
 
 def list_rules(store: Store, actor: Actor) -> list[dict[str, Any]]:
@@ -711,8 +721,7 @@ def vote(
         cast = ChangeVoteRow(change_id=row.id, decision=decision, by=actor.name,
                              roles=sorted(r.value for r in actor.roles), at=tx.now,
                              comment=comment, payload_sha256=row.payload_sha256)  # fmt: skip
-        tx.session.add(cast)
-        tx.session.flush()
+        tx.session.add(cast)  # flushed with the request's new state, by the event below
         votes.append(cast)
         pure = _pure(row, votes)
         if decision == rules.REVIEW:
@@ -733,15 +742,16 @@ def apply_change(
     """Apply an approved change: the direct call's own function, re-checked against the
     cluster now, in one transaction with the request's state and events. A failure leaves
     the request approved, with the error recorded (and raises it)."""
-    with store.read() as session:
-        row = _row(session, change_id)
-        ct = _change_type(row.type)
-        parsed = _parse(ct, row.payload)
-        scope = ct.scope(parsed)
-    _authorize(actor, ct, scope)
+    checked = False  # who may apply it is checked: a refusal after this is the apply's
     try:
         with store.write(actor, now) as tx:
+            # One transaction: who may, the request's state, its approvals and the change
+            # itself all read and written under the writer lock, the payload parsed once.
             row = _row(tx.session, change_id)
+            ct = _change_type(row.type)
+            parsed = _parse(ct, row.payload)
+            _authorize(actor, ct, ct.scope(parsed))
+            checked = True
             if _expire(tx, row):
                 expired = True
             else:
@@ -757,8 +767,7 @@ def apply_change(
                     raise InvalidState("the change lacks its approvals",
                                        code="change_not_approved")  # fmt: skip
                 with store.joined(tx):
-                    ct.apply(store, actor, ct.payload.model_validate(row.payload),
-                             change_id=row.id)  # fmt: skip
+                    ct.apply(store, actor, parsed, change_id=row.id)
                 row.state, row.applied_at, row.applied_by = rules.APPLIED, tx.now, actor.name
                 row.error, row.updated_at = None, tx.now
                 tx.record("change.apply", "change", str(row.id), details={
@@ -766,10 +775,10 @@ def apply_change(
                     "approvals": rules.approvals(pure)})  # fmt: skip
                 return view(row, votes)
     except ProofplaneError as exc:
-        # the request's own refusals (not approved, not found) are not the apply failing;
-        # anything the direct call refused (a conflict, a KMS error, a vanished node…) is
-        # recorded on the request, which stays approved
-        if exc.code not in _NOT_APPLY_FAILURES:
+        # the request's own refusals (not found, not allowed, not approved) are not the apply
+        # failing; anything the direct call refused (a conflict, a KMS error, a vanished
+        # node…) is recorded on the request, which stays approved
+        if checked and exc.code not in _NOT_APPLY_FAILURES:
             _record_failure(store, actor, change_id, exc)
         raise
     assert expired

@@ -49,6 +49,8 @@ _SQLITE_INSERT = f"INSERT INTO events ({', '.join(_EVENT_COLUMNS)}) VALUES ({', 
 
 
 _OUTCOMES = {o: o.value for o in Outcome}
+_LAST_SEQ = select(func.max(EventRow.__table__.c.seq))
+_SQLITE_LAST_SEQ = "SELECT max(seq) FROM events"
 
 
 class Tx:
@@ -130,14 +132,21 @@ class Tx:
         self, prepared: list[tuple[str, str, str, str, dict[str, Any], str, str]]
     ) -> list[int]:
         session = self.session
+        raw = sqlite_connection(session)
+        sqlite = raw is not None
         if self._next_seq is None:
-            last = session.scalar(select(func.max(EventRow.seq)))
+            # The first event flushes the session's pending rows, as the ORM query here once
+            # did (its autoflush): a Core read later in the transaction sees them. The read
+            # itself is Core (or the DB-API connection): nothing for the ORM to compile.
+            session.flush()
+            if raw is not None:
+                last = raw.execute(_SQLITE_LAST_SEQ).fetchone()[0]
+            else:
+                last = session.connection().execute(_LAST_SEQ).scalar()
             self._next_seq = (last or 0) + 1
             self.base_seq = last or 0
         if self._audit is None:
             self._audit = Appender.load(session, self._next_seq - 1)
-        raw = sqlite_connection(session)
-        sqlite = raw is not None
         ts_db: Any = _sqlite_ts(self.now, session.get_bind().dialect) if sqlite else self.now
         actor = self.actor.name
         first = seq = self._next_seq

@@ -29,6 +29,7 @@ workloads): they are never dispatched.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable
 from pathlib import Path
@@ -216,13 +217,12 @@ def _cancel_on_rollback(tx: Tx, backend: Backend, job_id: str) -> None:
     sa_event.listen(tx.session, "after_rollback", undo, once=True)
 
 
-def dispatch_new(tx: Tx, view: ClusterView | None = None) -> list[str]:
-    """Dispatch, with the transaction's engine (``Tx.backend``), every placed workload that
-    has a command and no live job: what this transaction placed, and anything an earlier flow
-    placed without dispatching. Returns the names dispatched; no engine: nothing."""
-    backend = tx.backend
-    if backend is None:
-        return []
+@functools.cache
+def _to_dispatch(postgres: bool) -> Any:
+    """Placed workloads with a command and no live job, highest priority first (built once per
+    dialect, its cache key too: building it cost more than running it). Only workloads with a
+    command run anywhere: placements without one (the engine is somebody else's, or nothing
+    runs) are never read here, however many a fleet holds."""
     has_job = (
         select(ExecutionJobRow.id)
         .where(
@@ -231,11 +231,8 @@ def dispatch_new(tx: Tx, view: ClusterView | None = None) -> list[str]:
         )
         .exists()
     )
-    # only workloads with a command run anywhere: placements without one (the engine is
-    # somebody else's, or nothing runs) are never read here, however many a fleet holds
-    postgres = tx.session.get_bind().dialect.name == "postgresql"
     length = func.jsonb_array_length if postgres else func.json_array_length
-    query = (
+    return (
         select(WorkloadRow)
         .where(
             WorkloadRow.status == WorkloadStatus.PLACED.value,
@@ -245,6 +242,16 @@ def dispatch_new(tx: Tx, view: ClusterView | None = None) -> list[str]:
         .options(*WORKLOAD_LOAD)
         .order_by(WorkloadRow.priority.desc(), WorkloadRow.created_at, WorkloadRow.id)
     )
+
+
+def dispatch_new(tx: Tx, view: ClusterView | None = None) -> list[str]:
+    """Dispatch, with the transaction's engine (``Tx.backend``), every placed workload that
+    has a command and no live job: what this transaction placed, and anything an earlier flow
+    placed without dispatching. Returns the names dispatched; no engine: nothing."""
+    backend = tx.backend
+    if backend is None:
+        return []
+    query = _to_dispatch(tx.session.get_bind().dialect.name == "postgresql")
     out: list[str] = []
     seen: set[int] = set()
     while True:  # a rejected job frees capacity that pending work may take: dispatch that too

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 
 from proofplane.errors import InvalidState
 from proofplane.model import KEEPS_WORK, NodeState, can_transition
@@ -70,15 +70,17 @@ def change_node_state(tx: Tx, row: NodeRow, state: NodeState, reason: str | None
 
 def workloads_on(tx: Tx, row: NodeRow) -> list[WorkloadRow]:
     """Workloads holding capacity on the node, gang members included."""
-    return list(
-        tx.session.scalars(
-            select(WorkloadRow)
-            .join(WorkloadRow.placement)
-            .where(PlacementRow.nodes.any(NodeRow.id == row.id))
-            .options(*WORKLOAD_LOAD)
-            .order_by(WorkloadRow.name)
-        )
-    )
+    return list(tx.session.scalars(_ON_NODE, {"node": row.id}))
+
+
+# Built once (its cache key too): building the statement cost more than running it.
+_ON_NODE = (
+    select(WorkloadRow)
+    .join(WorkloadRow.placement)
+    .where(PlacementRow.nodes.any(NodeRow.id == bindparam("node")))
+    .options(*WORKLOAD_LOAD)
+    .order_by(WorkloadRow.name)
+)
 
 
 def _with_runbook(tx: Tx, details: dict[str, Any]) -> dict[str, Any]:

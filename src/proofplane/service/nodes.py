@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -33,6 +34,8 @@ from proofplane.service.pagination import (
 from proofplane.service.scheduling import ClusterView, evict, reschedule_pending
 from proofplane.store.repo import load_node, load_nodes, node_from_row, node_row, node_select
 from proofplane.store.tables import CertificationRow, GpuRow, NodeNetworkRow, NodeRow
+
+T = TypeVar("T")
 
 CERTIFIABLE_STATES = frozenset({NodeState.ADMITTED, NodeState.CORDONED})
 
@@ -202,13 +205,32 @@ def set_node_state(
 
 def grant_certification(store: Store, actor: Actor, name: str, key: str, value: str) -> Node:
     """Issue ``key=value`` to an admitted (or cordoned) node. Re-granting the same value is a
-    no-op; a new value replaces the old one and evicts work that relied on the old one."""
+    no-op; a new value replaces the old one and evicts work that relied on the old one.
+    Answers the node as it now stands."""
+    return _granting(store, actor, name, key, value, _out)
+
+
+def certify(store: Store, actor: Actor, name: str, key: str, value: str) -> None:
+    """``grant_certification`` but for its answer: the same checks, writes and events. An
+    approved ``certification.grant`` change applies this; rendering the node is the direct
+    call's answer, not part of the change."""
+    _granting(store, actor, name, key, value, lambda _session, _row: None)
+
+
+def _granting(
+    store: Store,
+    actor: Actor,
+    name: str,
+    key: str,
+    value: str,
+    answer: Callable[[Session, NodeRow], T],
+) -> T:
     authorize(actor, Permission.CERTIFY)
     validate_tags({key: value}, field="certification")
     with store.write(actor) as tx:
         row = node_row(tx.session, name)
         issue_certification(tx, row, key, value)
-        return _out(tx.session, row)
+        return answer(tx.session, row)
 
 
 def issue_certification(tx: Tx, row: NodeRow, key: str, value: str) -> None:

@@ -795,15 +795,19 @@ def sync_node(view: ClusterView, row: NodeRow) -> None:
     view.scheduler.upsert_node(schedulable(node_from_row(row), drained))
 
 
+# Built once (its cache key too): building the statement cost more than running it.
+_PENDING = (
+    select(WorkloadRow)
+    .where(WorkloadRow.status == WorkloadStatus.PENDING.value)
+    .options(*WORKLOAD_LOAD)
+    .order_by(WorkloadRow.priority.desc(), WorkloadRow.created_at, WorkloadRow.id)
+)
+
+
 def reschedule_pending(tx: Tx, view: ClusterView | None = None) -> None:
     """Offer capacity to every pending workload, highest priority first, oldest first."""
     view = view or ClusterView(tx.session)
-    pending = tx.session.scalars(
-        select(WorkloadRow)
-        .where(WorkloadRow.status == WorkloadStatus.PENDING.value)
-        .options(*WORKLOAD_LOAD)
-        .order_by(WorkloadRow.priority.desc(), WorkloadRow.created_at, WorkloadRow.id)
-    )
+    pending = tx.session.scalars(_PENDING)
     for row in list(pending):
         if row.status == WorkloadStatus.PENDING.value:  # a preemption chain may have placed it
             schedule(tx, row, view)

@@ -369,8 +369,12 @@ def tenant_row(session: Session, name: str) -> TenantRow:
     return row
 
 
+# Built once (its cache key too): building the statement cost more than running it.
+_NODE_BY_NAME = select(NodeRow).where(NodeRow.name == bindparam("name")).options(*NODE_LOAD)
+
+
 def node_row(session: Session, name: str) -> NodeRow:
-    row = session.scalar(select(NodeRow).where(NodeRow.name == name).options(*NODE_LOAD))
+    row = session.scalar(_NODE_BY_NAME, {"name": name})
     if row is None:
         raise NotFound(f"node {name!r} not found", details={"node": name})
     return row

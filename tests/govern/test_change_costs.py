@@ -1,0 +1,125 @@
+"""What one governed change costs (issue 12's benchmark, bench/governance.py): the SQL each step
+runs, counted on the SQLite connection itself (the ORM's statements and the audit log's
+DB-API ones alike), and the shape of the change routes (every dependency on the event loop,
+one hop to the thread pool for the service call). A step that starts reading more, or a route
+that gains a sync dependency (a thread hop each), fails here first."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.routing import APIRoute
+from sqlalchemy import event
+
+from proofplane.access import SYSTEM, Actor, Role
+from proofplane.api import routes_changes
+from proofplane.model import Gpu, Node, NodeState
+from proofplane.service import changes as svc
+from proofplane.service.context import Store
+from proofplane.service.nodes import get_node, register_node, set_node_state
+from proofplane.store import migrate
+
+REQUESTER = Actor("alice", frozenset({Role.ADMIN}))
+APPROVERS = (
+    Actor("bob", frozenset({Role.ADMIN})),
+    Actor("sec", frozenset({Role.SECURITY_OFFICER})),
+)
+NODES = ("gpu-a", "gpu-b", "gpu-c")
+
+# Statements per step, the Merkle log's subtree hashes left out (how many a new leaf writes
+# depends on the log's size). Every write: BEGIN IMMEDIATE, the log's edge (max seq, max hash
+# id, the edge hashes), its event, COMMIT. Then, per step:
+#   create: INSERT the request
+#   vote:   the request, its rule, its votes; UPDATE the request, INSERT the vote
+#   apply:  the request, its votes, its rule; the node with its GPUs and certifications,
+#           UPDATE it, INSERT the certification, its event; the workloads on the node and the
+#           pending ones (to evict, to place); the apply's event; UPDATE the request
+# (before this budget: the apply also opened a read transaction to authorize the caller and
+# read the node's network drift for an answer nobody used: 4 more)
+BUDGET = {"create": 7, "vote": 11, "apply": 18}
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(f"sqlite:///{tmp_path / 'cost.db'}")
+    migrate.upgrade(s.engine)
+    for name in NODES:
+        gpus = (Gpu(0, f"GPU-{name}", "H100-80GB", 81920),)
+        register_node(s, SYSTEM, Node(name, "r1", "z1", gpus=gpus))
+        set_node_state(s, SYSTEM, name, NodeState.ADMITTED, "test")
+    yield s
+    s.dispose()
+
+
+def _tracing(store: Store) -> list[str]:
+    """Every statement SQLite runs from here on (new connections only: the pool is emptied)."""
+    seen: list[str] = []
+
+    @event.listens_for(store.engine, "connect")
+    def trace(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.set_trace_callback(seen.append)
+
+    store.engine.dispose()
+    return seen
+
+
+def _counted(
+    seen: list[str], call: Callable[..., dict[str, Any]], *args: Any
+) -> tuple[dict[str, Any], int]:
+    seen.clear()
+    out = call(*args)
+    return out, sum(not s.startswith("INSERT INTO audit_hashes") for s in seen)
+
+
+def test_each_step_of_a_governed_change_stays_within_its_statements(store: Store) -> None:
+    seen = _tracing(store)
+    for node in NODES:  # the log's size differs at each: the budget holds at any
+        payload = {"node": node, "key": "hipaa", "value": "true"}
+        change, n = _counted(
+            seen, svc.create_change, store, REQUESTER, "certification.grant", payload
+        )
+        assert n <= BUDGET["create"], seen
+        for approver in APPROVERS:
+            _, n = _counted(seen, svc.vote, store, approver, change["id"], "approve")
+            assert n <= BUDGET["vote"], seen
+        applied, n = _counted(seen, svc.apply_change, store, REQUESTER, change["id"])
+        assert n <= BUDGET["apply"], seen
+        assert applied["state"] == "applied"
+        assert get_node(store, SYSTEM, node).certifications == {"hipaa": "true"}
+
+
+PER_CHANGE = {
+    ("POST", "/api/v1/changes"),
+    ("GET", "/api/v1/changes/{change_id}"),
+    ("PATCH", "/api/v1/changes/{change_id}"),
+    *(("POST", f"/api/v1/changes/{{change_id}}/{a}") for a in
+      ("approve", "deny", "review", "apply", "cancel")),
+}  # fmt: skip
+
+
+def _calls(dependant: Any) -> Iterator[Callable[..., Any]]:
+    for sub in dependant.dependencies:
+        yield sub.call
+        yield from _calls(sub)
+
+
+def test_the_change_routes_hop_to_the_thread_pool_once() -> None:
+    """A sync dependency or endpoint runs in the thread pool, each a hop there and back; the
+    routes of one change make exactly one, for their service call (``current_actor``, for a
+    caller not known yet, is the one exception: ``deps.caller``)."""
+    routes = {
+        (method, r.path): r
+        for r in routes_changes.router.routes
+        if isinstance(r, APIRoute)
+        for method in r.methods
+    }
+    assert routes.keys() >= PER_CHANGE
+    for key in PER_CHANGE:
+        route = routes[key]
+        assert inspect.iscoroutinefunction(route.endpoint), key
+        for call in _calls(route.dependant):
+            assert inspect.iscoroutinefunction(call), (key, call)
