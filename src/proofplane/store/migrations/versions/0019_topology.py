@@ -5,7 +5,7 @@ or ``{}``: none beyond ``nodes.rack``). ``workloads.topology``: JSON object ``{"
 "mode": "required" | "preferred"}`` of a gang that asks to be packed; NULL: no request.
 
 Revision ID: 0019
-Revises: 0017 (re-chained at merge when 0018 lands)
+Revises: 0018
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0019"
-down_revision: str | None = "0017"
+down_revision: str | None = "0018"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
