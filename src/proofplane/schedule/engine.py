@@ -158,14 +158,17 @@ class Scheduler:
         *,
         scorer: Scorer | None = None,
         carver: Carver | None = None,
+        reclaim: bool = False,
     ) -> None:
         self.snapshot = ClusterSnapshot(nodes, scorer=scorer)
         # MIG carving (``schedule.migslots``): None keeps the server's behaviour (instances
-        # come from inventory and from repartitioning idle GPUs only)
+        # come from inventory and from repartitioning idle GPUs only); ``reclaim``: carving
+        # may also destroy free (unused) instances on the GPUs it carves, never one in use
         self.carving = CarveIndex(carver) if carver is not None else None
+        self.reclaim = reclaim and carver is not None
         if self.carving is not None:
             for node in self.snapshot.nodes():
-                self.carving.track(node)
+                self.carving.track(node, frozenset() if self.reclaim else None)
         self.quotas: dict[str, Quota] = dict(quotas or {})
         self._held: dict[Hashable, Held] = {}
         self._used: dict[str, Cost] = {}
@@ -205,7 +208,26 @@ class Scheduler:
         index."""
         self.snapshot.upsert_node(node)
         if self.carving is not None:
-            self.carving.track(node)
+            self._track(node.name)
+
+    def _track(self, name: str) -> None:
+        """Tell the carving index what ``name`` looks like now (reclaiming: with the MIG
+        instances in use on it)."""
+        assert self.carving is not None
+        node = self.snapshot.node(name)
+        if node is None:
+            self.carving.forget(name)
+            return
+        held = None
+        if self.reclaim:
+            allocs = self.snapshot.allocations
+            held = {
+                (d.gpu_index, d.mig_start)
+                for key in self.snapshot.allocations_on(name)
+                for d in allocs[key].placement.devices
+                if d.mig_start is not None
+            }
+        self.carving.track(node, held)
 
     def set_quota(self, tenant: str, quota: Quota) -> None:
         self.quotas[tenant] = quota
@@ -231,6 +253,8 @@ class Scheduler:
                     h.name, h.tenant, h.isolation, part, h.co_residency, h.cpu_milli, h.memory_mib
                 ),
             )
+            if self.reclaim:
+                self._track(part.node)
         cost = sum((device_cost(p.devices) for p in h.placement.parts), Cost())
         self._used[h.tenant] = self.used(h.tenant) + cost
 
@@ -239,8 +263,10 @@ class Scheduler:
         if h is None:
             return None
         del self._rank[key]
-        for i in range(len(h.placement.parts)):
+        for i, part in enumerate(h.placement.parts):
             self.snapshot.release((key, i))
+            if self.reclaim:
+                self._track(part.node)
         cost = sum((device_cost(p.devices) for p in h.placement.parts), Cost())
         self._used[h.tenant] = self.used(h.tenant) - cost
         return h
@@ -508,7 +534,7 @@ class Scheduler:
                 # changed behind the index's back (state masks keep the inventory)
                 tracked = carving.tracked(name)
                 if tracked is None or tracked.gpus != original.gpus:
-                    carving.track(original)
+                    self._track(name)
                     continue
             after = dict(plan.layouts)
             node = replace(
@@ -521,9 +547,16 @@ class Scheduler:
             self.snapshot.upsert_node(node)
             placement = self.snapshot.find(req)
             if placement is not None and placement.node == name:
-                carving.track(node)
+                self._track(name)
                 changes = tuple(
-                    Repartition(name, x.index, x.uuid, x.mig_instances, after[x.index], carved=True)
+                    Repartition(
+                        name,
+                        x.index,
+                        x.uuid,
+                        x.mig_instances,
+                        after[x.index],
+                        carved=set(x.mig_instances) <= set(after[x.index]),
+                    )
                     for x in original.gpus
                     if x.index in after
                 )

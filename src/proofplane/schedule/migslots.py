@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -287,9 +288,13 @@ class CarvePlan:
     layouts: tuple[tuple[int, Layout], ...]
 
 
-def gpu_states(node: Node) -> tuple[tuple[Gpu, Geometry, int], ...]:
+def gpu_states(
+    node: Node, held: AbstractSet[tuple[int, int]] | None = None
+) -> tuple[tuple[Gpu, Geometry, int], ...]:
     """The node's MIG GPUs that can be carved: each with its SKU's geometry and layout state
-    (GPUs of a SKU without MIG, or with a layout outside the graph, are left out)."""
+    (GPUs of a SKU without MIG, or with a layout outside the graph, are left out). With
+    ``held`` (the ``(GPU index, start)`` of the instances in use), the state counts only the
+    instances in use: free instances may be destroyed (reclaimed) to make room."""
     out = []
     for gpu in node.gpus:
         if not gpu.mig_enabled or gpu.model not in SKUS:
@@ -297,7 +302,10 @@ def gpu_states(node: Node) -> tuple[tuple[Gpu, Geometry, int], ...]:
         geo = geometry(gpu.model)
         if not geo.profiles:
             continue
-        state = geo.state_of(gpu.mig_instances)
+        instances = gpu.mig_instances
+        if held is not None:
+            instances = tuple(i for i in instances if (gpu.index, i.start) in held)
+        state = geo.state_of(instances)
         if state is not None:
             out.append((gpu, geo, state))
     return tuple(out)
@@ -367,9 +375,10 @@ class CarveIndex:
             self._plans.clear()
             self._heaps.clear()
 
-    def track(self, node: Node) -> None:
-        """``node`` is new or changed (its layouts may differ)."""
-        gpus = gpu_states(node)
+    def track(self, node: Node, held: AbstractSet[tuple[int, int]] | None = None) -> None:
+        """``node`` is new or changed (its layouts may differ; with ``held``, reclaiming:
+        which of its instances are in use, see :func:`gpu_states`)."""
+        gpus = gpu_states(node, held)
         self._nodes[node.name] = (node, gpus, tuple((g.model, g.index, s) for g, _geo, s in gpus))
         self._touch(node.name)
 

@@ -52,11 +52,13 @@ ENGINE = "proofplane.schedule"
 SKU_NAME = "H100-80GB"
 WHOLE_GPU = "7g.80gb"
 TENANT = "openb"
-# policy -> (scoring plugin, MIG carver, on-demand repartitioning of idle GPUs)
+# policy -> (scoring plugin, MIG carver, on-demand repartitioning: the engine's step for idle
+# GPUs, and carving that reclaims idle instances beside running ones)
 POLICY_PLUGINS: dict[str, tuple[str, str, bool]] = {
     "proofplane": ("proofplane", "least-fragmenting", False),
     "first-slot-best-fit": ("first-slot-best-fit", "first-slot-best-fit", False),
     "proofplane+repartition": ("proofplane", "least-fragmenting", True),
+    "first-slot-best-fit+repartition": ("first-slot-best-fit", "first-slot-best-fit", True),
 }
 MIG_POLICIES = ("proofplane", "first-slot-best-fit")  # without departures (static)
 MIXES = ("openb", "synthetic")
@@ -160,11 +162,13 @@ def synthetic_stream(
     rng: str = "go",
     mix: Sequence[tuple[str, int]] = SYNTHETIC_MIX,
     inflation: float = INFLATION,
+    limit: int | None = None,
 ) -> MigStream:
     """A seeded small-slice-heavy stream: requests drawn i.i.d. from ``mix`` (per mille) until
     the next one would push the requested compute slices past ``inflation`` × the cluster's
     compute slices; each asks for ``SYNTHETIC_CPU_PER_SLICE`` milli-cores per compute slice and
-    ``SYNTHETIC_MEM_PER_SLICE`` MiB per memory slice. Then the node tie-break permutation."""
+    ``SYNTHETIC_MEM_PER_SLICE`` MiB per memory slice. Then the node tie-break permutation.
+    ``limit``: exactly that many requests instead (the dynamic replay's stream)."""
     geo = geometry()
     if sum(w for _, w in mix) != 1000:
         raise MigSimError("the synthetic mix must sum to 1000 per mille")
@@ -181,7 +185,9 @@ def synthetic_stream(
         while x >= cum[pick]:
             pick += 1
         prof = profs[pick]
-        if total + prof.compute_slices > target:
+        if (limit is None and total + prof.compute_slices > target) or (
+            limit is not None and len(requests) >= limit
+        ):
             break
         total += prof.compute_slices
         requests.append(
@@ -253,7 +259,8 @@ def make_scheduler(
             raise MigSimError(f"need {len(geo.profiles)} weights, one per profile")
         carver = LeastFragmenting({p.name: w for p, w in zip(geo.profiles, weights, strict=True)})
     nodes = [cluster_node(n, r) for n, r in zip(stream.nodes, stream.rank, strict=True)]
-    return Scheduler(nodes, scorer=make_scorer(scorer_name), carver=carver), repartition
+    sched = Scheduler(nodes, scorer=make_scorer(scorer_name), carver=carver, reclaim=repartition)
+    return sched, repartition
 
 
 def check_requests(requests: Iterable[MigRequest]) -> None:
