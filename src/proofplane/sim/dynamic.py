@@ -23,9 +23,10 @@ policy's scorer and carver, ``sim.mig.POLICY_PLUGINS``); this module only keeps 
 * **Departures** release the workload's capacity in the scheduler (``Scheduler.release``);
   its MIG instance stays (the production lifecycle: instances change only by carving and by
   repartitioning idle GPUs).
-* **Defragmentation hook.** When the head of the queue still waits after a tick's retry, a
-  ``defrag`` callable (none by default) may return moves ``(key, placement)``; the replay
-  applies each (release, then hold at the new placement) and counts it, then retries.
+* **Defragmentation hook.** When a request becomes the waiting head of the queue, and when
+  the head still waits after a tick's retry, a ``defrag`` callable (none by default) may
+  return moves ``(key, placement)``; the replay applies each (the workload is held at its new
+  placement) and counts it, then retries the queue.
 
 Nothing here reads files or the clock; ``clock`` only times the run.
 """
@@ -41,6 +42,7 @@ from typing import Any
 from proofplane.hardware.skus import COMPUTE_SLICES
 from proofplane.model import Placement
 from proofplane.schedule.engine import Held, Job, Scheduler
+from proofplane.schedule.scoring import mig_slices
 from proofplane.sim import mig
 from proofplane.sim.gorand import Rng, make_rng
 from proofplane.sim.mig import MigRequest, MigSimError
@@ -93,7 +95,7 @@ class Move:
 DefragHook = Callable[[Scheduler, Hashable, float], Sequence[Move]]
 
 
-def _slices(req: MigRequest) -> int:
+def request_slices(req: MigRequest) -> int:
     if req.profile is None:
         return 0
     geo = mig.geometry()
@@ -128,7 +130,7 @@ def compress(
     if load <= 0:
         raise MigSimError("the offered load must be > 0")
     capacity = sum(n.gpus for n in nodes) * COMPUTE_SLICES
-    slices = [_slices(r) for r in requests]
+    slices = [request_slices(r) for r in requests]
 
     def at(f: float) -> float:
         return offered_load([a / f for a in arrivals], durations, slices, capacity)
@@ -270,9 +272,15 @@ class DynamicResult:
     policy: str
     requests: int = 0
     accepted: int = 0
-    rejected: int = 0  # waited past patience (or still waiting at the end)
-    waiting_at_end: int = 0  # of those: still waiting at the horizon
-    rejected_free_compute: int = 0  # of those: the cluster had >= their compute slices free
+    rejected: int = 0  # waited past patience
+    waiting_at_end: int = 0  # still waiting at the horizon (censored: neither)
+    # why each rejection: "capacity" (less free compute in the cluster than asked),
+    # "fragmentation" (enough in total, but no GPU has that much free), "layout" (some GPU
+    # has the compute free, but not as a placeable instance: slot, memory slices, idle
+    # instances of other profiles, or CPU/memory of its node)
+    rejected_why: dict[str, int] = field(
+        default_factory=lambda: {"capacity": 0, "fragmentation": 0, "layout": 0}
+    )
     compute_hours: float = 0.0  # GPU-hours served (a MIG instance counts slices / 7)
     waits: list[float] = field(default_factory=list)  # per accepted request, seconds
     placed_instances: int = 0
@@ -288,28 +296,25 @@ class DynamicResult:
         waits = sorted(self.waits)
         p95 = waits[min(len(waits) - 1, math.ceil(0.95 * len(waits)) - 1)] if waits else 0.0
         inst = self.placed_instances
-        frag = self.rejected_free_compute
+        decided = self.requests - self.waiting_at_end
+        why = self.rejected_why
         return {
             "requests": self.requests,
             "accepted": self.accepted,
-            "accepted_ratio": round(self.accepted / self.requests, 4) if self.requests else 0.0,
             "rejected": self.rejected,
             "waiting_at_end": self.waiting_at_end,
+            "accepted_ratio": round(self.accepted / decided, 4) if decided else 0.0,
             "gpu_compute_hours": round(self.compute_hours, 1),
             "wait_mean_s": round(sum(waits) / len(waits), 2) if waits else 0.0,
             "wait_p95_s": round(p95, 2),
             "instances_placed": inst,
             "instances_carved": self.carved,
             "repartitions": self.repartitions,
-            "repartitions_pct_of_instances": round(100 * self.repartitions / inst, 3)
-            if inst
-            else 0.0,
+            "repartitions_pct_of_instances": _pct(self.repartitions, inst, 3),
             "moves": self.moves,
-            "moves_pct_of_instances": round(100 * self.moves / inst, 3) if inst else 0.0,
-            "rejections_with_free_compute": frag,
-            "rejections_with_free_compute_pct": round(100 * frag / self.rejected, 2)
-            if self.rejected
-            else 0.0,
+            "moves_pct_of_instances": _pct(self.moves, inst, 3),
+            "rejected_why": dict(why),
+            "rejected_why_pct": {k: _pct(v, self.rejected, 2) for k, v in why.items()},
             "free_compute_at_rejection_pct_mean": self._free_pct(),
             "seconds": self.seconds,
         }
@@ -319,6 +324,10 @@ class DynamicResult:
         if not free or not self.capacity_slices:
             return 0.0
         return round(100 * sum(free) / (len(free) * self.capacity_slices), 3)
+
+
+def _pct(part: int, whole: int, digits: int) -> float:
+    return round(100 * part / whole, digits) if whole else 0.0
 
 
 def replay_dynamic(
@@ -343,7 +352,7 @@ def replay_dynamic(
     res.requests = sum(1 for r in requests if r.profile is not None)
     if record_placements:
         res.placements = [None] * len(requests)
-    slices = [_slices(r) for r in requests]
+    slices = [request_slices(r) for r in requests]
     jobs = [mig.mig_request(r) for r in requests]
     shapes = [(r.profile, r.count, r.cpu, r.mem) for r in requests]
     events: list[tuple[float, int, int]] = []
@@ -354,6 +363,26 @@ def replay_dynamic(
     queue: dict[int, None] = {}  # waiting requests, FIFO
     failed: set[tuple[Any, ...]] = set()  # shapes that did not fit since the last tick
     held = 0  # compute slices held
+    # per GPU the compute slices in use, and how many GPUs have at least k slices not in use
+    gpu_used: dict[tuple[str, int], int] = {}
+    at_least = [0] * (COMPUTE_SLICES + 1)
+    for node in sched.nodes():
+        for g in node.gpus:
+            gpu_used[(node.name, g.index)] = 0
+    for k in range(COMPUTE_SLICES + 1):
+        at_least[k] = len(gpu_used)
+
+    def account(placement: Placement, sign: int) -> None:
+        for d in placement.devices:
+            if d.mig_profile is None:
+                continue
+            key = (placement.node, d.gpu_index)
+            before = COMPUTE_SLICES - gpu_used[key]
+            gpu_used[key] += sign * mig_slices(d.mig_profile)
+            after = COMPUTE_SLICES - gpu_used[key]
+            for k in range(min(before, after) + 1, max(before, after) + 1):
+                at_least[k] += 1 if after > before else -1
+
     dirty = False  # something departed since the last tick
     tick_pending = False
 
@@ -372,6 +401,7 @@ def replay_dynamic(
         res.placed_instances += requests[i].count
         res.waits.append(now - stream.items[i].arrival)
         held += slices[i]
+        account(out.placement, 1)
         run = min(stream.items[i].duration, stream.end - now) if now < stream.end else 0.0
         res.compute_hours += slices[i] / COMPUTE_SLICES * max(run, 0.0) / 3600
         heapq.heappush(events, (now + max(run, 0.0), _DEPART, i))
@@ -383,13 +413,22 @@ def replay_dynamic(
         res.rejected += 1
         free = capacity - held
         res.free_at_rejection.append(free)
-        if free >= slices[i]:
-            res.rejected_free_compute += 1
+        per = slices[i] // max(requests[i].count, 1)
+        if free < slices[i]:
+            res.rejected_why["capacity"] += 1
+        elif at_least[per] == 0:
+            res.rejected_why["fragmentation"] += 1
+        else:
+            res.rejected_why["layout"] += 1
 
     def retry(now: float) -> None:
         for i in list(queue):
             if attempt(i, now):
                 del queue[i]
+        defrag_step(now)
+
+    def defrag_step(now: float) -> None:
+        """The head waits: let the defragmenter propose moves, apply them, retry."""
         if defrag is not None and queue:
             head = next(iter(queue))
             moves = defrag(sched, head, now)
@@ -398,6 +437,8 @@ def replay_dynamic(
                 if h is None:
                     raise MigSimError(f"defrag moved {mv.key!r}, which holds nothing")
                 sched.hold(replace(h, placement=mv.placement), rank=sched.rank(mv.key))
+                account(h.placement, -1)
+                account(mv.placement, 1)
                 res.moves += 1
             if moves:
                 failed.clear()
@@ -407,12 +448,15 @@ def replay_dynamic(
 
     while events:
         now, kind, i = heapq.heappop(events)
-        if now > stream.end or (now == stream.end and kind == _DEPART):
+        if now > stream.end:
             break  # the horizon: what still runs leaves, what still waits is not served
+        if now == stream.end and kind != _ARRIVE:
+            continue  # the last arrivals still see what runs until the end
         if kind == _DEPART:
             h: Held | None = sched.release(i)
             if h is not None:
                 held -= slices[i]
+                account(h.placement, -1)
                 dirty = True
                 if queue and not tick_pending:
                     heapq.heappush(events, (now + tick, _TICK, -1))
@@ -430,11 +474,97 @@ def replay_dynamic(
         elif not attempt(i, now):
             queue[i] = None
             heapq.heappush(events, (now + patience, _EXPIRE, i))
+            if len(queue) == 1:
+                defrag_step(now)  # it is the head, and it waits
             if dirty and not tick_pending:
                 heapq.heappush(events, (now + tick, _TICK, -1))
                 tick_pending = True
-    for i in list(queue):  # still waiting at the horizon
-        res.waiting_at_end += 1
-        reject(i)
+    res.waiting_at_end = len(queue)  # still waiting at the horizon
     res.seconds = round((clock() - t_start) if clock else 0.0, 3)
     return res
+
+
+# --------------------------------------------------------------------------------------------
+# Runs and the report.
+
+BASELINE = "first-slot-best-fit"
+
+
+def run_dynamic(
+    pods: list[Pod],
+    times: dict[str, tuple[int, int]],
+    nodes: list[Node],
+    mixes: Sequence[str],
+    policies: Sequence[str],
+    loads: Sequence[float],
+    seeds: Sequence[int],
+    *,
+    rng: str = "go",
+    patience: float = PATIENCE,
+    n: int | None = None,
+    clock: Callable[[], float] | None = None,
+) -> list[dict[str, Any]]:
+    """One record per (mix, load, seed, policy): the stream is built once per (mix, load,
+    seed) and replayed under every policy."""
+    for p in policies:
+        if p not in mig.POLICY_PLUGINS:
+            known = ", ".join(mig.POLICY_PLUGINS)
+            raise MigSimError(f"unknown MIG policy {p!r} (known: {known})")
+    out = []
+    for mix in mixes:
+        for load in loads:
+            for seed in seeds:
+                stream = make_dynamic(mix, pods, times, nodes, seed, load, rng, n)
+                for policy in policies:
+                    r = replay_dynamic(stream, policy, patience=patience, clock=clock)
+                    out.append(
+                        {
+                            "mix": mix,
+                            "load": load,
+                            "seed": seed,
+                            "policy": policy,
+                            "compression": stream.compression,
+                            "horizon_s": round(stream.end, 1),
+                            **r.summary(),
+                        }
+                    )
+    return out
+
+
+def dynamic_report(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per mix and load: per policy the seeds' records and mean accepted requests, and each
+    policy's accepted requests relative to :data:`BASELINE` (mean over seeds)."""
+    doc: dict[str, Any] = {}
+    for r in records:
+        cell = doc.setdefault(r["mix"], {}).setdefault(f"{round(r['load'] * 100)}%", {})
+        cell.setdefault("policies", {}).setdefault(r["policy"], []).append(r)
+    for mix in doc.values():
+        for cell in mix.values():
+            means = {}
+            for policy, rs in cell["policies"].items():
+                means[policy] = sum(x["accepted"] for x in rs) / len(rs)
+            cell["accepted_mean"] = {p: round(v, 1) for p, v in means.items()}
+            base = means.get(BASELINE)
+            if base:
+                cell["accepted_vs_baseline"] = {p: round(v / base, 4) for p, v in means.items()}
+    return doc
+
+
+def definitions() -> dict[str, str]:
+    """What the report's numbers mean (also in the README)."""
+    return {
+        "offered_load": "sum(slices x min(duration, H)) / (MIG compute slices x H), H the "
+        "horizon (first to last arrival); arrivals compressed by one factor to reach it",
+        "accepted_ratio": "accepted / (GPU requests - still waiting at the horizon)",
+        "gpu_compute_hours": "sum over placed instances of compute slices / 7 x hours run",
+        "wait": "seconds from arrival to placement, accepted requests",
+        "rejected_why": "at each rejection: capacity (free compute in the cluster < asked), "
+        "fragmentation (enough in total, no GPU with that much free), layout (a GPU has it "
+        "free but not as a placeable instance: start slots, memory slices, idle instances "
+        "of other profiles, or its node's CPU/memory)",
+        "free_compute_at_rejection_pct_mean": "mean free (not in use) compute at rejections, "
+        "% of the cluster's",
+        "repartitions": "GPUs whose idle instances were destroyed to make room (running "
+        "instances never touched); instances_carved: instances created in free space",
+        "moves": "defragmentation moves applied (no defragmenter is plugged in: 0)",
+    }

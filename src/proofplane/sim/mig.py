@@ -403,8 +403,9 @@ def run_mig_seed(
     """Build ``mix``'s stream for ``seed`` once and replay it under every policy. ``clock``
     (e.g. ``time.perf_counter``) times each replay; None: no timings."""
     for policy in policies:
-        if policy not in MIG_POLICIES:
-            raise MigSimError(f"unknown MIG policy {policy!r} (known: {', '.join(MIG_POLICIES)})")
+        if policy not in POLICY_PLUGINS:
+            known = ", ".join(POLICY_PLUGINS)
+            raise MigSimError(f"unknown MIG policy {policy!r} (known: {known})")
     stream = make_stream(mix, pods, nodes, seed, rng)
     out = []
     for policy in policies:
