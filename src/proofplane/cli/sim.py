@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from proofplane.machine import machine
+from proofplane.sim import dynamic as dyn_sim
 from proofplane.sim import loader
 from proofplane.sim import mig as mig_sim
 from proofplane.sim.engine import ENGINE
@@ -149,9 +150,12 @@ def mig_report(
     """The JSON document ``sim openb --mig --json`` prints."""
     return {
         "mode": "mig",
-        # not yet the production scheduler (issue 17 §1 open): say so, so the figure cannot be
-        # read as the server's
         "engine": mig_sim.ENGINE,
+        "plugins": {
+            p: {"scorer": v[0], "carver": v[1], "repartition": v[2]}
+            for p, v in mig_sim.POLICY_PLUGINS.items()
+            if p in {r.policy for r in results}
+        },
         "sku": mig_sim.SKU_NAME,
         "baseline": mig_sim.BASELINE,
         "pods": str(pods_path),
@@ -162,6 +166,65 @@ def mig_report(
         "wall_seconds": round(wall, 3),
         "mixes": mig_sim.summarise_mig(results),
     }
+
+
+def dynamic_report(
+    records: list[dict[str, Any]],
+    *,
+    policies: list[str],
+    pods_path: Path,
+    nodes_path: Path,
+    rng: str,
+    seeds: list[int],
+    loads: list[float],
+    patience: float,
+    wall: float,
+) -> dict[str, Any]:
+    """The JSON document ``sim openb --mig --dynamic --json`` prints."""
+    return {
+        "mode": "mig-dynamic",
+        "engine": mig_sim.ENGINE,
+        "sku": mig_sim.SKU_NAME,
+        "baseline": dyn_sim.BASELINE,
+        "plugins": {
+            p: {"scorer": v[0], "carver": v[1], "repartition": v[2]}
+            for p, v in mig_sim.POLICY_PLUGINS.items()
+            if p in policies
+        },
+        "patience_s": patience,
+        "tick_s": dyn_sim.TICK,
+        "pods": str(pods_path),
+        "nodes": str(nodes_path),
+        "rng": rng,
+        "seeds": seeds,
+        "loads": loads,
+        "definitions": dyn_sim.definitions(),
+        "machine": machine(),
+        "wall_seconds": round(wall, 3),
+        "mixes": dyn_sim.dynamic_report(records),
+    }
+
+
+def _dynamic_table(records: list[dict[str, Any]]) -> Table:
+    table = Table(title="MIG with departures: accepted requests per policy")
+    for col in ("mix", "load", "seed", "policy", "accepted", "ratio", "GPU-h", "wait p95 s",
+                "repart.", "why rejected (cap/frag/layout)"):  # fmt: skip
+        table.add_column(col)
+    for r in records:
+        why = r["rejected_why"]
+        table.add_row(
+            r["mix"],
+            f"{r['load']:.0%}",
+            str(r["seed"]),
+            r["policy"],
+            str(r["accepted"]),
+            f"{r['accepted_ratio']:.4f}",
+            f"{r['gpu_compute_hours']:.0f}",
+            f"{r['wait_p95_s']:.0f}",
+            str(r["repartitions"]),
+            f"{why['capacity']}/{why['fragmentation']}/{why['layout']}",
+        )
+    return table
 
 
 def _mig_table(doc: dict[str, Any]) -> Table:
@@ -285,13 +348,35 @@ def openb(
         help=f"With --mig, request mix, repeatable: {', '.join(mig_sim.MIXES)} (default: both).",
         show_default=False,
     ),
+    dynamic: bool = typer.Option(
+        False,
+        "--dynamic",
+        help="With --mig: arrivals and departures in trace time, FIFO with backfill and "
+        f"patience; policies {', '.join(dyn_sim.POLICIES)}.",
+    ),
+    load: list[float] | None = typer.Option(
+        None,
+        "--load",
+        help="With --dynamic: offered load as a share of MIG compute, repeatable "
+        "(default: 1.0, 1.3, 1.6).",
+        show_default=False,
+    ),
+    patience: float = typer.Option(
+        dyn_sim.PATIENCE, "--patience", help="With --dynamic: seconds a request may wait."
+    ),
 ) -> None:
     """Replay the openb trace with the FGD paper's protocol; GPU allocation per policy (with
     --mig: accepted MIG requests per policy)."""
     pods_path = pods or loader.pod_file("default")
     nodes_path = nodes or loader.node_file()
-    known = mig_sim.MIG_POLICIES if mig else tuple(POLICIES)
-    chosen = list(policy) if policy else list(mig_sim.MIG_POLICIES if mig else DEFAULT_POLICIES)
+    if dynamic and not mig:
+        raise _fail("--dynamic needs --mig")
+    if load and not dynamic:
+        raise _fail("--load needs --dynamic")
+    mig_known = tuple(mig_sim.POLICY_PLUGINS)
+    known = mig_known if mig else tuple(POLICIES)
+    default = dyn_sim.POLICIES if dynamic else mig_sim.MIG_POLICIES if mig else DEFAULT_POLICIES
+    chosen = list(policy) if policy else list(default)
     for name in chosen:
         if name not in known:
             mode = " with --mig" if mig else ""
@@ -317,6 +402,41 @@ def openb(
     except OSError as exc:
         raise _fail(f"cannot read input: {exc}") from None
     start = time.perf_counter()
+    if dynamic:
+        loads = list(dict.fromkeys(load or dyn_sim.LOADS))
+        try:
+            times = loader.load_pod_times(pods_path) if "openb" in mixes else {}
+            records = dyn_sim.run_dynamic(
+                pod_list,
+                times,
+                node_list,
+                mixes,
+                chosen,
+                loads,
+                seed_list,
+                rng=rng,
+                patience=patience,
+                clock=time.perf_counter,
+            )
+        except (TraceError, mig_sim.MigSimError) as exc:
+            raise _fail(str(exc)) from None
+        dyn_doc = dynamic_report(
+            records,
+            policies=chosen,
+            pods_path=pods_path,
+            nodes_path=nodes_path,
+            rng=rng,
+            seeds=seed_list,
+            loads=loads,
+            patience=patience,
+            wall=time.perf_counter() - start,
+        )
+        if as_json:
+            typer.echo(json.dumps(dyn_doc, indent=2))
+        else:
+            console = Console()
+            console.print(_dynamic_table(records))
+        return
     if mig:
         mig_results = run_mig_jobs(pod_list, node_list, mixes, chosen, seed_list, rng, jobs)
         mig_doc = mig_report(

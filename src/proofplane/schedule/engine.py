@@ -56,6 +56,7 @@ from proofplane.model import (
     missing_tags,
 )
 from proofplane.schedule.mig import layout_for
+from proofplane.schedule.migslots import CarveIndex, Carver
 from proofplane.schedule.quota import Cost, device_cost, quota_check, request_cost
 from proofplane.schedule.reasons import (
     CO_RESIDENCY_NOTE,
@@ -77,12 +78,13 @@ from proofplane.schedule.reasons import (
 from proofplane.schedule.scoring import Scorer
 from proofplane.schedule.snapshot import ClusterSnapshot
 from proofplane.schedule.topology import domains_of, place_gang
-from proofplane.schedule.values import Allocation, Decision, Request
+from proofplane.schedule.values import Allocation, Decision, Request, allowed_models
 
 if TYPE_CHECKING:
     from proofplane.schedule.defrag import Move
 
 Pool = frozenset[tuple[str, str]]
+UNEXPLAINED = "no capacity fits (not explained: schedule(explain=False))"
 
 
 def pool_of(tags: Mapping[str, str]) -> Pool:
@@ -121,13 +123,15 @@ class Held:
 
 @dataclass(frozen=True, slots=True)
 class Repartition:
-    """A new MIG layout for an idle GPU."""
+    """A new MIG layout for an idle GPU; ``carved``: only instances added in free space
+    (``before`` ⊂ ``after``, the GPU may hold work: nothing running is touched)."""
 
     node: str
     gpu_index: int
     gpu_uuid: str
     before: tuple[MigInstance, ...]
     after: tuple[MigInstance, ...]
+    carved: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,8 +191,18 @@ class Scheduler:
         quotas: Mapping[str, Quota] | None = None,
         *,
         scorer: Scorer | None = None,
+        carver: Carver | None = None,
+        reclaim: bool = False,
     ) -> None:
         self.snapshot = ClusterSnapshot(nodes, scorer=scorer)
+        # MIG carving (``schedule.migslots``): None keeps the server's behaviour (instances
+        # come from inventory and from repartitioning idle GPUs only); ``reclaim``: carving
+        # may also destroy free (unused) instances on the GPUs it carves, never one in use
+        self.carving = CarveIndex(carver) if carver is not None else None
+        self.reclaim = reclaim and carver is not None
+        if self.carving is not None:
+            for node in self.snapshot.nodes():
+                self.carving.track(node, frozenset() if self.reclaim else None)
         self.quotas: dict[str, Quota] = dict(quotas or {})
         self._held: dict[Hashable, Held] = {}
         self._used: dict[str, Cost] = {}
@@ -216,10 +230,38 @@ class Scheduler:
         return self.snapshot.node(name)
 
     def upsert_node(self, node: Node) -> None:
-        self.snapshot.upsert_node(node)
+        self._set_node(node)
 
     def remove_node(self, name: str) -> None:
         self.snapshot.remove_node(name)
+        if self.carving is not None:
+            self.carving.forget(name)
+
+    def _set_node(self, node: Node) -> None:
+        """Replace a node's inventory (layouts included) in the snapshot and the carving
+        index."""
+        self.snapshot.upsert_node(node)
+        if self.carving is not None:
+            self._track(node.name)
+
+    def _track(self, name: str) -> None:
+        """Tell the carving index what ``name`` looks like now (reclaiming: with the MIG
+        instances in use on it)."""
+        assert self.carving is not None
+        node = self.snapshot.node(name)
+        if node is None:
+            self.carving.forget(name)
+            return
+        held = None
+        if self.reclaim:
+            allocs = self.snapshot.allocations
+            held = {
+                (d.gpu_index, d.mig_start)
+                for key in self.snapshot.allocations_on(name)
+                for d in allocs[key].placement.devices
+                if d.mig_start is not None
+            }
+        self.carving.track(node, held)
 
     def set_quota(self, tenant: str, quota: Quota) -> None:
         self.quotas[tenant] = quota
@@ -245,6 +287,8 @@ class Scheduler:
                     h.name, h.tenant, h.isolation, part, h.co_residency, h.cpu_milli, h.memory_mib
                 ),
             )
+            if self.reclaim:
+                self._track(part.node)
         cost = sum((device_cost(p.devices) for p in h.placement.parts), Cost())
         self._used[h.tenant] = self.used(h.tenant) + cost
 
@@ -253,8 +297,10 @@ class Scheduler:
         if h is None:
             return None
         del self._rank[key]
-        for i in range(len(h.placement.parts)):
+        for i, part in enumerate(h.placement.parts):
             self.snapshot.release((key, i))
+            if self.reclaim:
+                self._track(part.node)
         cost = sum((device_cost(p.devices) for p in h.placement.parts), Cost())
         self._used[h.tenant] = self.used(h.tenant) - cost
         return h
@@ -361,6 +407,7 @@ class Scheduler:
         repartition: bool = True,
         unready: AbstractSet[str] = frozenset(),
         defrag: Defrag | None = None,
+        explain: bool = True,
     ) -> Outcome:
         """Decide for one pending job; when it is placed, its capacity is held at once.
 
@@ -372,18 +419,25 @@ class Scheduler:
 
         ``defrag`` (issue 17, §3; ``schedule.defrag.Defragmenter``): for a MIG request that
         neither fits nor gets an idle GPU repartitioned, a step before preemption that may move
-        idle or restartable work to free a region; it returns the outcome when it places."""
+        idle or restartable work to free a region; it returns the outcome when it places.
+        ``explain`` False (trace replays retrying a queue): a single-node job that does not fit
+        gets ``insufficient_capacity`` without its per-filter reasons, which are not worked
+        out."""
         masked = [
             node
             for name in sorted(unready)
             if (node := self.snapshot.node(name)) is not None and node.state is NodeState.ADMITTED
         ]
         if not masked:
-            return self._schedule(job, preempt=preempt, repartition=repartition, defrag=defrag)
+            return self._schedule(
+                job, preempt=preempt, repartition=repartition, defrag=defrag, explain=explain
+            )
         for node in masked:
             self.snapshot.upsert_node(replace(node, state=NodeState.CORDONED))
         try:
-            out = self._schedule(job, preempt=preempt, repartition=repartition, defrag=defrag)
+            out = self._schedule(
+                job, preempt=preempt, repartition=repartition, defrag=defrag, explain=explain
+            )
         finally:
             for node in masked:
                 self.snapshot.upsert_node(node)
@@ -423,10 +477,18 @@ class Scheduler:
         )
 
     def _schedule(
-        self, job: Job, *, preempt: bool, repartition: bool, defrag: Defrag | None = None
+        self,
+        job: Job,
+        *,
+        preempt: bool,
+        repartition: bool,
+        defrag: Defrag | None = None,
+        explain: bool = True,
     ) -> Outcome:
         req = job.request
         self.snapshot.observe(req)
+        if self.carving is not None and req.gpus.mig_profile is not None:
+            self.carving.observe(req.gpus.mig_profile, req.gpus.count)
         over = self.quota_excess(req.tenant, req.gpus)
         if over is not None:
             what = ", ".join(
@@ -440,9 +502,34 @@ class Scheduler:
                 {QUOTA_EXCEEDED: len(self.snapshot)},
                 {"quota": over},
             )
-        placement, decision = self.place(req)
-        if placement is not None:
-            return self._placed(job, placement, decision.message, decision.topology)
+        searched = False  # whether a search already found no place
+        if self.carving is not None and req.gpus.mig_profile is not None and req.gpus.nodes <= 1:
+            # MIG carving (off in the server): an existing free instance first, then new
+            # instances in free space, before the full search works out a pending reason
+            free = self.snapshot.find(req)
+            if free is not None:
+                return self._placed(job, free, f"placed on {free.node}")
+            carved = self._carve(req)
+            if carved is not None:
+                got, changes = carved
+                gpus = ", ".join(f"{c.node} GPU {c.gpu_index}" for c in changes)
+                return replace(
+                    self._placed(job, got, ""),
+                    message=f"placed on {got.node} after carving {gpus}",
+                    repartitions=changes,
+                )
+            searched = True
+        spot: Placement | None
+        placement: Placement | None
+        if not explain and req.gpus.nodes <= 1:
+            # a replay's retry: where, not why (no pending reason worked out)
+            spot = None if searched else self.snapshot.find(req)
+            reason = None if spot is not None else INSUFFICIENT_CAPACITY
+            decision = Decision(spot, reason, UNEXPLAINED)
+        else:
+            spot, decision = self.place(req)
+        if spot is not None:
+            return self._placed(job, spot, decision.message, decision.topology)
         if decision.reason != INSUFFICIENT_CAPACITY:
             return Outcome(
                 None, decision.reason, decision.message, dict(decision.rejections),
@@ -508,6 +595,56 @@ class Scheduler:
         self.hold(held_for(job, placement))
         return Outcome(placement, None, message, details={"topology": topology} if topology else {})
 
+    # ------------------------------------------------------------------ carving
+
+    def _carve(self, req: Request) -> tuple[Placement, tuple[Repartition, ...]] | None:
+        """Add the request's instances to the free space of one certified node's MIG GPUs
+        (the carver's plans, best first, then the node name), then place it there through
+        the snapshot's filters and scorer; a node where it still does not fit (CPU, memory,
+        tenancy) is restored and the next plan tried. Running instances are never touched."""
+        carving = self.carving
+        assert carving is not None
+        g = req.gpus
+        profile = g.mig_profile
+        assert profile is not None
+        for name, plan in carving.candidates(profile, g.count, allowed_models(g.model)):
+            original = self.snapshot.node(name)
+            if original is None or not _admitted_for(original, req.tags):
+                continue
+            if carving.tracked(name) is not original:
+                # changed behind the index's back (state masks keep the inventory)
+                tracked = carving.tracked(name)
+                if tracked is None or tracked.gpus != original.gpus:
+                    self._track(name)
+                    continue
+            after = dict(plan.layouts)
+            node = replace(
+                original,
+                gpus=tuple(
+                    replace(x, mig_instances=after[x.index]) if x.index in after else x
+                    for x in original.gpus
+                ),
+            )
+            self.snapshot.upsert_node(node)
+            placement = self.snapshot.find(req)
+            if placement is not None and placement.node == name:
+                self._track(name)
+                changes = tuple(
+                    Repartition(
+                        name,
+                        x.index,
+                        x.uuid,
+                        x.mig_instances,
+                        after[x.index],
+                        carved=set(x.mig_instances) <= set(after[x.index]),
+                    )
+                    for x in original.gpus
+                    if x.index in after
+                )
+                return placement, changes
+            self.snapshot.upsert_node(original)
+        return None
+
     # ------------------------------------------------------------------ repartitioning
 
     def _repartition(self, req: Request) -> tuple[Placement, tuple[Repartition, ...]] | None:
@@ -548,15 +685,15 @@ class Scheduler:
                     replace(x, mig_instances=layout) if x.index == index else x for x in node.gpus
                 )
                 node = replace(node, gpus=gpus)
-                self.snapshot.upsert_node(node)
+                self._set_node(node)
                 changes.append(
                     Repartition(node.name, gpu.index, gpu.uuid, gpu.mig_instances, layout)
                 )
-                d = self.snapshot.place(req)
-                if d.placement is not None:
-                    return d.placement, tuple(changes)
+                found = self.snapshot.find(req)
+                if found is not None:
+                    return found, tuple(changes)
             if changes:
-                self.snapshot.upsert_node(original)
+                self._set_node(original)
         return None
 
     # ------------------------------------------------------------------ preemption

@@ -137,6 +137,31 @@ class BestFit:
         return -int(100 * (1 - left)), best_position(frees, m) if _sharing(shape) else -1
 
 
+class FirstSlotBestFit(BestFit):
+    """The MIG papers' baseline (``first-slot-best-fit``): a MIG slice goes on the node left
+    with the fewest free compute slices in free instances, on the GPU with the fewest such
+    slices that has a free instance of the profile (the lowest position on ties); the instance
+    carved when none is free is the carver's (``schedule.migslots``). Anything else: BestFit."""
+
+    name = "first-slot-best-fit"
+
+    def score(self, state: State, shape: Shape) -> Score:
+        profile = shape[4]
+        if profile is None:
+            return super().score(state, shape)
+        mig = state[3]
+        total = 0
+        best = -1
+        best_free = 1 << 30
+        for j, free in enumerate(mig):
+            slices = sum(mig_slices(p) for p in free)
+            total += slices
+            if profile in free and slices < best_free:
+                best, best_free = j, slices
+        left = total - mig_slices(profile) * max(shape[1], 1)
+        return left, best if shape[1] == 1 else -1
+
+
 # FGD's fragmentation categories, in the order its simulator sums them (Q3 is not a fragment).
 _Q1, _Q2, _Q3, _Q4, _XL, _XR, _NA = range(7)
 
@@ -517,6 +542,7 @@ SCORERS: dict[str, Callable[[], Scorer]] = {
     "fgd": FGD,
     "best-fit": BestFit,
     "first-fit": FirstFit,
+    "first-slot-best-fit": FirstSlotBestFit,
 }
 DEFAULT_SCORER = "proofplane"
 

@@ -377,6 +377,19 @@ class ClusterSnapshot:
         """Choose a node and devices for ``req``, or explain why none qualifies. Pure: the
         snapshot is not changed (``reserve`` the result to take the capacity)."""
         compliant = self._compliant_set(req.tags)
+        best = self._search(req, compliant)
+        if best is None:
+            return self._pending(req, compliant)
+        return Decision(Placement(best[1], best[2]), None, f"placed on {best[1]}")
+
+    def find(self, req: Request) -> Placement | None:
+        """``place`` without working out why nothing fits (for callers that only need where:
+        the engine's MIG carving, trace replays retrying a queue): the same search, the same
+        placement."""
+        best = self._search(req, self._compliant_set(req.tags))
+        return Placement(best[1], best[2]) if best is not None else None
+
+    def _search(self, req: Request, compliant: Set[str]) -> _Best | None:
         best: _Best | None = None
         if compliant and self._scored is not None:
             best = self._place_scored(req, compliant)
@@ -397,9 +410,7 @@ class ClusterSnapshot:
                 best = self._place_dedicated(req, cls, compliant)
             else:
                 best = self._place_shared(req, cls, compliant)
-        if best is None:
-            return self._pending(req, compliant)
-        return Decision(Placement(best[1], best[2]), None, f"placed on {best[1]}")
+        return best
 
     def compliant_nodes(self, tags: Mapping[str, str]) -> Set[str]:
         """Admitted nodes certified for every tag in ``tags`` (the compliance filters; a view

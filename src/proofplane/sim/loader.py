@@ -67,6 +67,25 @@ def load_pods(path: Path) -> list[Pod]:
         raise TraceError(f"{path}: {exc}") from None
 
 
+def load_pod_times(path: Path) -> dict[str, tuple[int, int]]:
+    """Per pod name, ``(creation_time, deletion_time)`` in seconds (the columns the FGD
+    protocol ignores; ``sim openb --mig --dynamic`` replays them). A pod without a deletion
+    time runs to the end of the trace."""
+    rows = _rows(path)
+    out: dict[str, tuple[int, int]] = {}
+    end = 0
+    for i, row in enumerate(rows):
+        try:
+            created = int(float(row["creation_time"]))
+            raw = (row.get("deletion_time") or "").strip()
+            deleted = int(float(raw)) if raw and raw.lower() != "nan" else -1
+        except (KeyError, ValueError):
+            raise TraceError(f"{path}: pod row {i + 1}: no creation/deletion time") from None
+        out[row["name"].strip()] = (created, deleted)
+        end = max(end, created, deleted)
+    return {k: (c, d if d >= c else end) for k, (c, d) in out.items()}
+
+
 @dataclass(frozen=True)
 class PublishedRow:
     workload: str

@@ -8,51 +8,60 @@ ask for ``k`` ``7g.80gb`` instances (a full GPU each), CPU-only pods ask for no 
 the protocol of the openb replay holds: arrival order and 130 % inflation of notes §3, no
 departures, CPU and memory feasibility, failed requests dropped, ties to the node's rank.
 
-Placing an instance picks a node, a GPU and a start slot. Two policies:
-
-* ``first-slot-best-fit`` (baseline): the node with the best BestFit score (notes §7.2 with
-  compute slices instead of milli-GPU), on it the fitting GPU with the fewest free compute
-  slices, on that GPU the first valid start slot.
-* ``proofplane``: fragmentation-aware. A layout's *potential* is, first, its stranded
-  compute (free compute slices no further instance can ever use, e.g. the seventh slice beside
-  ``3g@0`` and ``3g@4``: the memory is gone) and, second, its fragmentation: for a profile
-  ``p``, the free compute that ``p`` instances could not use, ``free − c_p · fit_p`` with
-  ``fit_p`` the most further ``p`` instances the layout can still take, weighted by the demand
-  mix (each profile's share of the requested compute slices). Every (node, GPU, start slot) is
-  scored by how much the placement raises the potential; the smallest rise wins, then the
-  tighter node (BestFit score), then the node rank; on the node, ties go to the tighter GPU,
-  then the lower index and slot. That keeps ``4g`` (start 0 only) and ``3g`` regions open
-  while small slices fill gaps, and puts at most one memory-hungry instance (``3g``,
-  ``1g.20gb``) on a GPU when it can.
+**Placed by the production core.** Every request goes through
+``schedule.engine.Scheduler.schedule`` (the snapshot, its filters and a scoring plugin of
+``schedule.scoring``) with a MIG carver of ``schedule.migslots``: a request that fits no free
+MIG instance gets new instances carved into the free space of one node's GPUs (running
+instances untouched), chosen by the carver, then placed by the snapshot. Policies
+(:data:`POLICY_PLUGINS`): ``first-slot-best-fit`` (scorer and carver ``first-slot-best-fit``:
+tightest node and GPU, first valid start slot), ``proofplane`` (the production scorer and the
+``least-fragmenting`` carver) and, with departures (``sim.dynamic``), ``proofplane+repartition``
+(the engine's on-demand repartitioning of idle GPUs as well). ``sim/`` keeps the streams, the
+cluster as values and the counting; no slot or node choice is made here.
 
 Pure: requests and nodes come in as values; nothing here reads files or the clock.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from functools import lru_cache
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import Any
 
 from proofplane.errors import ProofplaneError
-from proofplane.hardware.skus import COMPUTE_SLICES, MigProfile, Sku, get_sku, layout_errors
-from proofplane.model.node import MigInstance
+from proofplane.hardware.skus import COMPUTE_SLICES
+from proofplane.model import (
+    GpuRequest,
+    IsolationLevel,
+    MigInstance,
+    Placement,
+)
+from proofplane.model import Node as ClusterNode
+from proofplane.schedule.engine import Job, Outcome, Scheduler
+from proofplane.schedule.migslots import Geometry, LeastFragmenting, make_carver
+from proofplane.schedule.migslots import geometry as sku_geometry
+from proofplane.schedule.scoring import make_scorer
+from proofplane.schedule.values import Request
+from proofplane.sim import engine
 from proofplane.sim.gorand import Rng, make_rng
 from proofplane.sim.trace import INFLATION, Node, Pod, build_arrivals
 
-# The code that places in this mode: the simulator's own MIG model, not ``proofplane.schedule``
-# (which places on existing instances and repartitions idle GPUs only); see the README.
-ENGINE = "proofplane.sim.mig"
+# The code that places in this mode (the replay output names it).
+ENGINE = "proofplane.schedule"
 SKU_NAME = "H100-80GB"
 WHOLE_GPU = "7g.80gb"
-MIG_POLICIES = ("proofplane", "first-slot-best-fit")
+TENANT = "openb"
+# policy -> (scoring plugin, MIG carver, on-demand repartitioning: the engine's step for idle
+# GPUs, and carving that reclaims idle instances beside running ones)
+POLICY_PLUGINS: dict[str, tuple[str, str, bool]] = {
+    "proofplane": ("proofplane", "least-fragmenting", False),
+    "first-slot-best-fit": ("first-slot-best-fit", "first-slot-best-fit", False),
+    "proofplane+repartition": ("proofplane", "least-fragmenting", True),
+    "first-slot-best-fit+repartition": ("first-slot-best-fit", "first-slot-best-fit", True),
+}
+MIG_POLICIES = ("proofplane", "first-slot-best-fit")  # without departures (static)
 MIXES = ("openb", "synthetic")
-# BestFit normalisation (notes §7.2): 128 cores, and 8 GPUs x 7 compute slices.
-CPU_NORM = 128_000
-SLICE_NORM = 8 * COMPUTE_SLICES
 
 # The synthetic small-slice-heavy mix: share of requests per profile (per mille), and the host
 # CPU (milli) per compute slice and memory (MiB) per memory slice every request asks for.
@@ -74,92 +83,17 @@ class MigSimError(ProofplaneError, ValueError):
     code = "mig_sim_invalid"
 
 
-# --------------------------------------------------------------------------------------------
-# Geometry: every layout of one GPU reachable with the request profiles, and its moves.
+def geometry() -> Geometry:
+    """The MIG layouts of :data:`SKU_NAME` (``schedule.migslots.geometry``)."""
+    return sku_geometry(SKU_NAME)
 
 
-@dataclass(frozen=True)
-class Geometry:
-    """The layouts one GPU can hold, as a state graph. State 0 is the empty GPU.
-
-    ``moves[s][p]`` lists ``(start, next_state)`` for every valid placement of profile ``p``
-    (index into ``profiles``) on layout ``s``, by ascending start slot; ``fit[s][p]`` is the
-    most further ``p`` instances layout ``s`` can take. Validity is decided by
-    :func:`proofplane.hardware.skus.layout_errors`, nothing else."""
-
-    sku: Sku
-    profiles: tuple[MigProfile, ...]
-    layouts: tuple[tuple[MigInstance, ...], ...]
-    free: tuple[int, ...]  # free compute slices per state
-    moves: tuple[tuple[tuple[tuple[int, int], ...], ...], ...]
-    fit: tuple[tuple[int, ...], ...]
-
-    def index(self, profile: str) -> int:
-        for i, p in enumerate(self.profiles):
-            if p.name == profile:
-                return i
-        known = ", ".join(p.name for p in self.profiles)
+def profile_index(geo: Geometry, profile: str) -> int:
+    i = geo.index(profile)
+    if i is None:
+        known = ", ".join(p.name for p in geo.profiles)
         raise MigSimError(f"unknown MIG profile {profile!r} (known: {known})")
-
-    def state_of(self, instances: Iterable[MigInstance]) -> int:
-        key = tuple(sorted(instances, key=lambda i: (i.start, i.profile)))
-        return self.layouts.index(key)
-
-
-@lru_cache(maxsize=4)
-def geometry(sku_name: str = SKU_NAME) -> Geometry:
-    """Enumerate the layouts of ``sku_name`` reachable by adding request profiles (every
-    profile but the ``+me`` ones) one instance at a time."""
-    sku = get_sku(sku_name)
-    profiles = tuple(
-        sorted(
-            (p for p in sku.mig_profiles if not p.media_extensions),
-            key=lambda p: (p.compute_slices, p.mem_slices),
-        )
-    )
-    ids: dict[tuple[MigInstance, ...], int] = {(): 0}
-    layouts: list[tuple[MigInstance, ...]] = [()]
-    moves: list[list[tuple[tuple[int, int], ...]]] = []
-    i = 0
-    while i < len(layouts):
-        cur = layouts[i]
-        row = []
-        for prof in profiles:
-            opts = []
-            for start in prof.starts:
-                cand = tuple(
-                    sorted(
-                        (*cur, MigInstance(prof.name, start)), key=lambda x: (x.start, x.profile)
-                    )
-                )
-                if cand not in ids:
-                    if layout_errors(sku, cand):
-                        continue
-                    ids[cand] = len(layouts)
-                    layouts.append(cand)
-                opts.append((start, ids[cand]))
-            row.append(tuple(opts))
-        moves.append(row)
-        i += 1
-    compute = {p.name: p.compute_slices for p in profiles}
-    free = tuple(COMPUTE_SLICES - sum(compute[x.profile] for x in lay) for lay in layouts)
-
-    fit_memo: dict[tuple[int, int], int] = {}
-
-    def fit(s: int, p: int) -> int:
-        key = (s, p)
-        if key not in fit_memo:
-            fit_memo[key] = max((1 + fit(nxt, p) for _, nxt in moves[s][p]), default=0)
-        return fit_memo[key]
-
-    return Geometry(
-        sku=sku,
-        profiles=profiles,
-        layouts=tuple(layouts),
-        free=free,
-        moves=tuple(tuple(r) for r in moves),
-        fit=tuple(tuple(fit(s, p) for p in range(len(profiles))) for s in range(len(layouts))),
-    )
+    return i
 
 
 def profile_for_share(milli: int, geo: Geometry | None = None) -> str:
@@ -228,15 +162,17 @@ def synthetic_stream(
     rng: str = "go",
     mix: Sequence[tuple[str, int]] = SYNTHETIC_MIX,
     inflation: float = INFLATION,
+    limit: int | None = None,
 ) -> MigStream:
     """A seeded small-slice-heavy stream: requests drawn i.i.d. from ``mix`` (per mille) until
     the next one would push the requested compute slices past ``inflation`` × the cluster's
     compute slices; each asks for ``SYNTHETIC_CPU_PER_SLICE`` milli-cores per compute slice and
-    ``SYNTHETIC_MEM_PER_SLICE`` MiB per memory slice. Then the node tie-break permutation."""
+    ``SYNTHETIC_MEM_PER_SLICE`` MiB per memory slice. Then the node tie-break permutation.
+    ``limit``: exactly that many requests instead (the dynamic replay's stream)."""
     geo = geometry()
     if sum(w for _, w in mix) != 1000:
         raise MigSimError("the synthetic mix must sum to 1000 per mille")
-    profs = [geo.profiles[geo.index(name)] for name, _ in mix]
+    profs = [geo.profiles[profile_index(geo, name)] for name, _ in mix]
     cum = list(accumulate(w for _, w in mix))
     r: Rng = make_rng(rng, seed)
     capacity = sum(n.gpus for n in nodes) * COMPUTE_SLICES
@@ -249,7 +185,9 @@ def synthetic_stream(
         while x >= cum[pick]:
             pick += 1
         prof = profs[pick]
-        if total + prof.compute_slices > target:
+        if (limit is None and total + prof.compute_slices > target) or (
+            limit is not None and len(requests) >= limit
+        ):
             break
         total += prof.compute_slices
         requests.append(
@@ -273,7 +211,7 @@ def demand_weights(requests: Iterable[MigRequest], geo: Geometry | None = None) 
     slices = [0] * len(g.profiles)
     for r in requests:
         if r.profile is not None:
-            i = g.index(r.profile)
+            i = profile_index(g, r.profile)
             slices[i] += max(r.count, 1) * g.profiles[i].compute_slices
     total = sum(slices)
     if total == 0:
@@ -281,77 +219,73 @@ def demand_weights(requests: Iterable[MigRequest], geo: Geometry | None = None) 
     return [c / total for c in slices]
 
 
-def fragmentation(geo: Geometry, weights: Sequence[float]) -> list[float]:
-    """Per layout: ``Σ_p w_p · (free − c_p · fit_p)``, the free compute the expected requests
-    cannot use."""
-    out = []
-    for s in range(len(geo.layouts)):
-        out.append(
-            sum(
-                w * (geo.free[s] - p.compute_slices * geo.fit[s][i])
-                for i, (p, w) in enumerate(zip(geo.profiles, weights, strict=True))
-            )
-        )
-    return out
+# --------------------------------------------------------------------------------------------
+# The cluster and the requests as the production scheduler's values.
+
+
+def cluster_node(node: Node, rank: int) -> ClusterNode:
+    """A trace node as ``sim openb`` makes it (``sim.engine.cluster_node``: admitted, its CPU
+    and memory, named by its tie-break rank) with its GPUs H100-80GB in MIG mode and no
+    instances yet."""
+    plain = engine.cluster_node(node, rank)
+    gpus = tuple(replace(g, model=SKU_NAME, memory_mb=81_559, mig_enabled=True) for g in plain.gpus)
+    return replace(plain, gpus=gpus)
+
+
+def mig_request(req: MigRequest) -> Request:
+    """A MIG request as a placement request (a CPU-only one asks for no GPU)."""
+    if req.profile is None:
+        gpus = GpuRequest(count=0)
+        isolation = IsolationLevel.SHARED
+    else:
+        gpus = GpuRequest(count=req.count, mig_profile=req.profile)
+        isolation = IsolationLevel.MIG
+    return Request(req.name, TENANT, {}, isolation, gpus, cpu_milli=req.cpu, memory_mib=req.mem)
+
+
+def make_scheduler(
+    stream: MigStream, policy: str, weights: Sequence[float] | None = None
+) -> tuple[Scheduler, bool]:
+    """The production scheduler for ``policy`` over ``stream``'s nodes, and whether it may
+    repartition idle GPUs. ``weights`` (one per profile of :func:`geometry`) fixes the
+    least-fragmenting carver's mix (default: learned from the requests, as in the server)."""
+    if policy not in POLICY_PLUGINS:
+        raise MigSimError(f"unknown MIG policy {policy!r} (known: {', '.join(POLICY_PLUGINS)})")
+    scorer_name, carver_name, repartition = POLICY_PLUGINS[policy]
+    carver = make_carver(carver_name)
+    if weights is not None and carver_name == "least-fragmenting":
+        geo = geometry()
+        if len(weights) != len(geo.profiles):
+            raise MigSimError(f"need {len(geo.profiles)} weights, one per profile")
+        carver = LeastFragmenting({p.name: w for p, w in zip(geo.profiles, weights, strict=True)})
+    nodes = [cluster_node(n, r) for n, r in zip(stream.nodes, stream.rank, strict=True)]
+    sched = Scheduler(nodes, scorer=make_scorer(scorer_name), carver=carver, reclaim=repartition)
+    return sched, repartition
+
+
+def check_requests(requests: Iterable[MigRequest]) -> None:
+    geo = geometry()
+    for r in requests:
+        if r.profile is not None:
+            profile_index(geo, r.profile)
+            if r.count < 1:
+                raise MigSimError(f"request {r.name!r}: count must be >= 1")
+
+
+def instances_changed(out: Outcome) -> tuple[int, int]:
+    """(instances carved, repartitions) an outcome made: carving adds instances in free space;
+    a repartition re-lays an idle GPU."""
+    carved = sum(len(r.after) - len(r.before) for r in out.repartitions if r.carved)
+    return carved, sum(1 for r in out.repartitions if not r.carved)
+
+
+def layouts_of(sched: Scheduler) -> dict[str, tuple[tuple[MigInstance, ...], ...]]:
+    """Per node name, its GPUs' MIG layouts now."""
+    return {n.name: tuple(g.mig_instances for g in n.gpus) for n in sched.nodes()}
 
 
 # --------------------------------------------------------------------------------------------
-# Slot choice on one GPU.
-
-
-def first_slot(geo: Geometry, state: int, p: int) -> tuple[int, int] | None:
-    """Baseline: the first valid start slot, ``(start, next_state)``; None when none."""
-    moves = geo.moves[state][p]
-    return moves[0] if moves else None
-
-
-def max_fill(geo: Geometry) -> list[int]:
-    """Per layout: the most compute slices further instances (of any mix of profiles) can
-    still use. ``free − max_fill`` is stranded compute: no request can ever use it."""
-    memo: list[int | None] = [None] * len(geo.layouts)
-
-    def fill(s: int) -> int:
-        got = memo[s]
-        if got is None:
-            got = 0
-            for p, prof in enumerate(geo.profiles):
-                for _, nxt in geo.moves[s][p]:
-                    got = max(got, prof.compute_slices + fill(nxt))
-            memo[s] = got
-        return got
-
-    return [fill(s) for s in range(len(geo.layouts))]
-
-
-STRANDED_WEIGHT = 100.0  # one stranded slice outweighs any fragmentation difference (|ΔF| ≤ 7)
-
-
-def placement_costs(geo: Geometry, weights: Sequence[float]) -> list[float]:
-    """proofplane's per-layout potential: ``STRANDED_WEIGHT · stranded + fragmentation``. A
-    move's cost is the increase of the potential; a move that strands nothing and keeps the
-    larger profiles placeable costs least."""
-    frag = fragmentation(geo, weights)
-    fill = max_fill(geo)
-    return [STRANDED_WEIGHT * (geo.free[s] - fill[s]) + frag[s] for s in range(len(geo.layouts))]
-
-
-def least_fragmenting_slot(
-    geo: Geometry, potential: Sequence[float], state: int, p: int
-) -> tuple[float, int, int] | None:
-    """proofplane: the start slot whose resulting layout has the lowest ``potential`` (see
-    :func:`placement_costs`), ``(increase, start, next_state)``; the lower slot on ties; None
-    when none fits."""
-    best: tuple[float, int, int] | None = None
-    base = potential[state]
-    for start, nxt in geo.moves[state][p]:
-        d = round(potential[nxt] - base, 9)
-        if best is None or d < best[0]:
-            best = (d, start, nxt)
-    return best
-
-
-# --------------------------------------------------------------------------------------------
-# The replay.
+# The replay without departures.
 
 
 @dataclass
@@ -365,12 +299,10 @@ class MigResult:
     slices_placed: int = 0
     by_profile: dict[str, list[int]] = field(default_factory=dict)  # name -> [arrived, placed]
     capacity_slices: int = 0
-    layouts: list[list[tuple[MigInstance, ...]]] = field(default_factory=list)  # per node, GPU
-    free_cpu: list[int] = field(default_factory=list)
-    free_mem: list[int] = field(default_factory=list)
-    placements: list[tuple[str, int, tuple[tuple[int, int], ...]] | None] = field(
-        default_factory=list
-    )  # per request: (node, node index, ((gpu, start), ...)) or None
+    carved: int = 0  # MIG instances created
+    repartitions: int = 0
+    placements: list[Placement | None] = field(default_factory=list)  # per request
+    scheduler: Scheduler | None = None
 
     @property
     def accepted_pct(self) -> float:
@@ -385,176 +317,46 @@ class MigResult:
         )
 
 
-def _bestfit(free_cpu: int, free_slices: int, cpu: int, slices: int) -> int:
-    """BestFit score (notes §7.2, compute slices for milli-GPU); larger is tighter."""
-    left = (free_cpu - cpu) / CPU_NORM * 0.5 + (free_slices - slices) / SLICE_NORM * 0.5
-    return int(100 * (1 - left))
-
-
 def replay_mig(
     stream: MigStream,
     policy: str,
     weights: Sequence[float] | None = None,
     record_placements: bool = False,
 ) -> MigResult:
-    """Replay ``stream`` under ``policy`` (one of :data:`MIG_POLICIES`). ``weights`` is the
-    demand mix proofplane's fragmentation measure expects (default: the stream's own mix).
-
-    Speed, as in :mod:`proofplane.sim.engine`: a node's cost for a request depends only on the
-    node's state and the request's shape ``(cpu, profile, count)``; every shape keeps a heap of
-    ``(cost, rank, node, version)`` and re-scores only the nodes changed since its last visit.
-    Nothing is released, so a node that fails CPU or MIG room once is gone for that shape;
-    memory is checked when popping."""
-    if policy not in MIG_POLICIES:
-        raise MigSimError(f"unknown MIG policy {policy!r} (known: {', '.join(MIG_POLICIES)})")
+    """Replay ``stream`` (no departures, failed requests dropped) through the production
+    scheduler under ``policy``."""
+    check_requests(stream.requests)
+    sched, repartition = make_scheduler(stream, policy, weights)
     geo = geometry()
-    nprof = len(geo.profiles)
-    prof_idx = {p.name: i for i, p in enumerate(geo.profiles)}
-    for r in stream.requests:
-        if r.profile is not None and r.profile not in prof_idx:
-            geo.index(r.profile)  # raises MigSimError
-        if r.profile is not None and r.count < 1:
-            raise MigSimError(f"request {r.name!r}: count must be >= 1")
-    w = list(weights) if weights is not None else demand_weights(stream.requests, geo)
-    if len(w) != nprof:
-        raise MigSimError(f"need {nprof} weights, one per profile, got {len(w)}")
-    potential = placement_costs(geo, w)
-    smart = policy == "proofplane"
-    free_of = geo.free
-    fit_of = geo.fit
-    compute = [p.compute_slices for p in geo.profiles]
-    # Per state and profile: the GPU-level move each policy makes, (increase, start, next).
-    move_of: list[list[tuple[float, int, int] | None]] = []
-    for s in range(len(geo.layouts)):
-        row: list[tuple[float, int, int] | None] = []
-        for p in range(nprof):
-            if smart:
-                row.append(least_fragmenting_slot(geo, potential, s, p))
-            else:
-                m = first_slot(geo, s, p)
-                row.append(None if m is None else (0.0, m[0], m[1]))
-        move_of.append(row)
-
-    nodes = stream.nodes
-    n = len(nodes)
-    rank = stream.rank
-    cpu = [x.cpu for x in nodes]
-    mem = [x.mem for x in nodes]
-    gpus: list[list[int]] = [[0] * x.gpus for x in nodes]
-    free_slices = [x.gpus * COMPUTE_SLICES for x in nodes]
-    room = [[0] * nprof for _ in range(n)]  # room[j][p]: further p instances node j can take
-    delta = [[0.0] * nprof for _ in range(n)]  # proofplane: least fragmentation increase
-
-    def refresh(j: int) -> None:
-        states = gpus[j]
-        rj, dj = room[j], delta[j]
-        for p in range(nprof):
-            rj[p] = sum(fit_of[s][p] for s in states)
-            if smart:
-                dj[p] = min((m[0] for s in states if (m := move_of[s][p]) is not None), default=0.0)
-
-    for j in range(n):
-        refresh(j)
-
-    version = [0] * n
-    changes: list[int] = []
-    heaps: dict[
-        tuple[int, int, int], tuple[list[tuple[tuple[float, int], int, int, int]], list[int]]
-    ] = {}
-
-    def cost(j: int, shape: tuple[int, int, int]) -> tuple[float, int] | None:
-        c, p, k = shape
-        if cpu[j] < c:
-            return None
-        if p < 0:
-            return (0.0, -_bestfit(cpu[j], free_slices[j], c, 0))
-        if room[j][p] < k:
-            return None
-        bf = -_bestfit(cpu[j], free_slices[j], c, compute[p] * k)
-        return (delta[j][p] * k if smart else 0.0, bf)
-
-    res = MigResult(policy=policy, capacity_slices=sum(free_slices))
+    res = MigResult(
+        policy=policy, capacity_slices=sum(n.gpus for n in stream.nodes) * COMPUTE_SLICES
+    )
+    res.scheduler = sched
     for prof in geo.profiles:
         res.by_profile[prof.name] = [0, 0]
-    for req in stream.requests:
-        p = prof_idx[req.profile] if req.profile is not None else -1
-        k = req.count if p >= 0 else 0
-        need = compute[p] * k if p >= 0 else 0
-        if p < 0:
+    for i, req in enumerate(stream.requests):
+        need = 0
+        if req.profile is None:
             res.cpu_only += 1
         else:
+            need = geo.profiles[profile_index(geo, req.profile)].compute_slices * req.count
             res.requests += 1
             res.slices_requested += need
-            res.by_profile[geo.profiles[p].name][0] += 1
-        shape = (req.cpu, p, k)
-        entry = heaps.get(shape)
-        if entry is None:
-            heap = []
-            for j in range(n):
-                cj = cost(j, shape)
-                if cj is not None:
-                    heap.append((cj, rank[j], j, version[j]))
-            heapq.heapify(heap)
-            entry = (heap, [len(changes)])
-            heaps[shape] = entry
-        else:
-            heap, pos = entry
-            if pos[0] < len(changes):
-                for j in set(changes[pos[0] :]):
-                    cj = cost(j, shape)
-                    if cj is not None:
-                        heapq.heappush(heap, (cj, rank[j], j, version[j]))
-                pos[0] = len(changes)
-        heap = entry[0]
-        chosen = -1
-        aside = []
-        while heap:
-            top = heap[0]
-            j = top[2]
-            if top[3] != version[j]:
-                heapq.heappop(heap)
-            elif mem[j] < req.mem:
-                aside.append(heapq.heappop(heap))
-            else:
-                chosen = j
-                break
-        for e in aside:
-            heapq.heappush(heap, e)
-        if chosen < 0:
-            if record_placements:
-                res.placements.append(None)
+            res.by_profile[req.profile][0] += 1
+        out = sched.schedule(Job(i, mig_request(req)), preempt=False, repartition=repartition)
+        if record_placements:
+            res.placements.append(out.placement)
+        if out.placement is None:
             continue
-        j = chosen
-        placed: list[tuple[int, int]] = []
-        if p >= 0:
-            states = gpus[j]
-            for _ in range(k):
-                best: tuple[float, int, int, int, int] | None = None
-                for g, s in enumerate(states):
-                    mv = move_of[s][p]
-                    if mv is not None:
-                        key = (mv[0], free_of[s], g, mv[1], mv[2])
-                        if best is None or key < best:
-                            best = key
-                assert best is not None  # room[j][p] >= k
-                states[best[2]] = best[4]
-                placed.append((best[2], best[3]))
-            free_slices[j] -= need
+        carved, reparts = instances_changed(out)
+        res.carved += carved
+        res.repartitions += reparts
+        if req.profile is None:
+            res.cpu_only_accepted += 1
+        else:
             res.accepted += 1
             res.slices_placed += need
-            res.by_profile[geo.profiles[p].name][1] += 1
-            refresh(j)
-        else:
-            res.cpu_only_accepted += 1
-        cpu[j] -= req.cpu
-        mem[j] -= req.mem
-        version[j] += 1
-        changes.append(j)
-        if record_placements:
-            res.placements.append((nodes[j].name, j, tuple(placed)))
-    res.layouts = [[geo.layouts[s] for s in states] for states in gpus]
-    res.free_cpu = cpu
-    res.free_mem = mem
+            res.by_profile[req.profile][1] += 1
     return res
 
 
@@ -601,8 +403,9 @@ def run_mig_seed(
     """Build ``mix``'s stream for ``seed`` once and replay it under every policy. ``clock``
     (e.g. ``time.perf_counter``) times each replay; None: no timings."""
     for policy in policies:
-        if policy not in MIG_POLICIES:
-            raise MigSimError(f"unknown MIG policy {policy!r} (known: {', '.join(MIG_POLICIES)})")
+        if policy not in POLICY_PLUGINS:
+            known = ", ".join(POLICY_PLUGINS)
+            raise MigSimError(f"unknown MIG policy {policy!r} (known: {known})")
     stream = make_stream(mix, pods, nodes, seed, rng)
     out = []
     for policy in policies:

@@ -1,0 +1,137 @@
+"""MIG carving in the placement core (``schedule.migslots``, ``Scheduler(carver=...)``): the
+layout state graph, the slot-choice plugins, and carving through the engine."""
+
+from __future__ import annotations
+
+from proofplane.hardware.skus import get_sku, layout_errors
+from proofplane.model import Gpu, GpuRequest, IsolationLevel, MigInstance, Node, NodeState
+from proofplane.schedule.engine import Job, Scheduler
+from proofplane.schedule.migslots import (
+    FirstSlotBestFit,
+    LeastFragmenting,
+    geometry,
+    max_fill,
+    potentials,
+)
+from proofplane.schedule.scoring import make_scorer
+from proofplane.schedule.values import Request
+
+SKU = "H100-80GB"
+
+
+def _state(*instances: tuple[str, int]) -> int:
+    s = geometry(SKU).state_of(MigInstance(p, st) for p, st in instances)
+    assert s is not None
+    return s
+
+
+def _idx(name: str) -> int:
+    i = geometry(SKU).index(name)
+    assert i is not None
+    return i
+
+
+def test_geometry_states_are_exactly_the_valid_layouts_without_me() -> None:
+    geo = geometry(SKU)
+    sku = get_sku(SKU)
+    assert geo.layouts[0] == ()
+    assert len(set(geo.layouts)) == len(geo.layouts)
+    for lay in geo.layouts:
+        assert layout_errors(sku, lay) == []
+        assert all(not i.profile.endswith("+me") for i in lay)
+    for s, row in enumerate(geo.moves):
+        for p, moves in enumerate(row):
+            for start, nxt in moves:
+                added = set(geo.layouts[nxt]) - set(geo.layouts[s])
+                assert added == {MigInstance(geo.profiles[p].name, start)}
+
+
+def test_max_fill_and_stranded_compute() -> None:
+    geo = geometry(SKU)
+    fill = max_fill(geo)
+    assert fill[0] == 7
+    s = _state(("3g.40gb", 0), ("3g.40gb", 4))
+    assert geo.free[s] == 1 and fill[s] == 0  # one slice, no memory left for it
+
+
+def test_first_slot_and_least_fragmenting() -> None:
+    geo = geometry(SKU)
+    first = FirstSlotBestFit().move(geo, 0, _idx("1g.10gb"))
+    assert first is not None and first[1] == 0
+    lf = LeastFragmenting({"4g.40gb": 0.5, "3g.40gb": 0.5})
+    best = lf.move(geo, 0, _idx("1g.10gb"))
+    assert best is not None and best[1] >= 4  # keeps 4g@0 placeable
+    assert geo.fit[best[2]][_idx("4g.40gb")] == 1
+    three = lf.move(geo, 0, _idx("3g.40gb"))
+    assert three is not None and three[1] == 4
+    full = _state(("7g.80gb", 0))
+    assert FirstSlotBestFit().move(geo, full, _idx("1g.10gb")) is None
+    assert lf.move(geo, full, _idx("1g.10gb")) is None
+    assert len(potentials(geo, [1.0] * len(geo.profiles))) == len(geo.layouts)
+
+
+def _node(name: str, gpus: int = 1, cpu: int = 64_000) -> Node:
+    return Node(
+        name=name,
+        region="r",
+        zone="z",
+        state=NodeState.ADMITTED,
+        gpus=tuple(Gpu(i, f"{name}/{i}", SKU, 81_559, mig_enabled=True) for i in range(gpus)),
+        cpu_milli=cpu,
+        memory_mib=1 << 20,
+    )
+
+
+def _mig(name: str, profile: str, cpu: int = 0) -> Request:
+    return Request(
+        name, "t", {}, IsolationLevel.MIG, GpuRequest(count=1, mig_profile=profile), cpu_milli=cpu
+    )
+
+
+def test_carving_adds_instances_beside_running_ones_and_never_touches_them() -> None:
+    sched = Scheduler([_node("a")], scorer=make_scorer("proofplane"), carver=LeastFragmenting())
+    first = sched.schedule(Job(1, _mig("w1", "3g.40gb")), preempt=False, repartition=False)
+    assert first.placement is not None and first.repartitions[0].carved
+    second = sched.schedule(Job(2, _mig("w2", "4g.40gb")), preempt=False, repartition=False)
+    assert second.placement is not None
+    (change,) = second.repartitions
+    assert change.carved and set(change.before) <= set(change.after)
+    node = sched.node("a")
+    assert node is not None
+    assert layout_errors(get_sku(SKU), node.gpus[0].mig_instances) == []
+    # full now: nothing fits
+    third = sched.schedule(Job(3, _mig("w3", "1g.10gb")), preempt=False, repartition=False)
+    assert third.placement is None
+    # the server's default (no carver) never carves: a GPU holding work gets nothing new
+    plain = Scheduler([_node("b")], scorer=make_scorer("proofplane"))
+    assert plain.schedule(Job(1, _mig("w", "3g.40gb"))).placement is not None  # repartitioned
+    plain.schedule(Job(2, _mig("x", "1g.10gb")), preempt=False)
+    assert not any(r.carved for r in plain.schedule(Job(3, _mig("y", "2g.20gb"))).repartitions)
+
+
+def test_reclaim_destroys_only_idle_instances() -> None:
+    sched = Scheduler(
+        [_node("a")], scorer=make_scorer("proofplane"), carver=FirstSlotBestFit(), reclaim=True
+    )
+    a = sched.schedule(Job(1, _mig("w1", "3g.40gb")), preempt=False, repartition=False)
+    b = sched.schedule(Job(2, _mig("w2", "3g.40gb")), preempt=False, repartition=False)
+    assert a.placement is not None and b.placement is not None
+    sched.release(1)  # its 3g stays as an idle instance
+    c = sched.schedule(Job(3, _mig("w3", "2g.20gb")), preempt=False, repartition=False)
+    assert c.placement is not None
+    (change,) = c.repartitions
+    assert not change.carved  # the idle 3g was destroyed to make room
+    kept = b.placement.devices[0]
+    assert MigInstance("3g.40gb", kept.mig_start or 0) in change.after  # the running one stays
+
+
+def test_carving_respects_cpu_and_falls_through_to_the_next_node() -> None:
+    sched = Scheduler(
+        [_node("a", cpu=1000), _node("b", cpu=8000)],
+        scorer=make_scorer("first-slot-best-fit"),
+        carver=FirstSlotBestFit(),
+    )
+    out = sched.schedule(Job(1, _mig("w", "1g.10gb", cpu=4000)), preempt=False, repartition=False)
+    assert out.placement is not None and out.placement.node == "b"
+    node_a = sched.node("a")
+    assert node_a is not None and node_a.gpus[0].mig_instances == ()  # restored
