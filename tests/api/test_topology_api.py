@@ -128,6 +128,11 @@ def test_bad_topology_is_refused_with_a_code(client: TestClient) -> None:
     error(client.post(f"{API}/nodes", json=bad), 422, "invalid_topology")
     r = client.patch(f"{API}/nodes/a0", json={"topology": {"pod": "p"}})
     error(r, 422, "invalid_topology_level")
+    before = client.get(f"{API}/nodes/a0").json()
+    r = client.patch(f"{API}/nodes/a0", json={"rack": "r2", "topology": {"rack": "r1"}})
+    error(r, 422, "invalid_topology")
+    after = client.get(f"{API}/nodes/a0").json()
+    assert (after["rack"], after["topology"]) == (before["rack"], before["topology"])
     assert client.get(f"{API}/workloads").json()["items"] == []
 
 

@@ -162,8 +162,15 @@ def update_node(
         validate_name(rack, "rack")
     if topology is not None:
         topology = validate_topology(topology)
+        named = topology.get("rack")
+        if rack is not None and named is not None and named != rack:
+            raise ValidationFailed(
+                f"rack {rack!r} and topology.rack {named!r} disagree (give one, or the same)",
+                code="invalid_topology",
+                details={"rack": rack, "topology": topology},
+            )
         if rack is None:
-            rack = topology.get("rack")
+            rack = named
     with store.write(actor) as tx:
         row = node_row(tx.session, name)
         changes: dict[str, Any] = {}
