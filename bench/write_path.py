@@ -1,0 +1,109 @@
+"""Benchmark: the write path of a submit and its cancel on PostgreSQL, in process (issue 20:
+where a replica's time under the write lock goes).
+
+Setup (not timed): a fresh throwaway database (``--db``: the server to make it on) with the
+demo cluster (``_server.load_demo``). Timed: ``--pairs`` pairs of
+``service.workloads.submit_workload`` (one GPU, tenant research-lab) then ``cancel_workload``,
+the calls the API routes make, after ``--warmup`` untimed pairs, in two phases:
+
+* ``one``: one ``Store`` (one engine, one scheduler and network cache) does both;
+* ``two``: two ``Store`` objects on the same database take turns (pair i submits through store
+  i mod 2 and cancels through the other), as two API replicas would: each transaction first
+  catches its caches up on the other's writes.
+
+Each write transaction holds the database's one write lock from its first statement to its
+commit, so ``ms_per_pair`` is lock time. ``statements_per_pair`` counts SQL statements.
+
+    .venv/bin/python bench/write_path.py --json [--pairs 200] [--db postgresql://…/test]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _server import load_demo, throwaway_postgres
+from proofplane.access import SYSTEM
+from proofplane.machine import machine
+from proofplane.model import GpuRequest
+from proofplane.service.context import Store
+from proofplane.service.workloads import WorkloadSpec, cancel_workload, submit_workload
+
+TOKEN = "ppt_bench-write-path-token-0123456789abc"
+TENANT = "research-lab"
+
+
+def phase(url: str, stores: int, pairs: int, warmup: int, prefix: str) -> dict[str, Any]:
+    opened = [Store(url) for _ in range(stores)]
+    count = [0]
+
+    def counted(*_args: Any) -> None:
+        count[0] += 1
+
+    for s in opened:
+        event.listen(s.engine, "before_cursor_execute", counted)
+    try:
+
+        def pair(i: int) -> None:
+            name = f"{prefix}{i}"
+            spec = WorkloadSpec(name=name, tenant=TENANT, gpus=GpuRequest(count=1))
+            submit_workload(opened[i % stores], SYSTEM, spec)
+            cancel_workload(opened[(i + 1) % stores], SYSTEM, name, tenant=TENANT)
+
+        for i in range(warmup):
+            pair(i)
+        count[0] = 0
+        ms = []
+        for i in range(warmup, warmup + pairs):
+            t0 = time.perf_counter()
+            pair(i)
+            ms.append((time.perf_counter() - t0) * 1000)
+        return {
+            "stores": stores,
+            "pairs": pairs,
+            "ms_per_pair_p50": round(statistics.median(ms), 2),
+            "ms_per_pair_mean": round(statistics.fmean(ms), 2),
+            "statements_per_pair": round(count[0] / pairs, 1),
+        }
+    finally:
+        for s in opened:
+            s.dispose()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--db", default="postgresql://127.0.0.1:5432/test")
+    ap.add_argument("--pairs", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=20)
+    args = ap.parse_args()
+    with throwaway_postgres(args.db) as url:
+        load_demo(url, TOKEN)
+        one = phase(url, 1, args.pairs, args.warmup, "a")
+        two = phase(url, 2, args.pairs, args.warmup, "b")
+    out = {
+        "benchmark": "write path: submit_workload + cancel_workload on PostgreSQL, in process",
+        "one": one,
+        "two": two,
+        "two_over_one": round(two["ms_per_pair_p50"] / one["ms_per_pair_p50"], 2),
+        "machine": machine(),
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(
+            f"one store {one['ms_per_pair_p50']} ms a pair ({one['statements_per_pair']} "
+            f"statements), two alternating {two['ms_per_pair_p50']} ms"
+        )
+
+
+if __name__ == "__main__":
+    main()

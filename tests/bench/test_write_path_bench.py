@@ -1,0 +1,31 @@
+"""bench/write_path.py: submit + cancel pairs through the service on PostgreSQL, one store and
+two alternating stores, print their time and statement counts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ci import REPO
+from dbtest import PG_ADMIN
+
+
+def test_bench_write_path_prints_both_phases(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROOFPLANE_")}
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "write_path.py"), "--json", "--pairs", "4",
+         "--warmup", "1", "--db", PG_ADMIN],
+        capture_output=True, text=True, timeout=300, check=True,
+        env={**env, "HOME": str(tmp_path)},
+    )  # fmt: skip
+    data = json.loads(out.stdout)
+    for name, stores in (("one", 1), ("two", 2)):
+        run = data[name]
+        assert run["stores"] == stores and run["pairs"] == 4
+        assert run["ms_per_pair_p50"] > 0 and run["statements_per_pair"] > 10
+    assert data["two_over_one"] == round(
+        data["two"]["ms_per_pair_p50"] / data["one"]["ms_per_pair_p50"], 2
+    )
