@@ -39,6 +39,10 @@ MAX_INFLIGHT_CLIENT_SHARE = 0.5  # PROOFPLANE_MAX_INFLIGHT_CLIENT_SHARE
 MAX_QUEUE_WAIT_MS = 50  # PROOFPLANE_MAX_QUEUE_WAIT_MS
 
 
+DEFRAG_MAX_MOVES_ENV = "PROOFPLANE_DEFRAG_MAX_MOVES_PER_HOUR"
+DEFRAG_MAX_MOVES_PER_HOUR = 20
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     session_ttl: timedelta = timedelta(hours=1)
@@ -93,6 +97,9 @@ class Settings:
     # Alerts (issue 15, §8): where they go and how often the rules run (``AlertSettings``);
     # None: no alert worker.
     alerts: AlertSettings | None = None
+    # issue 17 §3: read again at each decision (config.defrag_max_moves_per_hour); here so
+    # that ``serve`` refuses a malformed value at start instead of on a MIG submit
+    defrag_max_moves_per_hour: int = DEFRAG_MAX_MOVES_PER_HOUR
 
 
 DEMO_ATTESTERS = ("simulated",)
@@ -243,7 +250,14 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         telemetry_interval_s=_seconds(env, "PROOFPLANE_TELEMETRY_INTERVAL_SECONDS", "60", 0, 3600)
         or None,
         alerts=alert_settings_from_env(env),
+        defrag_max_moves_per_hour=defrag_max_moves_per_hour(env),
     )
+
+
+def defrag_max_moves_per_hour(env: dict[str, str] | None = None) -> int:
+    """Moves defragmentation may make in any rolling hour (issue 17 §3); 0 turns it off."""
+    env = dict(os.environ if env is None else env)
+    return _count(env, DEFRAG_MAX_MOVES_ENV, DEFRAG_MAX_MOVES_PER_HOUR, 0, 1_000_000)
 
 
 TOKEN_CACHE_SECONDS = 2.0  # PROOFPLANE_TOKEN_CACHE_SECONDS

@@ -14,6 +14,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from proofplane import config
+from proofplane.errors import ValidationFailed
 from proofplane.model import WorkloadStatus
 from proofplane.service import defrag as defrag_store
 from proofplane.service.context import Store
@@ -127,7 +129,7 @@ def test_a_waiting_4g_is_placed_after_moving_restartable_work(
     assert "moved from n1/gpu0/1g.10gb@0" in e["summary"]
 
     # the budget is counted from the record, in a rolling hour
-    monkeypatch.setenv(defrag_store.MAX_MOVES_ENV, "1")
+    monkeypatch.setenv(config.DEFRAG_MAX_MOVES_ENV, "1")
     with Session(store.engine) as s:
         now = datetime.now(UTC)
         assert defrag_store.moves_in_window(s, now) == 1
@@ -136,7 +138,7 @@ def test_a_waiting_4g_is_placed_after_moving_restartable_work(
 
     # a second 4g: every GPU now holds running work that is not restartable
     started(store, "big")
-    monkeypatch.setenv(defrag_store.MAX_MOVES_ENV, "5")
+    monkeypatch.setenv(config.DEFRAG_MAX_MOVES_ENV, "5")
     w = submit(client, "big2", "4g.40gb")
     assert w["status"] == "pending" and w["reason"] == "insufficient_capacity"
     assert w["reason_details"]["defrag"]["refused"] == "non_restartable_work"
@@ -149,7 +151,7 @@ def test_a_waiting_4g_is_placed_after_moving_restartable_work(
 def test_a_budget_of_zero_moves_nothing(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(defrag_store.MAX_MOVES_ENV, "0")
+    monkeypatch.setenv(config.DEFRAG_MAX_MOVES_ENV, "0")
     assert client.post(f"{API}/tenants", json={"name": "lab", "profile": {}}).status_code == 201
     mig_node(client, "n1")
     submit(client, "a", "1g.10gb", restartable=True)
@@ -168,7 +170,7 @@ def test_restartable_must_be_a_boolean(client: TestClient, value: object) -> Non
 
 
 def test_the_pending_retry_defragments(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(defrag_store.MAX_MOVES_ENV, "0")
+    monkeypatch.setenv(config.DEFRAG_MAX_MOVES_ENV, "0")
     assert client.post(f"{API}/tenants", json={"name": "lab", "profile": {}}).status_code == 201
     mig_node(client, "n1")
     state(client, "n1", "cordoned")
@@ -182,7 +184,7 @@ def test_the_pending_retry_defragments(client: TestClient, monkeypatch: pytest.M
     w = submit(client, "big", "4g.40gb")
     assert w["status"] == "pending"
     # budget back; a capacity change (a cancel) retries the pending work, which defragments
-    monkeypatch.setenv(defrag_store.MAX_MOVES_ENV, "20")
+    monkeypatch.setenv(config.DEFRAG_MAX_MOVES_ENV, "20")
     r = client.post(f"{API}/workloads/other/cancel", json={})
     assert r.status_code == 200, r.text
     big = client.get(f"{API}/workloads/big").json()
@@ -191,3 +193,14 @@ def test_the_pending_retry_defragments(client: TestClient, monkeypatch: pytest.M
     assert all(
         e["details"]["reason"] == "defragmentation" for e in events(client, "workload.evict")
     )
+
+
+@pytest.mark.parametrize("raw", ["-1", "lots", "1.5", "1000001"])
+def test_a_malformed_move_budget_is_refused_at_start(raw: str) -> None:
+    """The server's settings are read at start (``config.from_env``, what ``serve`` does): a
+    malformed budget stops it there with invalid_setting, not on some later MIG submit."""
+    with pytest.raises(ValidationFailed) as err:
+        config.from_env({config.DEFRAG_MAX_MOVES_ENV: raw})
+    assert err.value.code == "invalid_setting"
+    assert config.from_env({config.DEFRAG_MAX_MOVES_ENV: "7"}).defrag_max_moves_per_hour == 7
+    assert config.from_env({}).defrag_max_moves_per_hour == 20

@@ -15,41 +15,25 @@ the moves it makes. Below scheduling: nothing here imports it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Hashable
 from datetime import datetime, timedelta
 
 from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
-from proofplane.errors import ValidationFailed
+from proofplane.config import defrag_max_moves_per_hour
 from proofplane.model import WorkloadStatus
 from proofplane.schedule.reasons import DEFRAGMENTATION
 from proofplane.service.jobs import LIVE_STATES
 from proofplane.store.tables import EventRow, ExecutionJobRow, WorkloadRow
 
-MAX_MOVES_ENV = "PROOFPLANE_DEFRAG_MAX_MOVES_PER_HOUR"
-DEFAULT_MAX_MOVES_PER_HOUR = 20
 WINDOW = timedelta(hours=1)
 MOVE_ACTION = "workload.evict"  # a move is an eviction (then a placement) with this reason
 
 
 def max_moves_per_hour() -> int:
-    """``PROOFPLANE_DEFRAG_MAX_MOVES_PER_HOUR``: a whole number ≥ 0 (0: never move work)."""
-    raw = os.environ.get(MAX_MOVES_ENV, "").strip()
-    if not raw:
-        return DEFAULT_MAX_MOVES_PER_HOUR
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValidationFailed(
-            f"{MAX_MOVES_ENV} must be a whole number >= 0 (0 turns defragmentation off)",
-            code="invalid_setting",
-            details={"setting": MAX_MOVES_ENV, "value": raw},
-        )
-    return value
+    """``PROOFPLANE_DEFRAG_MAX_MOVES_PER_HOUR`` (``config``; ``serve`` checked it at start)."""
+    return defrag_max_moves_per_hour()
 
 
 def moves_in_window(session: Session, now: datetime) -> int:
