@@ -184,6 +184,29 @@ def pid_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
+def tree_cpu_seconds(pid: int) -> float | None:
+    """user+system CPU seconds of process ``pid`` and every live descendant (a ``serve
+    --workers N`` supervisor and its worker processes), from /proc; None: ``pid`` is gone."""
+    own = pid_cpu_seconds(pid)
+    if own is None:
+        return None
+    parents: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parents[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+    total, todo = own, [pid]
+    while todo:
+        parent = todo.pop()
+        for child, ppid in parents.items():
+            if ppid == parent:
+                todo.append(child)
+                total += pid_cpu_seconds(child) or 0.0
+    return total
+
+
 def process_cpu_seconds(name: str) -> float:
     """user+system CPU seconds of every process on this machine whose command name is
     ``name`` (e.g. ``postgres``: the server and all its backends), from /proc."""

@@ -13,9 +13,10 @@ other (each step waits for the previous answer: the latency a person sees). ``ch
 is changes fully applied per second of wall time; p50/p99 latency per step. Each run uses a
 fresh database; the figures are the medians over ``--runs`` runs.
 
-Beside the wall-clock figure, the CPU each change costs: the server process's (user+system,
-/proc) and this load generator's (``getrusage``), in ms per change over the timed phase, and
-the closed loop's CPU-bound rate, 1000 / (server + client ms): what one requester at a time
+Beside the wall-clock figure, the CPU each change costs: the server's (user+system, /proc;
+with ``--workers N`` the supervisor and its worker processes together) and this load
+generator's (``getrusage``), in ms per change over the timed phase, and the closed loop's
+CPU-bound rate, 1000 / (server + client ms): what one requester at a time
 would reach with the cores to itself. On a shared machine the wall-clock figure follows the
 load; the CPU per change much less.
 
@@ -41,7 +42,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _server import free_port, pct, pid_cpu_seconds
+from _server import free_port, pct, tree_cpu_seconds
 from proofplane.access import SYSTEM, Actor, Role
 from proofplane.machine import machine
 from proofplane.model import Gpu, Node, NodeState
@@ -160,7 +161,7 @@ def one_run(tmp: Path, nodes: int, warmup: int, concurrency: int, workers: int) 
 
         for i in range(nodes, nodes + warmup):  # connections open, caches warm
             change(i, record=False)
-        server0, client0 = pid_cpu_seconds(proc.pid), _own_cpu_seconds()
+        server0, client0 = tree_cpu_seconds(proc.pid), _own_cpu_seconds()
         t0 = time.perf_counter()
         if concurrency == 1:
             for i in range(nodes):
@@ -169,7 +170,7 @@ def one_run(tmp: Path, nodes: int, warmup: int, concurrency: int, workers: int) 
             with ThreadPoolExecutor(concurrency) as pool:
                 list(pool.map(lambda i: change(i, record=True), range(nodes)))
         elapsed = time.perf_counter() - t0
-        server1, client1 = pid_cpu_seconds(proc.pid), _own_cpu_seconds()
+        server1, client1 = tree_cpu_seconds(proc.pid), _own_cpu_seconds()
         check = clients()["alice"].get("/api/v1/nodes/gpu-0000").json()
         if check.get("certifications", {}).get("hipaa") != "true":
             raise SystemExit("the grant did not reach the node")

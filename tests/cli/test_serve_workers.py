@@ -275,3 +275,28 @@ def test_worker_connections_turn_nagle_off() -> None:
         conn.close()
         client.close()
         listener.close()
+
+
+def test_plain_workers_parse_with_httptools(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``serve --workers N`` over plain HTTP runs uvicorn's httptools protocol (its C parser,
+    as the one-process server does), Nagle off; h11 cost the workers more CPU a request
+    (issue 12's profile of ``--workers 2``)."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    from proofplane import config
+    from proofplane.cli import server
+    from proofplane.cli.worker_app import SERVE_URL_ENV, _NoDelay
+    from proofplane.service.context import Store
+
+    monkeypatch.setenv(SERVE_URL_ENV, "restored-after-the-test")  # _serve sets it for the workers
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(server.uvicorn, "run", lambda *a, **kw: seen.update(kw))
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "prom"))
+    store = Store(f"sqlite:///{tmp_path / 'w.db'}")
+    server._serve(store, "127.0.0.1", 0, config.Settings(), config.ExecutionSettings(), workers=2)
+    protocol = seen["http"]
+    assert isinstance(protocol, type)
+    assert issubclass(protocol, HttpToolsProtocol) and issubclass(protocol, _NoDelay)
+    assert seen["workers"] == 2

@@ -63,7 +63,7 @@ from proofplane.cli.demo_agents import HttpAgents
 from proofplane.cli.worker_app import (
     SERVE_URL_ENV,
     NoDelayClientCertProtocol,
-    NoDelayH11Protocol,
+    NoDelayHttpToolsProtocol,
     TlsContextFactory,
 )
 from proofplane.demo import swtpm as demo_swtpm
@@ -596,7 +596,7 @@ def _serve(
         protocol = {"http": ClientCertProtocol} if tls is not None else {}
         if workers > 1:
             protocol = {
-                "http": NoDelayClientCertProtocol if tls is not None else NoDelayH11Protocol
+                "http": NoDelayClientCertProtocol if tls is not None else NoDelayHttpToolsProtocol
             }
             os.environ[SERVE_URL_ENV] = store.url
             store.dispose()  # the worker processes open their own connections
