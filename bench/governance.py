@@ -4,23 +4,26 @@ Setup (not timed): a SQLite database with ``--nodes`` admitted nodes and three p
 with an API token issued by the service (``service.access.issue_token`` as the user): the
 requester ``alice`` (admin) and the approvers ``bob`` (admin) and ``sec`` (security-officer).
 A real ``proofplane serve`` process on loopback with ``PROOFPLANE_CHANGE_CONTROL=enforce``
-(the default of serve), access logs to /dev/null.
+(the default of serve) and serve's own default of one worker process per core (``--workers``
+to choose), its log (access log included) to a file beside the database.
 
 Timed: for every node, one ``certification.grant`` (``hipaa=true``) change: ``POST
 /api/v1/changes`` as alice, ``POST …/approve`` as bob, ``POST …/approve`` as sec, ``POST
-…/apply`` as alice, each person on their own keep-alive httpx client, one change after the
-other (each step waits for the previous answer: the latency a person sees). ``changes_per_s``
-is changes fully applied per second of wall time; p50/p99 latency per step. Each run uses a
-fresh database; the figures are the medians over ``--runs`` runs.
+…/apply`` as alice, each person on their own keep-alive httpx client; each step waits for
+the previous answer (the latency a person sees). ``--concurrency`` requesters (default 2)
+work side by side, each one change at a time; ``--concurrency 1`` is one change after the
+other, which measures four round trips' latency more than the server's throughput.
+``changes_per_s`` is changes fully applied per second of wall time; p50/p99 latency per step.
+Each run uses a fresh database; the figures are the medians over ``--runs`` runs.
 
 Beside the wall-clock figure, the CPU each change costs: the server's (user+system, /proc;
-with ``--workers N`` the supervisor and its worker processes together) and this load
-generator's (``getrusage``), in ms per change over the timed phase, and the closed loop's
-CPU-bound rate, 1000 / (server + client ms): what one requester at a time
-would reach with the cores to itself. On a shared machine the wall-clock figure follows the
-load; the CPU per change much less.
+the supervisor and its worker processes together) and this load generator's
+(``getrusage``), in ms per change over the timed phase, and the CPU-bound rates: 1000 /
+(server + client ms), what one core could carry, and that times the usable cores, what the
+machine could. On a shared machine the wall-clock figure follows the load; the CPU per change
+much less.
 
-    .venv/bin/python bench/governance.py --json [--quick]
+    .venv/bin/python bench/governance.py --json [--quick] [--concurrency 1] [--workers 1]
 """
 
 from __future__ import annotations
@@ -78,9 +81,11 @@ def prepare(db: Path, nodes: int) -> dict[str, str]:
         store.dispose()
 
 
-def start(db: Path, port: int, workers: int) -> subprocess.Popen[bytes]:
+def start(db: Path, port: int, workers: int | None) -> subprocess.Popen[bytes]:
     args = [sys.executable, "-m", "proofplane.cli.main", "serve", "--db", f"sqlite:///{db}",
-            "--port", str(port), "--workers", str(workers)]  # fmt: skip
+            "--port", str(port)]  # fmt: skip
+    if workers is not None:  # else serve's default: one worker process per core
+        args += ["--workers", str(workers)]
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("PROOFPLANE_")},
         "PROOFPLANE_CHANGE_CONTROL": "enforce",
@@ -110,7 +115,9 @@ def wait_ready(base: str, proc: subprocess.Popen[bytes], log: Path) -> dict[str,
     raise SystemExit("the server did not start")
 
 
-def one_run(tmp: Path, nodes: int, warmup: int, concurrency: int, workers: int) -> dict[str, Any]:
+def one_run(
+    tmp: Path, nodes: int, warmup: int, concurrency: int, workers: int | None
+) -> dict[str, Any]:
     db = tmp / "bench.db"
     tokens = prepare(db, nodes + warmup)
     port = free_port()
@@ -188,12 +195,17 @@ def one_run(tmp: Path, nodes: int, warmup: int, concurrency: int, workers: int) 
     client_ms = 1000 * (client1 - client0) / nodes
     out["server_cpu_ms"], out["client_cpu_ms"] = server_ms, client_ms
     out["cpu_bound_changes_per_s"] = 1000 / (server_ms + client_ms) if server_ms else 0.0
+    out["cpu_bound_changes_per_s_machine"] = out["cpu_bound_changes_per_s"] * _cores()
     for step in STEPS:
         out[f"{step}_p50_ms"] = pct(lat[step], 0.50)
         out[f"{step}_p99_ms"] = pct(lat[step], 0.99)
     total = [sum(v) for v in zip(*(lat[s] for s in STEPS), strict=True)]
     out["change_p50_ms"], out["change_p99_ms"] = pct(total, 0.50), pct(total, 0.99)
     return out
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _own_cpu_seconds() -> float:
@@ -209,9 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="runs (medians reported)")
     ap.add_argument("--warmup", type=int, default=20, help="untimed changes first")
     ap.add_argument(
-        "--concurrency", type=int, default=1, help="requesters side by side (1: one at a time)"
+        "--concurrency", type=int, default=2, help="requesters side by side (1: one at a time)"
     )
-    ap.add_argument("--workers", type=int, default=1, help="serve --workers")
+    ap.add_argument(
+        "--workers", type=int, default=None, help="serve --workers (default: serve's, one per core)"
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.nodes, args.runs, args.warmup = 100, 1, 5
@@ -221,15 +235,18 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="proofplane-bench-governance-") as tmp:
             runs.append(one_run(Path(tmp), args.nodes, args.warmup, args.concurrency, args.workers))
 
+    workers = args.workers if args.workers is not None else os.cpu_count() or 1
+
     def med(key: str) -> float:
         return round(statistics.median(r[key] for r in runs), 2)
 
     out: dict[str, Any] = {
         "scenario": "certification.grant: create (alice, admin) + approve (bob, admin) + "
         "approve (sec, security-officer) + apply (alice), through the HTTP API",
-        "store": f"sqlite (WAL), proofplane serve --workers {args.workers} on loopback",
+        "store": f"sqlite (WAL), proofplane serve --workers {workers} on loopback",
         "concurrency": args.concurrency,
-        "workers": args.workers,
+        "workers": workers,
+        "workers_from": "serve's default (one per core)" if args.workers is None else "--workers",
         "change_control": runs[0]["change_control"],
         "nodes": args.nodes,
         "runs": args.runs,
@@ -238,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         "requests_per_s": round(med("changes_per_s") * len(STEPS), 1),
         "cpu_ms_per_change": {"server": med("server_cpu_ms"), "client": med("client_cpu_ms")},
         "cpu_bound_changes_per_s": med("cpu_bound_changes_per_s"),
+        "cpu_bound_changes_per_s_machine": med("cpu_bound_changes_per_s_machine"),
         "latency_ms": {
             step: {"p50": med(f"{step}_p50_ms"), "p99": med(f"{step}_p99_ms")}
             for step in (*STEPS, "change")
@@ -256,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{out['changes_per_s']:.1f} changes/s (target >= {TARGET_CHANGES_PER_S:.0f})")
         cpu = out["cpu_ms_per_change"]
         print(f"  CPU per change: server {cpu['server']:.2f} ms, client {cpu['client']:.2f} ms "
-              f"(CPU-bound {out['cpu_bound_changes_per_s']:.1f} changes/s)")  # fmt: skip
+              f"(CPU-bound {out['cpu_bound_changes_per_s']:.1f} changes/s a core, "
+              f"{out['cpu_bound_changes_per_s_machine']:.1f} the machine)")  # fmt: skip
         for step, f in out["latency_ms"].items():
             print(f"  {step:>10}: p50 {f['p50']:.2f} ms  p99 {f['p99']:.2f} ms")
     return 0
