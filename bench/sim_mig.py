@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mix", action="append", choices=mig.MIXES)
     ap.add_argument("--dynamic", action="store_true", help="arrivals and departures")
     ap.add_argument("--load", action="append", type=float, help="offered load, repeatable")
-    ap.add_argument("--policy", action="append", choices=list(mig.POLICY_PLUGINS))
+    ap.add_argument(
+        "--policy", action="append", choices=[*mig.POLICY_PLUGINS, *dynamic.DEFRAG_POLICIES]
+    )
     ap.add_argument(
         "--json", action="store_true", help="JSON (the only output; kept for CLI parity)"
     )

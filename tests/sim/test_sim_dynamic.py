@@ -107,6 +107,50 @@ def test_defrag_hook_moves_are_applied_and_counted() -> None:
     assert res.moves == 1 and calls
 
 
+def _fragmented() -> DynamicStream:
+    """Two GPUs: a short 4g and a long 4g, one on each, and two long 1g next to the short one.
+    When the short 4g has left, a 7g arrives: no GPU is free, but the long 4g could move into
+    the idle 4g instance the short one left."""
+    rows = [("4g.40gb", 0.0, 50.0), ("4g.40gb", 1.0, 1e5), ("1g.10gb", 2.0, 1e5),
+            ("1g.10gb", 3.0, 1e5), ("7g.80gb", 60.0, 10.0), ("1g.10gb", 1000.0, 1.0)]  # fmt: skip
+    return _stream(rows, gpus=2)
+
+
+def _slot(p: Placement | None) -> tuple[int, str | None, int | None] | None:
+    if p is None:
+        return None
+    d = p.devices[0]
+    return d.gpu_index, d.mig_profile, d.mig_start
+
+
+def test_defrag_policy_moves_work_to_free_a_region() -> None:
+    """The engine's defragmenter, as the server runs it: the waiting 7g is placed after the
+    long 4g moves into the idle 4g instance on the other GPU; the move is counted and the
+    moved work is held at its target (no GPU holds two things in one place)."""
+    stream = _fragmented()
+    plain = dynamic.replay_dynamic(stream, "proofplane+repartition", record_placements=True)
+    assert [_slot(p) for p in plain.placements[:4]] == [
+        (0, "4g.40gb", 0), (1, "4g.40gb", 0), (0, "1g.10gb", 4), (0, "1g.10gb", 5)
+    ]  # fmt: skip
+    assert plain.placements[4] is None and plain.moves == 0  # without defrag the 7g waits
+    res = dynamic.replay_dynamic(
+        stream, "proofplane+repartition+defrag", record_placements=True, move_share=1.0
+    )
+    assert res.moves == 1 and res.rejected == 0
+    assert _slot(res.placements[1]) == (0, "4g.40gb", 0)  # the long 4g, moved
+    assert _slot(res.placements[4]) == (1, "7g.80gb", 0)  # the 7g, on the GPU it freed
+    assert res.summary()["moves_pct_of_instances"] == round(100 / res.placed_instances, 3)
+
+
+def test_defrag_policy_keeps_its_move_budget() -> None:
+    """At the default cap (2 % of the instances placed so far) four placements allow no move:
+    the 7g waits past its patience, as without defragmentation."""
+    res = dynamic.replay_dynamic(_fragmented(), "proofplane+repartition+defrag")
+    assert res.moves == 0 and res.rejected == 1
+    with pytest.raises(mig.MigSimError, match="move_share"):
+        dynamic.replay_dynamic(_fragmented(), "proofplane+repartition+defrag", move_share=1.5)
+
+
 def test_offered_load_is_what_was_asked() -> None:
     nodes = [Node(f"n{i}", 96_000, 393_216, 8, "x") for i in range(4)]
     reqs = [MigRequest(f"r{i}", 0, 0, PROFILES[i % 6]) for i in range(3000)]
@@ -150,9 +194,12 @@ def test_random_streams_keep_every_invariant(
         seen.append(sched)
         return []
 
-    res = dynamic.replay_dynamic(stream, policy, patience=60, tick=3, defrag=probe)
+    res = dynamic.replay_dynamic(stream, policy, patience=60, tick=3, defrag=probe, move_share=0.25)
     assert res.accepted + res.rejected + res.waiting_at_end == len(rows)
-    assert res.moves == 0
+    if policy in dynamic.DEFRAG_POLICIES:  # the engine's moves, within their cap
+        assert res.moves <= 0.25 * res.placed_instances
+    else:
+        assert res.moves == 0
     for sched in seen[-1:]:
         check_scheduler(sched)
 

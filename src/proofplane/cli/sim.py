@@ -168,6 +168,12 @@ def mig_report(
     }
 
 
+def _dynamic_plugins(policy: str) -> tuple[tuple[str, str, bool], bool]:
+    """A dynamic replay policy's scheduler plugins, and whether it defragments."""
+    base = dyn_sim.DEFRAG_POLICIES.get(policy, policy)
+    return mig_sim.POLICY_PLUGINS[base], policy in dyn_sim.DEFRAG_POLICIES
+
+
 def dynamic_report(
     records: list[dict[str, Any]],
     *,
@@ -187,9 +193,9 @@ def dynamic_report(
         "sku": mig_sim.SKU_NAME,
         "baseline": dyn_sim.BASELINE,
         "plugins": {
-            p: {"scorer": v[0], "carver": v[1], "repartition": v[2]}
-            for p, v in mig_sim.POLICY_PLUGINS.items()
-            if p in policies
+            p: {"scorer": v[0], "carver": v[1], "repartition": v[2], "defrag": defrag}
+            for p in policies
+            for v, defrag in [_dynamic_plugins(p)]
         },
         "patience_s": patience,
         "tick_s": dyn_sim.TICK,
@@ -374,6 +380,8 @@ def openb(
     if load and not dynamic:
         raise _fail("--load needs --dynamic")
     mig_known = tuple(mig_sim.POLICY_PLUGINS)
+    if dynamic:
+        mig_known += tuple(dyn_sim.DEFRAG_POLICIES)
     known = mig_known if mig else tuple(POLICIES)
     default = dyn_sim.POLICIES if dynamic else mig_sim.MIG_POLICIES if mig else DEFAULT_POLICIES
     chosen = list(policy) if policy else list(default)

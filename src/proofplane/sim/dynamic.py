@@ -23,10 +23,20 @@ policy's scorer and carver, ``sim.mig.POLICY_PLUGINS``); this module only keeps 
 * **Departures** release the workload's capacity in the scheduler (``Scheduler.release``);
   its MIG instance stays (the production lifecycle: instances change only by carving and by
   repartitioning idle GPUs).
-* **Defragmentation hook.** When a request becomes the waiting head of the queue, and when
-  the head still waits after a tick's retry, a ``defrag`` callable (none by default) may
-  return moves ``(key, placement)``; the replay applies each (the workload is held at its new
-  placement) and counts it, then retries the queue.
+* **Defragmentation.** When a request becomes the waiting head of the queue, and when the
+  head still waits after a tick's retry, the ``…+defrag`` policies (:data:`DEFRAG_POLICIES`)
+  schedule the head once more with the engine's own defragmenter
+  (``schedule.defrag.Defragmenter``, as the server runs it: ``Scheduler.schedule(…,
+  defrag=…)``), which may move held work off a region to place it. Every replayed workload
+  counts as restartable (the most defragmentation could do; in the server only idle work and
+  work that says ``"restartable": true`` moves), and the moves are capped at
+  :data:`DEFRAG_MOVE_SHARE` of the instances placed so far (the issue's limit, standing in
+  for the server's per-hour budget). A moved workload keeps its departure time (the
+  checkpoint-restart cost is the workload's and not modelled). A ``defrag`` callable
+  (none by default) may instead return moves ``(key, placement)``; the replay applies each
+  and counts it, then retries the queue. The engine's planner looks at every compliant GPU
+  (tens of milliseconds to a few hundred on the openb cluster), so a head is tried when it
+  becomes the head and then at most every :data:`DEFRAG_RETRY` seconds of trace time.
 
 Nothing here reads files or the clock; ``clock`` only times the run.
 """
@@ -41,6 +51,7 @@ from typing import Any
 
 from proofplane.hardware.skus import COMPUTE_SLICES
 from proofplane.model import Placement
+from proofplane.schedule.defrag import Defragmenter
 from proofplane.schedule.engine import Held, Job, Scheduler
 from proofplane.schedule.scoring import mig_slices
 from proofplane.sim import mig
@@ -53,7 +64,12 @@ POLICIES = (
     "proofplane",
     "proofplane+repartition",
     "first-slot-best-fit+repartition",
+    "proofplane+repartition+defrag",
 )
+# a defragmenting policy: the scheduler plugins of the policy it extends (sim.mig)
+DEFRAG_POLICIES = {"proofplane+repartition+defrag": "proofplane+repartition"}
+DEFRAG_MOVE_SHARE = 0.02  # moves allowed: this share of the instances placed so far
+DEFRAG_RETRY = 60.0  # seconds of trace time before the same waiting head is tried again
 LOADS = (1.0, 1.3, 1.6)
 PATIENCE = 600.0  # seconds of trace time
 TICK = 5.0
@@ -339,14 +355,22 @@ def replay_dynamic(
     defrag: DefragHook | None = None,
     record_placements: bool = False,
     clock: Callable[[], float] | None = None,
+    move_share: float = DEFRAG_MOVE_SHARE,
 ) -> DynamicResult:
-    """Replay ``stream`` with departures under ``policy`` (one of :data:`POLICIES`)."""
+    """Replay ``stream`` with departures under ``policy`` (one of :data:`POLICIES`);
+    ``move_share``: the ``…+defrag`` policies' cap on moves, a share of the instances placed."""
     if patience < 0 or tick <= 0:
         raise MigSimError("patience must be >= 0 and tick > 0")
+    if not 0 <= move_share <= 1:
+        raise MigSimError("move_share must be between 0 and 1")
     t_start = clock() if clock else 0.0
     requests = [t.request for t in stream.items]
     mig.check_requests(requests)
-    sched, repartition = mig.make_scheduler(stream.as_stream(), policy)
+    sched, repartition = mig.make_scheduler(stream.as_stream(), DEFRAG_POLICIES.get(policy, policy))
+    # one defragmenter for the replay: it remembers refusals while the cluster is unchanged
+    defragmenter = (
+        Defragmenter(movable=lambda _key: True, budget=0) if policy in DEFRAG_POLICIES else None
+    )
     capacity = sum(n.gpus for n in stream.nodes) * COMPUTE_SLICES
     res = DynamicResult(policy=policy, capacity_slices=capacity)
     res.requests = sum(1 for r in requests if r.profile is not None)
@@ -383,17 +407,30 @@ def replay_dynamic(
             for k in range(min(before, after) + 1, max(before, after) + 1):
                 at_least[k] += 1 if after > before else -1
 
+    defrag_tried: dict[int, float] = {}  # per waiting head, when it was last defragmented for
     dirty = False  # something departed since the last tick
     tick_pending = False
 
-    def attempt(i: int, now: float) -> bool:
+    def attempt(i: int, now: float, defragment: bool = False) -> bool:
         nonlocal held
-        if shapes[i] in failed:
+        if shapes[i] in failed and not defragment:
             return False
-        out = sched.schedule(Job(i, jobs[i]), preempt=False, repartition=repartition, explain=False)
+        dfr = None
+        if defragment and defragmenter is not None:
+            dfr = defragmenter
+            dfr.budget = int(move_share * res.placed_instances) - res.moves
+        out = sched.schedule(
+            Job(i, jobs[i]), preempt=False, repartition=repartition, defrag=dfr, explain=False
+        )
         if out.placement is None:
             failed.add(shapes[i])
             return False
+        for move in out.moves:  # work the defragmenter moved to make room
+            account(move.source, -1)
+            account(move.target, 1)
+            res.moves += 1
+            if record_placements and isinstance(move.key, int):
+                res.placements[move.key] = move.target
         carved, reparts = mig.instances_changed(out)
         res.carved += carved
         res.repartitions += reparts
@@ -429,6 +466,22 @@ def replay_dynamic(
 
     def defrag_step(now: float) -> None:
         """The head waits: let the defragmenter propose moves, apply them, retry."""
+        head = next(iter(queue), None)
+        last = defrag_tried.get(head) if head is not None else None
+        if (
+            defragmenter is not None
+            and head is not None
+            and (last is None or now - last >= DEFRAG_RETRY)
+        ):
+            defrag_tried[head] = now
+            moved = res.moves
+            if attempt(head, now, defragment=True):
+                del queue[head]
+            if res.moves > moved:  # held work moved: what failed before may fit now
+                failed.clear()
+                for i in list(queue):
+                    if attempt(i, now):
+                        del queue[i]
         if defrag is not None and queue:
             head = next(iter(queue))
             moves = defrag(sched, head, now)
@@ -507,8 +560,8 @@ def run_dynamic(
     """One record per (mix, load, seed, policy): the stream is built once per (mix, load,
     seed) and replayed under every policy."""
     for p in policies:
-        if p not in mig.POLICY_PLUGINS:
-            known = ", ".join(mig.POLICY_PLUGINS)
+        if p not in mig.POLICY_PLUGINS and p not in DEFRAG_POLICIES:
+            known = ", ".join([*mig.POLICY_PLUGINS, *DEFRAG_POLICIES])
             raise MigSimError(f"unknown MIG policy {p!r} (known: {known})")
     out = []
     for mix in mixes:
@@ -566,5 +619,7 @@ def definitions() -> dict[str, str]:
         "% of the cluster's",
         "repartitions": "GPUs whose idle instances were destroyed to make room (running "
         "instances never touched); instances_carved: instances created in free space",
-        "moves": "defragmentation moves applied (no defragmenter is plugged in: 0)",
+        "moves": "defragmentation moves applied (the +defrag policy only: the engine's "
+        "defragmenter, every workload counted restartable, at most 2 % of the instances placed "
+        "so far)",
     }
