@@ -135,3 +135,34 @@ def test_carving_respects_cpu_and_falls_through_to_the_next_node() -> None:
     assert out.placement is not None and out.placement.node == "b"
     node_a = sched.node("a")
     assert node_a is not None and node_a.gpus[0].mig_instances == ()  # restored
+
+
+def test_carving_asks_the_node_filters_before_changing_a_node() -> None:
+    """``ClusterSnapshot.may_take`` (tenancy, model, CPU, memory) is a necessary condition of a
+    fit, so carving skips a node it refuses without re-laying and restoring it; and the
+    placements are those of carving every candidate."""
+    nodes = [_node("a", gpus=2, cpu=3000), _node("b", cpu=2000), _node("c", gpus=2, cpu=9000)]
+    sched = Scheduler(nodes, scorer=make_scorer("proofplane"), carver=LeastFragmenting())
+    snap = sched.snapshot
+    profiles = ["1g.10gb", "2g.20gb", "3g.40gb", "1g.20gb", "4g.40gb", "7g.80gb"]
+    placed = []
+    for i in range(24):
+        req = _mig(f"w{i}", profiles[i % len(profiles)], cpu=500 * (1 + i % 4))
+        for n in ("a", "b", "c"):
+            if not snap.may_take(n, req):
+                assert snap.member_fit(n, req) is None
+        out = sched.schedule(Job(i, req), preempt=False, repartition=False)
+        placed.append(out.placement)
+        if out.placement is not None:
+            node = sched.node(out.placement.node)
+            assert node is not None and node.cpu_milli is not None
+    assert any(p is None for p in placed) and sum(p is not None for p in placed) >= 6
+    cpu_used = {n: 0 for n in ("a", "b", "c")}
+    for i, p in enumerate(placed):
+        if p is not None:
+            cpu_used[p.node] += 500 * (1 + i % 4)
+    assert cpu_used["a"] <= 3000 and cpu_used["b"] <= 2000 and cpu_used["c"] <= 9000
+    assert not snap.may_take("missing", _mig("x", "1g.10gb"))
+    short = _mig("big", "1g.10gb", cpu=10_000)  # no node has that much CPU
+    assert not any(snap.may_take(n, short) for n in ("a", "b", "c"))
+    assert sched.schedule(Job(99, short), preempt=False, repartition=False).placement is None

@@ -628,6 +628,8 @@ class Scheduler:
                 if tracked is None or tracked.gpus != original.gpus:
                     self._track(name)
                     continue
+            if not self.snapshot.may_take(name, req):
+                continue  # tenancy, model, CPU or memory refuse it whatever the layout
             after = dict(plan.layouts)
             node = replace(
                 original,

@@ -425,6 +425,19 @@ class ClusterSnapshot:
         found = self._evaluate(name, req)
         return found[1] if found is not None else None
 
+    def may_take(self, name: str, req: Request) -> bool:
+        """Whether node ``name`` passes the per-node filters that do not look at its GPUs' free
+        capacity (tenancy, GPU model, CPU, memory) for ``req``: a necessary condition of any
+        placement of ``req`` there, cheap enough to ask before changing the node's layout
+        (``Scheduler`` carving). The caller checks admission and compliance."""
+        info = self._info.get(name)
+        if info is None:
+            return False
+        u = self._usage.get(name, NO_USAGE)
+        if tenancy(u, req) is not None or gpu_model(info, req) is not None:
+            return False
+        return not ((req.cpu_milli or req.memory_mib) and resources(info, u, req) is not None)
+
     def observe(self, req: Request) -> None:
         """Show the scorer one request before its decision (its workload mix learns from the
         stream of requests); when the mix changes, every cached score is dropped."""
