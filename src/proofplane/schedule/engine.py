@@ -670,8 +670,8 @@ class Scheduler:
         assert profile is not None
         candidates: list[tuple[int, str, Node, list[int]]] = []
         for node in self.snapshot.nodes():
-            if not _admitted_for(node, req.tags):
-                continue
+            if not _admitted_for(node, req.tags) or not self.snapshot.may_take(node.name, req):
+                continue  # a node whose tenancy, model, CPU or memory refuse it: any layout
             busy = self.busy_gpus(node.name)
             idle = [
                 gpu.index
