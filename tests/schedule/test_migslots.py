@@ -3,6 +3,8 @@ layout state graph, the slot-choice plugins, and carving through the engine."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from proofplane.hardware.skus import get_sku, layout_errors
 from proofplane.model import Gpu, GpuRequest, IsolationLevel, MigInstance, Node, NodeState
 from proofplane.schedule.engine import Job, Scheduler
@@ -166,3 +168,35 @@ def test_carving_asks_the_node_filters_before_changing_a_node() -> None:
     short = _mig("big", "1g.10gb", cpu=10_000)  # no node has that much CPU
     assert not any(snap.may_take(n, short) for n in ("a", "b", "c"))
     assert sched.schedule(Job(99, short), preempt=False, repartition=False).placement is None
+
+
+def test_idle_mig_nodes_follow_every_change() -> None:
+    """``ClusterSnapshot.idle_mig_nodes`` (repartitioning's candidates) is exactly the admitted
+    nodes with a MIG GPU nothing holds, after placements, releases and node changes."""
+    nodes = [_node("a", gpus=2), _node("b"), _node("c", gpus=3)]
+    sched = Scheduler(nodes, scorer=make_scorer("proofplane"), carver=LeastFragmenting())
+
+    def expected() -> set[str]:
+        return {
+            n.name
+            for n in sched.nodes()
+            if n.state is NodeState.ADMITTED
+            and any(g.mig_enabled and g.index not in sched.busy_gpus(n.name) for g in n.gpus)
+        }
+
+    assert set(sched.snapshot.idle_mig_nodes()) == expected() == {"a", "b", "c"}
+    profiles = ["7g.80gb", "3g.40gb", "1g.10gb", "4g.40gb", "2g.20gb"]
+    for i in range(12):
+        sched.schedule(Job(i, _mig(f"w{i}", profiles[i % 5])), preempt=False)
+        assert set(sched.snapshot.idle_mig_nodes()) == expected()
+    assert set(sched.snapshot.idle_mig_nodes()) != {"a", "b", "c"}  # some GPU got busy
+    for i in range(0, 12, 2):
+        sched.release(i)
+        assert set(sched.snapshot.idle_mig_nodes()) == expected()
+    b = sched.node("b")
+    assert b is not None
+    sched.upsert_node(replace(b, state=NodeState.CORDONED))
+    assert "b" not in sched.snapshot.idle_mig_nodes()
+    assert set(sched.snapshot.idle_mig_nodes()) == expected()
+    sched.remove_node("c")
+    assert "c" not in sched.snapshot.idle_mig_nodes()

@@ -669,8 +669,11 @@ class Scheduler:
         profile = g.mig_profile
         assert profile is not None
         candidates: list[tuple[int, str, Node, list[int]]] = []
-        for node in self.snapshot.nodes():
-            if not _admitted_for(node, req.tags) or not self.snapshot.may_take(node.name, req):
+        for name in list(self.snapshot.idle_mig_nodes()):
+            node = self.snapshot.node(name)
+            if node is None or not _admitted_for(node, req.tags):
+                continue
+            if not self.snapshot.may_take(name, req):
                 continue  # a node whose tenancy, model, CPU or memory refuse it: any layout
             busy = self.busy_gpus(node.name)
             idle = [
