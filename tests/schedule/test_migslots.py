@@ -9,10 +9,13 @@ from proofplane.hardware.skus import get_sku, layout_errors
 from proofplane.model import Gpu, GpuRequest, IsolationLevel, MigInstance, Node, NodeState
 from proofplane.schedule.engine import Job, Scheduler
 from proofplane.schedule.migslots import (
+    CarveIndex,
     FirstSlotBestFit,
     LeastFragmenting,
     geometry,
+    gpu_states,
     max_fill,
+    plan_carve,
     potentials,
 )
 from proofplane.schedule.scoring import make_scorer
@@ -200,3 +203,41 @@ def test_idle_mig_nodes_follow_every_change() -> None:
     assert set(sched.snapshot.idle_mig_nodes()) == expected()
     sched.remove_node("c")
     assert "c" not in sched.snapshot.idle_mig_nodes()
+
+
+def test_candidates_of_every_shape_come_in_plan_order() -> None:
+    """The indexed candidates (a heap per profile, count and models) are the nodes' plans
+    sorted by (plan key, name), as a full scan orders them, also after nodes change."""
+    index = CarveIndex(LeastFragmenting())
+    nodes = {n.name: n for n in (_node("a", gpus=2), _node("b"), _node("c", gpus=3))}
+    for n in nodes.values():
+        index.track(n)
+
+    def scan(profile: str, count: int, model: frozenset[str] | None) -> list[str]:
+        rows = []
+        for name in nodes:
+            plan = plan_carve(index.carver, gpu_states(nodes[name]), profile, count, model)
+            if plan is not None:
+                rows.append((plan.key, name))
+        return [name for _key, name in sorted(rows)]
+
+    shapes = [("1g.10gb", 1, None), ("7g.80gb", 2, None), ("3g.40gb", 2, frozenset({SKU})),
+              ("2g.20gb", 3, None), ("7g.80gb", 1, frozenset({"A100-80GB"}))]  # fmt: skip
+    for step in range(4):
+        for profile, count, model in shapes:
+            got = [name for name, _plan in index.candidates(profile, count, model)]
+            assert got == scan(profile, count, model), (step, profile, count)
+        # carve the first candidate for a 2 x 3g request, as the engine would
+        for name, plan in index.candidates("3g.40gb", 2, None):
+            after = dict(plan.layouts)
+            node = nodes[name]
+            nodes[name] = replace(
+                node,
+                gpus=tuple(
+                    replace(g, mig_instances=after[g.index]) if g.index in after else g
+                    for g in node.gpus
+                ),
+            )
+            index.track(nodes[name])
+            break
+    assert scan("7g.80gb", 2, frozenset({"A100-80GB"})) == []
