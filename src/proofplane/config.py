@@ -42,6 +42,13 @@ MAX_QUEUE_WAIT_MS = 50  # PROOFPLANE_MAX_QUEUE_WAIT_MS
 DEFRAG_MAX_MOVES_ENV = "PROOFPLANE_DEFRAG_MAX_MOVES_PER_HOUR"
 DEFRAG_MAX_MOVES_PER_HOUR = 20
 
+# How the scheduler may change MIG layouts on its own (issue 17 §2): "on" carves new instances
+# into free slices (never touching an instance) and re-lays idle GPUs; "idle" only re-lays
+# GPUs that hold no work; "off": layouts change only by inventory or a ``mig.layout`` change.
+MIG_AUTO_LAYOUT_ENV = "PROOFPLANE_MIG_AUTO_LAYOUT"
+MIG_AUTO_LAYOUT_MODES = ("on", "idle", "off")
+MIG_AUTO_LAYOUT = "on"
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -100,6 +107,9 @@ class Settings:
     # issue 17 §3: read again at each decision (config.defrag_max_moves_per_hour); here so
     # that ``serve`` refuses a malformed value at start instead of on a MIG submit
     defrag_max_moves_per_hour: int = DEFRAG_MAX_MOVES_PER_HOUR
+    # issue 17 §2: read again when the server loads its scheduler (config.mig_auto_layout);
+    # here so that ``serve`` refuses a malformed value at start
+    mig_auto_layout: str = MIG_AUTO_LAYOUT
 
 
 DEMO_ATTESTERS = ("simulated",)
@@ -251,6 +261,7 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         or None,
         alerts=alert_settings_from_env(env),
         defrag_max_moves_per_hour=defrag_max_moves_per_hour(env),
+        mig_auto_layout=mig_auto_layout(env),
     )
 
 
@@ -258,6 +269,13 @@ def defrag_max_moves_per_hour(env: dict[str, str] | None = None) -> int:
     """Moves defragmentation may make in any rolling hour (issue 17 §3); 0 turns it off."""
     env = dict(os.environ if env is None else env)
     return _count(env, DEFRAG_MAX_MOVES_ENV, DEFRAG_MAX_MOVES_PER_HOUR, 0, 1_000_000)
+
+
+def mig_auto_layout(env: dict[str, str] | None = None) -> str:
+    """``PROOFPLANE_MIG_AUTO_LAYOUT``: one of :data:`MIG_AUTO_LAYOUT_MODES` (default ``on``;
+    any case, surrounding blanks ignored)."""
+    env = dict(os.environ if env is None else env)
+    return _choice(env, MIG_AUTO_LAYOUT_ENV, MIG_AUTO_LAYOUT_MODES, MIG_AUTO_LAYOUT)
 
 
 TOKEN_CACHE_SECONDS = 2.0  # PROOFPLANE_TOKEN_CACHE_SECONDS
@@ -274,14 +292,20 @@ def token_cache_ttl_s(env: dict[str, str] | None = None) -> float:
 CHANGE_CONTROL = ("enforce", "off")
 
 
-def _change_control(env: dict[str, str]) -> str:
-    value = env.get("PROOFPLANE_CHANGE_CONTROL", "enforce").strip().lower() or "enforce"
-    if value not in CHANGE_CONTROL:
+def _choice(env: dict[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
+    """One of ``choices`` (any case, blanks around ignored; unset or blank: ``default``)."""
+    value = env.get(name, "").strip().lower() or default
+    if value not in choices:
         raise ValidationFailed(
-            f"PROOFPLANE_CHANGE_CONTROL must be one of {', '.join(CHANGE_CONTROL)}",
+            f"{name} must be one of {', '.join(choices)}",
             code="invalid_setting",
+            details={"setting": name, "known": list(choices)},
         )
     return value
+
+
+def _change_control(env: dict[str, str]) -> str:
+    return _choice(env, "PROOFPLANE_CHANGE_CONTROL", CHANGE_CONTROL, "enforce")
 
 
 # --- execution backends (issue 7) ---------------------------------------------------------------

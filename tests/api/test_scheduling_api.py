@@ -9,6 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from api_nodes import register_admitted
 from proofplane.service.context import Store
 from proofplane.store.tables import Base
 
@@ -37,12 +38,7 @@ def node_body(name: str, gpus: int, mig: int) -> dict[str, Any]:
 def admitted_node(
     client: TestClient, name: str, certs: dict[str, str] | None = None, gpus: int = 4, mig: int = 0
 ) -> None:
-    assert client.post(f"{API}/nodes", json=node_body(name, gpus, mig)).status_code == 201
-    r = client.post(f"{API}/nodes/{name}/state", json={"state": "admitted"})
-    assert r.status_code == 200, r.text
-    for key, value in (certs or {}).items():
-        r = client.post(f"{API}/nodes/{name}/certifications", json={"key": key, "value": value})
-        assert r.status_code == 200, r.text
+    register_admitted(client, node_body(name, gpus, mig), certs)
 
 
 def tenant(client: TestClient, name: str, **profile: Any) -> None:

@@ -3,14 +3,19 @@ layout state graph, the slot-choice plugins, and carving through the engine."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from proofplane.hardware.skus import get_sku, layout_errors
 from proofplane.model import Gpu, GpuRequest, IsolationLevel, MigInstance, Node, NodeState
 from proofplane.schedule.engine import Job, Scheduler
 from proofplane.schedule.migslots import (
+    CarveIndex,
     FirstSlotBestFit,
     LeastFragmenting,
     geometry,
+    gpu_states,
     max_fill,
+    plan_carve,
     potentials,
 )
 from proofplane.schedule.scoring import make_scorer
@@ -135,3 +140,104 @@ def test_carving_respects_cpu_and_falls_through_to_the_next_node() -> None:
     assert out.placement is not None and out.placement.node == "b"
     node_a = sched.node("a")
     assert node_a is not None and node_a.gpus[0].mig_instances == ()  # restored
+
+
+def test_carving_asks_the_node_filters_before_changing_a_node() -> None:
+    """``ClusterSnapshot.may_take`` (tenancy, model, CPU, memory) is a necessary condition of a
+    fit, so carving skips a node it refuses without re-laying and restoring it; and the
+    placements are those of carving every candidate."""
+    nodes = [_node("a", gpus=2, cpu=3000), _node("b", cpu=2000), _node("c", gpus=2, cpu=9000)]
+    sched = Scheduler(nodes, scorer=make_scorer("proofplane"), carver=LeastFragmenting())
+    snap = sched.snapshot
+    profiles = ["1g.10gb", "2g.20gb", "3g.40gb", "1g.20gb", "4g.40gb", "7g.80gb"]
+    placed = []
+    for i in range(24):
+        req = _mig(f"w{i}", profiles[i % len(profiles)], cpu=500 * (1 + i % 4))
+        for n in ("a", "b", "c"):
+            if not snap.may_take(n, req):
+                assert snap.member_fit(n, req) is None
+        out = sched.schedule(Job(i, req), preempt=False, repartition=False)
+        placed.append(out.placement)
+        if out.placement is not None:
+            node = sched.node(out.placement.node)
+            assert node is not None and node.cpu_milli is not None
+    assert any(p is None for p in placed) and sum(p is not None for p in placed) >= 6
+    cpu_used = {n: 0 for n in ("a", "b", "c")}
+    for i, p in enumerate(placed):
+        if p is not None:
+            cpu_used[p.node] += 500 * (1 + i % 4)
+    assert cpu_used["a"] <= 3000 and cpu_used["b"] <= 2000 and cpu_used["c"] <= 9000
+    assert not snap.may_take("missing", _mig("x", "1g.10gb"))
+    short = _mig("big", "1g.10gb", cpu=10_000)  # no node has that much CPU
+    assert not any(snap.may_take(n, short) for n in ("a", "b", "c"))
+    assert sched.schedule(Job(99, short), preempt=False, repartition=False).placement is None
+
+
+def test_idle_mig_nodes_follow_every_change() -> None:
+    """``ClusterSnapshot.idle_mig_nodes`` (repartitioning's candidates) is exactly the admitted
+    nodes with a MIG GPU nothing holds, after placements, releases and node changes."""
+    nodes = [_node("a", gpus=2), _node("b"), _node("c", gpus=3)]
+    sched = Scheduler(nodes, scorer=make_scorer("proofplane"), carver=LeastFragmenting())
+
+    def expected() -> set[str]:
+        return {
+            n.name
+            for n in sched.nodes()
+            if n.state is NodeState.ADMITTED
+            and any(g.mig_enabled and g.index not in sched.busy_gpus(n.name) for g in n.gpus)
+        }
+
+    assert set(sched.snapshot.idle_mig_nodes()) == expected() == {"a", "b", "c"}
+    profiles = ["7g.80gb", "3g.40gb", "1g.10gb", "4g.40gb", "2g.20gb"]
+    for i in range(12):
+        sched.schedule(Job(i, _mig(f"w{i}", profiles[i % 5])), preempt=False)
+        assert set(sched.snapshot.idle_mig_nodes()) == expected()
+    assert set(sched.snapshot.idle_mig_nodes()) != {"a", "b", "c"}  # some GPU got busy
+    for i in range(0, 12, 2):
+        sched.release(i)
+        assert set(sched.snapshot.idle_mig_nodes()) == expected()
+    b = sched.node("b")
+    assert b is not None
+    sched.upsert_node(replace(b, state=NodeState.CORDONED))
+    assert "b" not in sched.snapshot.idle_mig_nodes()
+    assert set(sched.snapshot.idle_mig_nodes()) == expected()
+    sched.remove_node("c")
+    assert "c" not in sched.snapshot.idle_mig_nodes()
+
+
+def test_candidates_of_every_shape_come_in_plan_order() -> None:
+    """The indexed candidates (a heap per profile, count and models) are the nodes' plans
+    sorted by (plan key, name), as a full scan orders them, also after nodes change."""
+    index = CarveIndex(LeastFragmenting())
+    nodes = {n.name: n for n in (_node("a", gpus=2), _node("b"), _node("c", gpus=3))}
+    for n in nodes.values():
+        index.track(n)
+
+    def scan(profile: str, count: int, model: frozenset[str] | None) -> list[str]:
+        rows = []
+        for name in nodes:
+            plan = plan_carve(index.carver, gpu_states(nodes[name]), profile, count, model)
+            if plan is not None:
+                rows.append((plan.key, name))
+        return [name for _key, name in sorted(rows)]
+
+    shapes = [("1g.10gb", 1, None), ("7g.80gb", 2, None), ("3g.40gb", 2, frozenset({SKU})),
+              ("2g.20gb", 3, None), ("7g.80gb", 1, frozenset({"A100-80GB"}))]  # fmt: skip
+    for step in range(4):
+        for profile, count, model in shapes:
+            got = [name for name, _plan in index.candidates(profile, count, model)]
+            assert got == scan(profile, count, model), (step, profile, count)
+        # carve the first candidate for a 2 x 3g request, as the engine would
+        for name, plan in index.candidates("3g.40gb", 2, None):
+            after = dict(plan.layouts)
+            node = nodes[name]
+            nodes[name] = replace(
+                node,
+                gpus=tuple(
+                    replace(g, mig_instances=after[g.index]) if g.index in after else g
+                    for g in node.gpus
+                ),
+            )
+            index.track(nodes[name])
+            break
+    assert scan("7g.80gb", 2, frozenset({"A100-80GB"})) == []

@@ -1,7 +1,10 @@
 """The replay places as the server does (issue 17, §1): the same stream of trace pods, once
 through ``sim.engine.replay`` and once as workloads through the API's batch submit
 (``POST /api/v1/workloads/batch``, persisted, on a cluster loaded from a cluster file with the
-trace's plain GPU models, CPU and memory), lands on the same nodes and the same GPUs."""
+trace's plain GPU models, CPU and memory), lands on the same nodes and the same GPUs. The same
+for MIG (§2): a stream of MIG requests through ``sim.mig.replay_mig`` and through the batch
+submit, the server carving instances as the replay does, lands on the same nodes, GPUs,
+profiles and start slots, and the GPUs' layouts end the same."""
 
 from __future__ import annotations
 
@@ -9,13 +12,18 @@ import json
 import random
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
+from api_nodes import register_admitted
+from proofplane import config
 from proofplane.access import SYSTEM
 from proofplane.hardware.cluster_file import parse_cluster
 from proofplane.model import Placement
 from proofplane.service.cluster import load_cluster
 from proofplane.service.context import Store
+from proofplane.service.scheduling import scheduler_cache
+from proofplane.sim import mig
 from proofplane.sim.engine import TENANT, cluster_node, replay, scorer_for
 from proofplane.sim.gorand import GoRand
 from proofplane.sim.trace import Node, Pod, build_arrivals, typical_pods
@@ -148,3 +156,106 @@ def test_resources_are_validated(store: Store, client: TestClient) -> None:
         json={"name": "ok", "tenant": TENANT, "gpus": {"count": 0}, "cpu_milli": 500},
     )
     assert r.json()["status"] == "placed" and r.json()["placement"]["devices"] == []
+
+
+# --- MIG (issue 17 §2): the server carves as the replay does ------------------------------------
+
+MIG_PROFILES = ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
+
+
+def mig_stream(seed: int = 5) -> mig.MigStream:
+    """Five nodes of one or two H100s (CPU and memory that refuse some requests) and MIG
+    requests of every profile, a few of two instances, more than the cluster holds."""
+    rng = random.Random(seed)
+    nodes = [
+        Node(f"n{i}", rng.choice([8000, 16000, 64000]), 1 << 20, rng.choice([1, 2]), "x")
+        for i in range(5)
+    ]
+    requests = []
+    for i in range(70):
+        profile = rng.choice(MIG_PROFILES)
+        count = 2 if rng.random() < 0.15 and not profile.startswith(("4g", "7g")) else 1
+        cpu = rng.choice([500, 1000, 4000])
+        requests.append(mig.MigRequest(f"m{i:03d}", cpu, 1024, profile, count))
+    return mig.MigStream(requests=requests, nodes=nodes, rank=[3, 0, 4, 1, 2])
+
+
+def mig_node_body(node: Node, rank: int) -> dict[str, Any]:
+    """The trace node as ``sim.mig.cluster_node`` makes it: MIG H100s with no instances."""
+    made = mig.cluster_node(node, rank)
+    return {
+        "name": made.name,
+        "region": "openb",
+        "zone": "openb",
+        "cpu_milli": made.cpu_milli,
+        "memory_mib": made.memory_mib,
+        "gpus": [
+            {
+                "index": g.index,
+                "uuid": f"GPU-{made.name}-{g.index}",
+                "model": g.model,
+                "memory_mb": g.memory_mb,
+                "mig_enabled": True,
+                "mig_instances": [],
+            }
+            for g in made.gpus
+        ],
+    }
+
+
+def mig_where(p: Placement | dict[str, Any] | None) -> tuple[Any, ...] | None:
+    """(node, (GPU index, profile, start slot) per device)."""
+    if p is None:
+        return None
+    if isinstance(p, Placement):
+        return (p.node, tuple((d.gpu_index, d.mig_profile, d.mig_start) for d in p.devices))
+    devices = p["devices"]
+    return (p["node"], tuple((d["gpu_index"], d["mig_profile"], d["mig_start"]) for d in devices))
+
+
+def test_batch_submit_carves_as_the_mig_replay(
+    monkeypatch: pytest.MonkeyPatch, store: Store, client: TestClient
+) -> None:
+    monkeypatch.setenv(config.MIG_AUTO_LAYOUT_ENV, "on")
+    monkeypatch.setenv(config.DEFRAG_MAX_MOVES_ENV, "0")  # the replay has no defragmenter
+    stream = mig_stream()
+    replayed = mig.replay_mig(stream, "proofplane", record_placements=True)
+    assert 0 < replayed.accepted < replayed.requests  # over capacity: both outcomes occur
+    assert replayed.carved > replayed.accepted  # instances were made, some two at a time
+
+    assert client.post(f"{API}/tenants", json={"name": mig.TENANT}).status_code == 201
+    for node, rank in zip(stream.nodes, stream.rank, strict=True):
+        register_admitted(client, mig_node_body(node, rank))
+    served: list[tuple[Any, ...] | None] = []
+    for at in range(0, len(stream.requests), 20):  # several batches: the scheduler carries on
+        items = [
+            {
+                "name": q.name,
+                "tenant": mig.TENANT,
+                "gpus": {"mig_profile": q.profile, "count": q.count},
+                "cpu_milli": q.cpu,
+                "memory_mib": q.mem,
+            }
+            for q in stream.requests[at : at + 20]
+        ]
+        r = client.post(f"{API}/workloads/batch", json={"items": items})
+        assert r.status_code == 201, r.text
+        for item in r.json()["items"]:
+            served.append(mig_where(item["placement"]))
+            if item["placement"] is None:
+                assert item["status"] == "pending" and item["reason"] == "insufficient_capacity"
+    assert served == [mig_where(p) for p in replayed.placements]
+    # the GPUs' layouts the server persisted are the replay's, instance for instance
+    assert replayed.scheduler is not None
+    for node in replayed.scheduler.nodes():
+        got = client.get(f"{API}/nodes/{node.name}").json()["gpus"]
+        persisted = {g["index"]: sorted((i["start"], i["profile"]) for i in g["mig_instances"])
+                     for g in got}  # fmt: skip
+        assert persisted == {
+            g.index: sorted((i.start, i.profile) for i in g.mig_instances) for g in node.gpus
+        }
+    changes = client.get(
+        f"{API}/events", params={"action": "node.gpu.repartition", "limit": 500}
+    ).json()["items"]
+    assert changes and all(e["details"]["step"] == "carve" for e in changes)
+    assert scheduler_cache(store.engine).loads == 1  # one scheduler decided every batch

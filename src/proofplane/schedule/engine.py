@@ -132,6 +132,7 @@ class Repartition:
     before: tuple[MigInstance, ...]
     after: tuple[MigInstance, ...]
     carved: bool = False
+    step: str = "repartition"  # which step of the engine made it: "repartition" or "carve"
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,10 +194,15 @@ class Scheduler:
         scorer: Scorer | None = None,
         carver: Carver | None = None,
         reclaim: bool = False,
+        repartition: bool = True,
     ) -> None:
         self.snapshot = ClusterSnapshot(nodes, scorer=scorer)
-        # MIG carving (``schedule.migslots``): None keeps the server's behaviour (instances
-        # come from inventory and from repartitioning idle GPUs only); ``reclaim``: carving
+        # whether the repartitioning step may re-lay idle GPUs at all (``schedule(repartition=)``
+        # turns it off for one decision; the server's ``PROOFPLANE_MIG_AUTO_LAYOUT=off`` for all)
+        self.repartition = repartition
+        # MIG carving (``schedule.migslots``): None: instances come from inventory and from
+        # repartitioning idle GPUs only (the server's ``PROOFPLANE_MIG_AUTO_LAYOUT=idle``);
+        # ``reclaim``: carving
         # may also destroy free (unused) instances on the GPUs it carves, never one in use
         self.carving = CarveIndex(carver) if carver is not None else None
         self.reclaim = reclaim and carver is not None
@@ -504,7 +510,7 @@ class Scheduler:
             )
         searched = False  # whether a search already found no place
         if self.carving is not None and req.gpus.mig_profile is not None and req.gpus.nodes <= 1:
-            # MIG carving (off in the server): an existing free instance first, then new
+            # MIG carving: an existing free instance first, then new
             # instances in free space, before the full search works out a pending reason
             free = self.snapshot.find(req)
             if free is not None:
@@ -535,7 +541,12 @@ class Scheduler:
                 None, decision.reason, decision.message, dict(decision.rejections),
                 {"topology": decision.topology} if decision.topology is not None else {},
             )  # fmt: skip
-        if repartition and req.gpus.mig_profile is not None and req.gpus.nodes <= 1:
+        if (
+            repartition
+            and self.repartition
+            and req.gpus.mig_profile is not None
+            and req.gpus.nodes <= 1
+        ):
             found = self._repartition(req)
             if found is not None:
                 placement, changes = found
@@ -617,6 +628,8 @@ class Scheduler:
                 if tracked is None or tracked.gpus != original.gpus:
                     self._track(name)
                     continue
+            if not self.snapshot.may_take(name, req):
+                continue  # tenancy, model, CPU or memory refuse it whatever the layout
             after = dict(plan.layouts)
             node = replace(
                 original,
@@ -637,6 +650,7 @@ class Scheduler:
                         x.mig_instances,
                         after[x.index],
                         carved=set(x.mig_instances) <= set(after[x.index]),
+                        step="carve",
                     )
                     for x in original.gpus
                     if x.index in after
@@ -655,9 +669,12 @@ class Scheduler:
         profile = g.mig_profile
         assert profile is not None
         candidates: list[tuple[int, str, Node, list[int]]] = []
-        for node in self.snapshot.nodes():
-            if not _admitted_for(node, req.tags):
+        for name in list(self.snapshot.idle_mig_nodes()):
+            node = self.snapshot.node(name)
+            if node is None or not _admitted_for(node, req.tags):
                 continue
+            if not self.snapshot.may_take(name, req):
+                continue  # a node whose tenancy, model, CPU or memory refuse it: any layout
             busy = self.busy_gpus(node.name)
             idle = [
                 gpu.index

@@ -71,10 +71,12 @@ def _compute(sku: Sku, inst: MigInstance) -> int:
     return prof.compute_slices if prof is not None else 0
 
 
+@lru_cache(maxsize=1024)
 def layout_for(sku_name: str, profile: str, wanted: int) -> Layout | None:
     """The layout an idle GPU of ``sku_name`` should get to offer ``wanted`` instances of
     ``profile`` (fewer when one GPU cannot hold that many: as many as it can); None when the
-    SKU has no such profile."""
+    SKU has no such profile. Memoised: a value of its arguments alone (the repartitioning
+    step asks it for every idle GPU it considers)."""
     sku = get_sku(sku_name)
     prof = sku.profile(profile)
     if prof is None or wanted < 1:

@@ -366,7 +366,11 @@ class CarveIndex:
         self._cost_version = carver.version
         self._version: dict[str, int] = {}
         self._log: list[str] = []  # node names, in the order they changed
-        self._heaps: dict[str, tuple[list[tuple[tuple[float, int], str, int]], list[int]]] = {}
+        # per request shape (profile, count, models): a heap of (plan key, node, version)
+        self._heaps: dict[
+            tuple[str, int, frozenset[str] | None],
+            tuple[list[tuple[tuple[float, int], str, int]], list[int]],
+        ] = {}
 
     def observe(self, profile: str, count: int) -> None:
         self.carver.observe(profile, count)
@@ -418,30 +422,21 @@ class CarveIndex:
         """Nodes that can take ``count`` new ``profile`` instances, best plan first (then the
         name), with their plans. The caller tries them in order; a node it changes is
         :meth:`track`-ed; the rest keep their place for the next request."""
-        if count != 1 or model is not None:
-            rows = []
-            for name in self._nodes:
-                plan = self.plan(name, profile, count, model)
-                if plan is not None:
-                    rows.append((plan.key, name, plan))
-            rows.sort(key=lambda r: (r[0], r[1]))
-            for _key, name, plan in rows:
-                yield name, plan
-            return
-        entry = self._heaps.get(profile)
+        shape = (profile, count, model)
+        entry = self._heaps.get(shape)
         if entry is None:
             heap = []
             for name in self._nodes:
-                plan = self.plan(name, profile, 1, None)
+                plan = self.plan(name, profile, count, model)
                 if plan is not None:
                     heap.append((plan.key, name, self._version[name]))
             heapq.heapify(heap)
-            entry = self._heaps[profile] = (heap, [len(self._log)])
+            entry = self._heaps[shape] = (heap, [len(self._log)])
         else:
             heap, pos = entry
             if pos[0] < len(self._log):
                 for name in set(self._log[pos[0] :]):
-                    plan = self.plan(name, profile, 1, None)
+                    plan = self.plan(name, profile, count, model)
                     if plan is not None:
                         heapq.heappush(heap, (plan.key, name, self._version[name]))
                 pos[0] = len(self._log)
@@ -454,7 +449,7 @@ class CarveIndex:
                 if top[2] != self._version.get(name):
                     continue  # stale: the node changed since
                 aside.append(top)
-                plan = self.plan(name, profile, 1, None)
+                plan = self.plan(name, profile, count, model)
                 if plan is not None:
                     yield name, plan
         finally:

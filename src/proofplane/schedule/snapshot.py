@@ -163,6 +163,7 @@ class ClusterSnapshot:
         self._sole: dict[str, set[str]] = {}  # tenant → nodes it is the only tenant of
         self._tenancy_state: dict[str, tuple[str | None, str | None]] = {}  # (owner, sole)
         self._private: dict[str, int] = {}  # tenant → allocations refusing co-residency
+        self._idle_mig: set[str] = set()  # see idle_mig_nodes
         # issue 17 §4: admitted nodes by topology domain, with free-GPU counts per domain
         self.topology = TopologyIndex()
         # Bulk load: usage first, then every node is indexed once.
@@ -362,6 +363,19 @@ class ClusterSnapshot:
             self.topology.changed(name, info.node, lambda: free_gpus(info, u))
         else:
             self.topology.changed(name, None, 0)
+        # repartitioning's candidates: admitted nodes with a MIG GPU no whole-GPU or MIG
+        # allocation holds (a superset of the nodes with an idle MIG GPU)
+        if (
+            info is not None
+            and info.admitted
+            and any(
+                g.mig_enabled and g.index not in u.whole and g.index not in u.busy
+                for g in info.node.gpus
+            )
+        ):
+            self._idle_mig.add(name)
+        else:
+            self._idle_mig.discard(name)
 
     def _owner_buckets(self, owner: str | None) -> Buckets:
         if owner is None:
@@ -424,6 +438,25 @@ class ClusterSnapshot:
             return None
         found = self._evaluate(name, req)
         return found[1] if found is not None else None
+
+    def idle_mig_nodes(self) -> Set[str]:
+        """Admitted nodes with a MIG-enabled GPU that no whole-GPU or MIG allocation holds:
+        every node the repartitioning of idle GPUs could use, kept current by every change
+        (a view the caller must not change)."""
+        return self._idle_mig
+
+    def may_take(self, name: str, req: Request) -> bool:
+        """Whether node ``name`` passes the per-node filters that do not look at its GPUs' free
+        capacity (tenancy, GPU model, CPU, memory) for ``req``: a necessary condition of any
+        placement of ``req`` there, cheap enough to ask before changing the node's layout
+        (``Scheduler`` carving). The caller checks admission and compliance."""
+        info = self._info.get(name)
+        if info is None:
+            return False
+        u = self._usage.get(name, NO_USAGE)
+        if tenancy(u, req) is not None or gpu_model(info, req) is not None:
+            return False
+        return not ((req.cpu_milli or req.memory_mib) and resources(info, u, req) is not None)
 
     def observe(self, req: Request) -> None:
         """Show the scorer one request before its decision (its workload mix learns from the

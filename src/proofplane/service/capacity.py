@@ -27,7 +27,12 @@ from proofplane.model import Node, Quota
 from proofplane.model.tenant import profile_from_json
 from proofplane.schedule.engine import Held, Job, Pool, Scheduler
 from proofplane.service.context import Store
-from proofplane.service.scheduling import ClusterView, job_of, scheduler_cache, server_scorer
+from proofplane.service.scheduling import (
+    ClusterView,
+    job_of,
+    scheduler_cache,
+    server_scheduler,
+)
 from proofplane.store.repo import WORKLOAD_LOAD
 from proofplane.store.tables import TenantRow, WorkloadRow
 
@@ -46,8 +51,8 @@ class Snapshot:
     tenant_pools: list[dict[str, str]]  # the tenants' required tags
 
     def scheduler(self) -> Scheduler:
-        # the server's scorer, so a forecast places as the server would
-        return Scheduler(self.nodes, self.held, self.quotas, scorer=server_scorer(self.held))
+        # the server's scorer and MIG layout rules, so a forecast places as the server would
+        return server_scheduler(self.nodes, self.held, self.quotas)
 
 
 def _tenant_pools(session: Any) -> list[dict[str, str]]:

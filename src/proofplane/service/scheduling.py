@@ -24,8 +24,17 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import Pool
 
+from proofplane.config import mig_auto_layout
 from proofplane.errors import ValidationFailed
-from proofplane.model import GpuRequest, IsolationLevel, Node, Outcome, Placement, WorkloadStatus
+from proofplane.model import (
+    GpuRequest,
+    IsolationLevel,
+    Node,
+    Outcome,
+    Placement,
+    Quota,
+    WorkloadStatus,
+)
 from proofplane.schedule.defrag import (
     DEFRAG_DETAIL,
     NO_REGION,
@@ -36,6 +45,7 @@ from proofplane.schedule.defrag import (
 )
 from proofplane.schedule.engine import Held, Job, Repartition, Scheduler, pool_of
 from proofplane.schedule.engine import Outcome as Decision
+from proofplane.schedule.migslots import Carver, LeastFragmenting
 from proofplane.schedule.reasons import DEFRAGMENTATION, PREEMPTED, render
 from proofplane.schedule.scoring import DEFAULT_SCORER, SCORERS, Scorer, Shape, make_scorer
 from proofplane.schedule.values import Request
@@ -83,6 +93,38 @@ def server_scorer(held: Iterable[Held]) -> Scorer:
     for h in held:
         scorer.observe(held_shape(h))
     return scorer
+
+
+def server_carver(held: Iterable[Held]) -> Carver | None:
+    """The MIG carver the server places with (issue 17 §2), or None when
+    ``PROOFPLANE_MIG_AUTO_LAYOUT`` is not ``on``: the replay's ``least-fragmenting``, its
+    demand mix primed with the MIG work held now (then learned from every request)."""
+    if mig_auto_layout() != "on":
+        return None
+    carver = LeastFragmenting()
+    for h in held:
+        devices = h.placement.parts[0].devices if h.placement.parts else ()
+        if devices and devices[0].mig_profile is not None:
+            carver.observe(devices[0].mig_profile, len(devices))
+    return carver
+
+
+def server_scheduler(
+    nodes: Iterable[Node], held: Iterable[Held], quotas: dict[str, Quota]
+) -> Scheduler:
+    """The scheduler the server decides with: the production scorer and, per
+    ``PROOFPLANE_MIG_AUTO_LAYOUT``, MIG carving into free slices (``on``, the default: new
+    instances only, nothing in use or on a GPU holding work destroyed) and the repartitioning
+    of idle GPUs (``on`` and ``idle``; ``off``: the scheduler never changes a layout)."""
+    held = list(held)
+    return Scheduler(
+        nodes,
+        held,
+        quotas,
+        scorer=server_scorer(held),
+        carver=server_carver(held),
+        repartition=mig_auto_layout() != "off",
+    )
 
 
 def held_shape(h: Held) -> Shape:
@@ -176,7 +218,7 @@ class ClusterView:
         )
         held = [held_of(w) for w in placed if w.placement is not None]
         quotas = {t.name: tenant_from_row(t).quota for t in session.scalars(select(TenantRow))}
-        self._scheduler = Scheduler(nodes, held, quotas, scorer=server_scorer(held))
+        self._scheduler = server_scheduler(nodes, held, quotas)
         self._node_rows = node_rows
 
     @classmethod
@@ -551,6 +593,12 @@ def _apply_repartition(
     gpu = next(g for g in node_row.gpus if g.index == change.gpu_index)
     gpu.mig_instances = [{"profile": i.profile, "start": i.start} for i in change.after]
     node_row.updated_at = tx.now
+    if why is None:
+        why = f"no free {row.mig_profile} instance; " + (
+            "new instances carved into the GPU's free slices (no instance touched)"
+            if change.step == "carve"
+            else "the GPU was idle"
+        )
     tx.record(
         "node.gpu.repartition",
         "node",
@@ -561,7 +609,9 @@ def _apply_repartition(
             "before": [f"{i.profile}@{i.start}" for i in change.before],
             "after": [f"{i.profile}@{i.start}" for i in change.after],
             "for_workload": f"{row.tenant.name}/{row.name}",
-            "why": why or f"no free {row.mig_profile} instance; the GPU was idle",
+            "by": "scheduler",
+            "step": change.step,
+            "why": why,
         },
     )
 

@@ -1,0 +1,219 @@
+"""MIG layouts the server's scheduler makes on its own (issue 17 §2, ``PROOFPLANE_MIG_AUTO_LAYOUT``)
+through the HTTP API: carving a new instance into a GPU's free slices beside running work,
+never on a node the workload may not use, never destroying an instance; ``idle`` only re-lays
+GPUs that hold no work, ``off`` changes no layout; the layout and the placement are written in
+one transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api_nodes import register_admitted
+from proofplane import config
+from proofplane.errors import ProofplaneError
+from proofplane.service.context import Store, Tx
+
+API = "/api/v1"
+
+
+@pytest.fixture
+def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """``PROOFPLANE_MIG_AUTO_LAYOUT`` for the test (``request.param``; default ``on``), set
+    before the client loads a scheduler (list this fixture before ``client``)."""
+    value = getattr(request, "param", "on")
+    monkeypatch.setenv(config.MIG_AUTO_LAYOUT_ENV, value)
+    monkeypatch.setenv(config.DEFRAG_MAX_MOVES_ENV, "0")  # nothing moves: layouts only
+    yield value
+
+
+def mig_node(
+    client: TestClient,
+    name: str,
+    layouts: list[list[str]],
+    certs: dict[str, str] | None = None,
+) -> None:
+    """An admitted node of H100s in MIG mode, one GPU per layout (``profile@start`` items)."""
+    gpus = [
+        {
+            "index": i,
+            "uuid": f"GPU-{name}-{i}",
+            "model": "H100-80GB",
+            "mig_enabled": True,
+            "mig_instances": [
+                {"profile": item.split("@")[0], "start": int(item.split("@")[1])} for item in layout
+            ],
+        }
+        for i, layout in enumerate(layouts)
+    ]
+    register_admitted(client, {"name": name, "region": "eu", "zone": "eu-1", "gpus": gpus}, certs)
+
+
+def tenant(client: TestClient, name: str, **profile: Any) -> None:
+    r = client.post(f"{API}/tenants", json={"name": name, "profile": profile})
+    assert r.status_code == 201, r.text
+
+
+def submit(client: TestClient, name: str, tenant: str, profile: str) -> dict[str, Any]:
+    body = {"name": name, "tenant": tenant, "gpus": {"mig_profile": profile}}
+    r = client.post(f"{API}/workloads", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def layout(client: TestClient, node: str, gpu: int) -> list[str]:
+    gpus = {g["index"]: g for g in client.get(f"{API}/nodes/{node}").json()["gpus"]}
+    return sorted(f"{i['profile']}@{i['start']}" for i in gpus[gpu]["mig_instances"])
+
+
+def device(w: dict[str, Any]) -> tuple[str, int, str, int]:
+    d = w["placement"]["devices"][0]
+    return w["placement"]["node"], d["gpu_index"], d["mig_profile"], d["mig_start"]
+
+
+def events(client: TestClient, action: str) -> list[dict[str, Any]]:
+    return client.get(f"{API}/events", params={"action": action, "limit": 500}).json()["items"]
+
+
+def test_a_new_instance_is_carved_beside_running_work_and_recorded(
+    mode: str, client: TestClient
+) -> None:
+    tenant(client, "lab")
+    mig_node(client, "m", [["3g.40gb@0"]])  # slices 4-7 free
+    a = submit(client, "a", "lab", "3g.40gb")
+    assert device(a) == ("m", 0, "3g.40gb", 0)
+    b = submit(client, "b", "lab", "1g.10gb")  # no free 1g instance, no idle GPU
+    assert b["status"] == "placed", b
+    node, gpu, profile, start = device(b)
+    assert (node, gpu, profile) == ("m", 0, "1g.10gb") and start >= 4
+    assert layout(client, "m", 0) == sorted(["3g.40gb@0", f"1g.10gb@{start}"])
+    (change,) = events(client, "node.gpu.repartition")
+    d = change["details"]
+    assert change["target_id"] == "m" and d["gpu_index"] == 0
+    assert (d["before"], d["after"]) == (["3g.40gb@0"], ["3g.40gb@0", f"1g.10gb@{start}"])
+    assert (d["by"], d["step"], d["for_workload"]) == ("scheduler", "carve", "lab/b")
+    assert "carved" in d["why"]
+    (placed,) = [e for e in events(client, "workload.place") if e["target_id"] == "b"]
+    assert placed["details"]["repartitioned"] == ["m/gpu0"]
+    # the running work kept its instance; the new one is reused once free
+    assert device(client.get(f"{API}/workloads/a").json()) == ("m", 0, "3g.40gb", 0)
+    assert client.post(f"{API}/workloads/b/cancel", json={}).status_code == 200
+    c = submit(client, "c", "lab", "1g.10gb")
+    assert device(c) == ("m", 0, "1g.10gb", start)
+    assert len(events(client, "node.gpu.repartition")) == 1
+
+
+@pytest.mark.parametrize(("mode", "lands_on"), [("on", 0), ("idle", 1)], indirect=["mode"])
+def test_idle_mode_never_carves_a_gpu_holding_work(
+    mode: str, lands_on: int, client: TestClient
+) -> None:
+    """GPU 0 holds work and has free slices; GPU 1 holds no work and no free slice. ``on``
+    carves GPU 0 (no instance touched); ``idle`` leaves it as it is and re-lays GPU 1."""
+    tenant(client, "lab")
+    mig_node(client, "m", [["3g.40gb@0"], ["7g.80gb@0"]])
+    assert device(submit(client, "a", "lab", "3g.40gb")) == ("m", 0, "3g.40gb", 0)
+    b = submit(client, "b", "lab", "1g.10gb")
+    assert device(b)[:3] == ("m", lands_on, "1g.10gb")
+    (change,) = events(client, "node.gpu.repartition")
+    assert change["details"]["gpu_index"] == lands_on
+    if mode == "idle":
+        assert layout(client, "m", 0) == ["3g.40gb@0"]
+        assert change["details"]["step"] == "repartition"
+        assert change["details"]["before"] == ["7g.80gb@0"]
+    else:
+        assert layout(client, "m", 1) == ["7g.80gb@0"]
+        assert change["details"]["step"] == "carve"
+
+
+@pytest.mark.parametrize("mode", ["off"], indirect=True)
+def test_off_changes_no_layout_and_the_request_waits_with_its_reason(
+    mode: str, client: TestClient
+) -> None:
+    tenant(client, "lab")
+    mig_node(client, "m", [["3g.40gb@0"], []])  # free slices beside work; an empty MIG GPU
+    assert device(submit(client, "a", "lab", "3g.40gb")) == ("m", 0, "3g.40gb", 0)
+    b = submit(client, "b", "lab", "1g.10gb")
+    assert b["status"] == "pending" and b["reason"] == "insufficient_capacity"
+    assert b["reason_details"]["rejections"] == {"insufficient_gpu_capacity": 1}
+    assert (layout(client, "m", 0), layout(client, "m", 1)) == (["3g.40gb@0"], [])
+    assert events(client, "node.gpu.repartition") == []
+
+
+def test_carving_never_happens_on_a_node_the_workload_may_not_use(
+    mode: str, client: TestClient
+) -> None:
+    tenant(client, "clinic", required_tags={"hipaa": "true"})
+    tenant(client, "lab")
+    mig_node(client, "hip", [["3g.40gb@0", "3g.40gb@4"]], certs={"hipaa": "true"})
+    mig_node(client, "plain", [[]])  # an empty MIG GPU: carvable, but not certified
+    assert device(submit(client, "c1", "clinic", "3g.40gb"))[:2] == ("hip", 0)
+    assert device(submit(client, "c2", "clinic", "3g.40gb"))[:2] == ("hip", 0)
+    w = submit(client, "c3", "clinic", "1g.10gb")  # the certified GPU is full
+    assert w["status"] == "pending" and w["reason"] == "insufficient_capacity"
+    assert w["reason_details"]["rejections"] == {
+        "missing_certification": 1,
+        "insufficient_gpu_capacity": 1,
+    }
+    assert layout(client, "plain", 0) == [] and events(client, "node.gpu.repartition") == []
+    # the general pool may use it: the same request is carved there
+    assert device(submit(client, "l1", "lab", "1g.10gb"))[:3] == ("plain", 0, "1g.10gb")
+    assert [e["target_id"] for e in events(client, "node.gpu.repartition")] == ["plain"]
+    assert client.get(f"{API}/workloads/c3").json()["status"] == "pending"
+
+
+class Injected(ProofplaneError):
+    """A failure injected after the layout was written, before the placement was."""
+
+    code = "injected"
+
+
+def test_the_layout_and_the_placement_are_one_transaction(
+    mode: str, client: TestClient, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tenant(client, "lab")
+    mig_node(client, "m", [["3g.40gb@0"]])
+    submit(client, "a", "lab", "3g.40gb")
+    record = Tx.record
+
+    def failing(self: Tx, action: str, *args: Any, **kw: Any) -> Any:
+        if action == "workload.place":
+            raise Injected("the placement could not be written")
+        return record(self, action, *args, **kw)
+
+    monkeypatch.setattr(Tx, "record", failing)
+    for path, body in (
+        ("/workloads", {"name": "b", "tenant": "lab", "gpus": {"mig_profile": "1g.10gb"}}),
+        (
+            "/workloads/batch",
+            {"items": [{"name": "b", "tenant": "lab", "gpus": {"mig_profile": "1g.10gb"}}]},
+        ),
+    ):
+        r = client.post(f"{API}{path}", json=body)
+        assert r.status_code >= 400, r.text
+        # neither the new layout nor the workload nor any of their events was kept
+        assert layout(client, "m", 0) == ["3g.40gb@0"]
+        assert client.get(f"{API}/workloads/b").status_code == 404
+        assert events(client, "node.gpu.repartition") == []
+    monkeypatch.setattr(Tx, "record", record)
+    # the scheduler kept nothing of the failed decisions either: the same request carves
+    b = submit(client, "b", "lab", "1g.10gb")
+    assert b["status"] == "placed" and len(events(client, "node.gpu.repartition")) == 1
+
+
+@pytest.mark.parametrize("raw", ["yes", "1", "carve", "on off"])
+def test_a_malformed_setting_is_refused_at_start(raw: str) -> None:
+    with pytest.raises(ProofplaneError) as err:
+        config.from_env({config.MIG_AUTO_LAYOUT_ENV: raw})
+    assert err.value.code == "invalid_setting"
+    assert config.MIG_AUTO_LAYOUT_ENV in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"), [("", "on"), ("on", "on"), (" IDLE ", "idle"), ("Off", "off")]
+)
+def test_the_setting_is_parsed(raw: str, want: str) -> None:
+    assert config.from_env({config.MIG_AUTO_LAYOUT_ENV: raw}).mig_auto_layout == want
+    assert config.mig_auto_layout({config.MIG_AUTO_LAYOUT_ENV: raw}) == want
