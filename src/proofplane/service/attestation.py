@@ -31,10 +31,10 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import bindparam, insert, or_, select, update
 
 from proofplane.access import Actor, Permission, authorize
 from proofplane.attest import AttestError, Evidence, Expected, Policy, PolicyError, VerifierCache
@@ -44,6 +44,7 @@ from proofplane.attest.credential import (
     tpm2_tools_credential_file,
 )
 from proofplane.attest.ekcert import verify_ek_certificate
+from proofplane.attest.policy import canonical_json
 from proofplane.attest.record import EvidenceRecord, make_record
 from proofplane.attest.tpm import ClockInfo, parse_public
 from proofplane.attest.verifier import Verdict, check_ak, evidence_hash
@@ -160,7 +161,7 @@ def _policy_row(session: Any, row: NodeRow) -> AttestationPolicyRow | None:
 VERIFIER_CACHE = VerifierCache(max_entries=20_000)
 
 _POLICY_CACHE_SIZE = 64
-_policies: OrderedDict[str, Policy] = OrderedDict()
+_policies: OrderedDict[bytes, Policy] = OrderedDict()
 _policies_lock = threading.Lock()
 
 _NONCE_ROUND = (
@@ -176,7 +177,6 @@ _EVIDENCE_ROUND = (
 _POLICY_COLUMNS = (
     AttestationPolicyRow.node_class,
     AttestationPolicyRow.policy,
-    AttestationPolicyRow.policy_hash,
     AttestationPolicyRow.enforce,
 )
 _POLICIES_OF = select(*_POLICY_COLUMNS).where(
@@ -201,22 +201,21 @@ _NONCE_ISSUED = select(_NONCES.c.issued_at).where(
 _NEW_EVIDENCE = insert(EvidenceRow.__table__).returning(EvidenceRow.__table__.c.id)
 
 
-def parsed_policy(doc: Mapping[str, Any], policy_hash: str) -> Policy:
-    """``Policy.from_json(doc)``, memoized by the stored policy hash: a round reads its policy
-    row every time (a changed policy applies at the next round), and parses the document
-    only when its hash is new. A document that does not hash to ``policy_hash`` is parsed
-    every time and never kept."""
+def parsed_policy(doc: Mapping[str, Any]) -> Policy:
+    """``Policy.from_json(doc)``, memoized by the document's canonical JSON: a round reads its
+    policy row every time (a changed policy judges the very next round) and parses a document
+    only the first time this process sees it."""
+    key = canonical_json(doc)
     with _policies_lock:
-        found = _policies.get(policy_hash)
+        found = _policies.get(key)
         if found is not None:
-            _policies.move_to_end(policy_hash)
+            _policies.move_to_end(key)
             return found
     policy = Policy.from_json(doc)
-    if policy.hash == policy_hash:
-        with _policies_lock:
-            _policies[policy_hash] = policy
-            if len(_policies) > _POLICY_CACHE_SIZE:
-                _policies.popitem(last=False)
+    with _policies_lock:
+        _policies[key] = policy
+        if len(_policies) > _POLICY_CACHE_SIZE:
+            _policies.popitem(last=False)
     return policy
 
 
@@ -233,7 +232,7 @@ def _round_policy(session: Any, name: str, labels: Mapping[str, Any] | None) -> 
             code="attestation_policy_missing",
             details={"node": name, "node_class": cls},
         )
-    return bool(found.enforce), parsed_policy(found.policy, found.policy_hash)
+    return bool(found.enforce), parsed_policy(found.policy)
 
 
 def _not_bound(name: str) -> InvalidState:
@@ -607,41 +606,61 @@ def _quarantine(tx: Tx, row: NodeRow, ident: NodeAttestationRow, reason: str) ->
     change_node_state(tx, row, NodeState.QUARANTINED, reason)
 
 
+_STALE = (
+    select(NodeRow.id, NodeRow.labels, NodeAttestationRow.node_id.label("ident"))
+    .outerjoin(NodeAttestationRow, NodeAttestationRow.node_id == NodeRow.id)
+    .where(
+        NodeRow.state.in_([s.value for s in KEEPS_WORK]),
+        or_(
+            NodeAttestationRow.last_passed_at.is_(None),
+            NodeAttestationRow.last_passed_at < bindparam("cutoff"),
+        ),
+    )
+    .order_by(NodeRow.name)
+)
+_ENFORCING = select(AttestationPolicyRow.node_class, AttestationPolicyRow.enforce)
+
+
+def _stale_ids(session: Any, cutoff: datetime) -> list[int]:
+    """The nodes in service whose last pass is before ``cutoff`` (or that never passed) under
+    an enforcing policy, by name: one statement for the nodes, one for the policies, whatever
+    the fleet's size (the fresh nodes, nearly all of them, are not read)."""
+    stale = session.execute(_STALE, {"cutoff": cutoff}).all()
+    if not stale:
+        return []
+    enforce = {cls: bool(on) for cls, on in session.execute(_ENFORCING)}
+    out = []
+    for r in stale:
+        cls = str((r.labels or {}).get(NODE_CLASS_LABEL, DEFAULT_CLASS))
+        # the class's own policy, else the default one (as _policy_row chooses)
+        if enforce[cls] if cls in enforce else enforce.get(DEFAULT_CLASS, False):
+            out.append(r.id)
+    return out
+
+
 def check_stale(
     store: Store, actor: Actor, grace: timedelta, now: datetime | None = None
 ) -> list[str]:
     """Quarantine every node in service under an enforcing policy whose last passing
-    attestation is older than ``grace`` (or that never passed). Returns their names."""
+    attestation is older than ``grace`` (or that never passed). Returns their names.
+
+    A pass with nothing stale reads two statements and takes no write lock; the write
+    transaction (when there is something to do) reads the stale nodes again under the lock."""
     authorize(actor, Permission.NODES_WRITE)
     done: list[str] = []
-    with store.read() as session:  # no enforcing policy: nothing to check, nothing to write
-        if (
-            session.scalar(
-                select(AttestationPolicyRow.node_class).where(
-                    AttestationPolicyRow.enforce.is_(True)
-                )
-            )
-            is None
-        ):
+    at = now or datetime.now(UTC)
+    with store.read() as session:  # no enforcing policy or nothing stale: nothing to write
+        if not _stale_ids(session, at - grace):
             return done
     with store.write(actor, now) as tx:
-        rows = tx.session.scalars(
-            select(NodeRow)
-            .where(NodeRow.state.in_([s.value for s in KEEPS_WORK]))
-            .order_by(NodeRow.name)
-        )
-        for row in list(rows):
-            prow = _policy_row(tx.session, row)
-            if prow is None or not prow.enforce:
-                continue
+        for node_id in _stale_ids(tx.session, tx.now - grace):
+            row = tx.session.get(NodeRow, node_id)
             ident = _identity(tx.session, row)
-            last = None if ident is None else ident.last_passed_at
-            if last is not None and tx.now - last <= grace:
-                continue
             if ident is None:
                 reason = "attestation stale: never attested"
                 change_node_state(tx, row, NodeState.QUARANTINED, reason)
             else:
+                last = ident.last_passed_at
                 when = "never passed" if last is None else f"last pass {last.isoformat()}"
                 _quarantine(tx, row, ident, f"attestation stale: {when}")
             done.append(row.name)
