@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import event
 
 from proofplane.access import SYSTEM, Actor
-from proofplane.attest import Policy
+from proofplane.attest import Evidence, Policy
 from proofplane.attest import eventlog as el
 from proofplane.attest.simulate import SimulatedAttester, demo_boot_log
 from proofplane.demo.attester import BOOTLOADERS, DEMO_POLICY, GOOD_KERNEL
@@ -52,6 +52,19 @@ def _enrolled(store: Store, name: str, labels: dict[str, str] | None = None) -> 
                            simulated=True, allow_simulated=True, now=T0)  # fmt: skip
     svc.activate(store, actor, name, a.activate(challenge.credential), now=T0)
     return a
+
+
+def _evidence(store: Store, a: SimulatedAttester, now: datetime = T0) -> tuple[bytes, Evidence]:
+    """A fresh nonce for n1 and the attester's evidence over it."""
+    issued = svc.issue_nonce(store, SYSTEM, "n1", now=now)
+    return issued.nonce, a.evidence(issued.nonce, list(issued.pcrs), issued.pcr_bank)
+
+
+def _submit(store: Store, nonce: bytes, ev: Evidence, *, demo: bool = True) -> list[str]:
+    """Submit n1's evidence; the verdict's reasons ([] when it passed)."""
+    out = svc.submit_evidence(store, SYSTEM, "n1", nonce, ev, now=T0, allow_simulated=demo)
+    assert out.verdict["ok"] == (not out.verdict["reasons"])
+    return list(out.verdict["reasons"])
 
 
 def _round(
@@ -92,12 +105,10 @@ def test_a_remembered_log_does_not_excuse_a_quote_over_another_nonce(
     attested: tuple[Store, SimulatedAttester],
 ) -> None:
     store, a = attested
-    issued = svc.issue_nonce(store, SYSTEM, "n1", now=T0)
-    other = a.evidence(b"\x42" * 32, list(issued.pcrs), issued.pcr_bank)
+    nonce, ev = _evidence(store, a)
+    other = a.evidence(b"\x42" * 32, sorted(ev.pcrs["sha256"]))
     hits = svc.VERIFIER_CACHE.hits
-    out = svc.submit_evidence(store, SYSTEM, "n1", issued.nonce, other, now=T0,
-                              allow_simulated=True)  # fmt: skip
-    assert not out.verdict["ok"] and out.verdict["reasons"] == ["nonce_mismatch"]
+    assert _submit(store, nonce, other) == ["nonce_mismatch"]
     assert svc.VERIFIER_CACHE.hits == hits + 1  # the log's replay came from the memo
 
 
@@ -106,13 +117,10 @@ def test_a_remembered_log_is_still_compared_with_the_quoted_pcrs(
 ) -> None:
     store, a = attested
     # PCR values that do not hash to the quote's pcrDigest
-    issued = svc.issue_nonce(store, SYSTEM, "n1", now=T0)
-    ev = a.evidence(issued.nonce, list(issued.pcrs), issued.pcr_bank)
+    nonce, ev = _evidence(store, a)
     pcrs = {b: dict(v) for b, v in ev.pcrs.items()}
     pcrs["sha256"][9] = bytes(32)
-    out = svc.submit_evidence(store, SYSTEM, "n1", issued.nonce, replace(ev, pcrs=pcrs),
-                              now=T0, allow_simulated=True)  # fmt: skip
-    assert out.verdict["reasons"] == ["pcr_digest_mismatch"]
+    assert _submit(store, nonce, replace(ev, pcrs=pcrs)) == ["pcr_digest_mismatch"]
     # a TPM that measured one more thing than its log says: the quote is self-consistent,
     # the log (same bytes, its replay from the memo) does not give the quoted PCR 9
     a.soft.extend(9, {"sha256": bytes(32), "sha1": bytes(20)})
@@ -152,24 +160,14 @@ def test_unknown_and_replayed_nonces_are_still_told_apart(
     attested: tuple[Store, SimulatedAttester],
 ) -> None:
     store, a = attested
-    issued = svc.issue_nonce(store, SYSTEM, "n1", now=T0)
-    ev = a.evidence(issued.nonce, list(issued.pcrs), issued.pcr_bank)
-    ok = svc.submit_evidence(store, SYSTEM, "n1", issued.nonce, ev, now=T0, allow_simulated=True)
-    assert ok.verdict["ok"]
-    again = svc.submit_evidence(store, SYSTEM, "n1", issued.nonce, ev, now=T0,
-                                allow_simulated=True)  # fmt: skip
-    assert again.verdict["reasons"] == ["nonce_replayed"]
-    unknown = svc.submit_evidence(store, SYSTEM, "n1", b"\x01" * 32, ev, now=T0,
-                                  allow_simulated=True)  # fmt: skip
-    assert unknown.verdict["reasons"] == ["nonce_unknown"]
+    nonce, ev = _evidence(store, a)
+    assert _submit(store, nonce, ev) == []
+    assert _submit(store, nonce, ev) == ["nonce_replayed"]
+    assert _submit(store, b"\x01" * 32, ev) == ["nonce_unknown"]
     # outside demo mode the simulated attester is refused, and the nonce is spent all the same
-    issued = svc.issue_nonce(store, SYSTEM, "n1", now=T0)
-    ev = a.evidence(issued.nonce, list(issued.pcrs), issued.pcr_bank)
-    refused = svc.submit_evidence(store, SYSTEM, "n1", issued.nonce, ev, now=T0)
-    assert refused.verdict["reasons"] == ["simulated_attester_refused"]
-    later = svc.submit_evidence(store, SYSTEM, "n1", issued.nonce, ev, now=T0,
-                                allow_simulated=True)  # fmt: skip
-    assert later.verdict["reasons"] == ["nonce_replayed"]
+    nonce, ev = _evidence(store, a)
+    assert _submit(store, nonce, ev, demo=False) == ["simulated_attester_refused"]
+    assert _submit(store, nonce, ev) == ["nonce_replayed"]
 
 
 def test_a_round_stays_within_its_statements(
@@ -187,13 +185,10 @@ def test_a_round_stays_within_its_statements(
     try:
         for _ in range(3):  # the Merkle edge differs at each size: the budget holds at any
             seen.clear()
-            issued = svc.issue_nonce(store, SYSTEM, "n1", now=T0)
+            nonce, ev = _evidence(store, a)
             assert len(seen) <= BUDGET["nonce"], seen
-            ev = a.evidence(issued.nonce, list(issued.pcrs), issued.pcr_bank)
             seen.clear()
-            out = svc.submit_evidence(store, SYSTEM, "n1", issued.nonce, ev, now=T0,
-                                      allow_simulated=True)  # fmt: skip
-            assert out.verdict["ok"]
+            assert _submit(store, nonce, ev) == []
             assert len(seen) <= BUDGET["evidence"], seen
     finally:
         event.remove(store.engine, "before_cursor_execute", count)
