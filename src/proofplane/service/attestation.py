@@ -607,7 +607,7 @@ def _quarantine(tx: Tx, row: NodeRow, ident: NodeAttestationRow, reason: str) ->
 
 
 _STALE = (
-    select(NodeRow.id, NodeRow.labels, NodeAttestationRow.node_id.label("ident"))
+    select(NodeRow.id, NodeRow.labels)
     .outerjoin(NodeAttestationRow, NodeAttestationRow.node_id == NodeRow.id)
     .where(
         NodeRow.state.in_([s.value for s in KEEPS_WORK]),
@@ -623,14 +623,13 @@ _ENFORCING = select(AttestationPolicyRow.node_class, AttestationPolicyRow.enforc
 
 def _stale_ids(session: Any, cutoff: datetime) -> list[int]:
     """The nodes in service whose last pass is before ``cutoff`` (or that never passed) under
-    an enforcing policy, by name: one statement for the nodes, one for the policies, whatever
-    the fleet's size (the fresh nodes, nearly all of them, are not read)."""
-    stale = session.execute(_STALE, {"cutoff": cutoff}).all()
-    if not stale:
-        return []
+    an enforcing policy, by name: one statement for the policies and, when one enforces, one
+    for the nodes, whatever the fleet's size (the fresh nodes, nearly all, are not read)."""
     enforce = {cls: bool(on) for cls, on in session.execute(_ENFORCING)}
+    if not any(enforce.values()):
+        return []
     out = []
-    for r in stale:
+    for r in session.execute(_STALE, {"cutoff": cutoff}):
         cls = str((r.labels or {}).get(NODE_CLASS_LABEL, DEFAULT_CLASS))
         # the class's own policy, else the default one (as _policy_row chooses)
         if enforce[cls] if cls in enforce else enforce.get(DEFAULT_CLASS, False):
@@ -644,8 +643,9 @@ def check_stale(
     """Quarantine every node in service under an enforcing policy whose last passing
     attestation is older than ``grace`` (or that never passed). Returns their names.
 
-    A pass with nothing stale reads two statements and takes no write lock; the write
-    transaction (when there is something to do) reads the stale nodes again under the lock."""
+    A pass with nothing stale reads two statements and takes no write lock (one without an
+    enforcing policy); the write transaction, when there is something to do, reads the stale
+    nodes again under the lock."""
     authorize(actor, Permission.NODES_WRITE)
     done: list[str] = []
     at = now or datetime.now(UTC)
