@@ -37,6 +37,22 @@ def test_the_good_evidence_passes_and_the_policy_is_hashed():
     assert verify(GOOD, EXPECTED, EMPTY, T0, cache=VerifierCache()).to_json() == v.to_json()
 
 
+def test_a_shared_cache_never_lends_one_ak_to_another_quote():
+    """The memo keys a parsed AK by its exact bytes: after a node re-enrolls with a new AK,
+    a quote by the old one is refused, and the new AK's quotes are judged by the new key."""
+    cache = VerifierCache()
+    assert verify(GOOD, EXPECTED, EMPTY, T0, cache=cache).ok
+    new = SoftTpm(ec.derive_private_key(7, ec.SECP256R1()))
+    q, s, p = new.quote(NONCE, [0, 1, 2, 3, 4, 5, 6, 7])
+    by_new = Evidence(q, s, p)
+    re_enrolled = Expected(NONCE, T0, new.ak_public)
+    assert verify(by_new, re_enrolled, EMPTY, T0, cache=cache).ok
+    old_quote = verify(GOOD, re_enrolled, EMPTY, T0, cache=cache)
+    assert not old_quote.ok and old_quote.reasons == ("quote_signature_invalid",)
+    new_quote = verify(by_new, EXPECTED, EMPTY, T0, cache=cache)
+    assert not new_quote.ok and new_quote.reasons == ("quote_signature_invalid",)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200), st.binary(max_size=120))
 def test_random_quote_and_signature_never_pass(quote: bytes, sig: bytes):

@@ -10,6 +10,7 @@ what the uncached path computes; collision resistance of SHA-256 is what makes t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import struct
@@ -203,7 +204,16 @@ def _scan_regular(buf: bytes, bank: str, digest: str) -> LogFacts | None:
 
 class VerifierCache:
     """Bounded LRUs a verifier process owns: event-log facts by (SHA-256 of the log, bank) and
-    parsed AK public keys by their exact bytes. Pass it to ``verify(..., cache=…)``."""
+    parsed AK public keys by their exact bytes. Pass it to ``verify(..., cache=…)``.
+
+    Only pure functions of bytes are kept: the facts of a log (its parse and replay) and the
+    parsed AK; never a verdict. Every round still verifies the quote's signature over the
+    fresh nonce and compares the quoted PCR digest with the PCR values and the replay, and
+    the policy is applied anew. A re-enrolled node has a new AK, hence a new key here.
+
+    A server shares one between the threads of its process: each step is one operation of
+    the (C) ``OrderedDict``, and an entry another thread evicted in between is recomputed or
+    skipped, never wrong (what is kept is a pure function of its key)."""
 
     def __init__(self, max_entries: int = 20_000) -> None:
         self.max_entries = max_entries
@@ -218,25 +228,38 @@ class VerifierCache:
         if found is None:
             found = load(blob)
             self._aks[blob] = found
-            if len(self._aks) > self.max_entries:
-                self._aks.popitem(last=False)
+            _bound(self._aks, self.max_entries)
         else:
-            self._aks.move_to_end(blob)
+            _touch(self._aks, blob)
         return found
 
     def facts(self, blob: bytes, bank: str, sha256: str) -> LogFacts:
+        """The facts of ``blob`` in ``bank``; ``sha256`` is the hex SHA-256 of ``blob`` (the
+        verifier computes it from the very bytes it judges)."""
         key = (sha256, bank)
         found = self._items.get(key)
         if found is not None:
-            self._items.move_to_end(key)
+            _touch(self._items, key)
             self.hits += 1
             return found
         self.misses += 1
         facts = analyze_eventlog(blob, bank, sha256)
         self._items[key] = facts
-        if len(self._items) > self.max_entries:
-            self._items.popitem(last=False)
+        _bound(self._items, self.max_entries)
         return facts
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+def _touch(lru: OrderedDict[Any, Any], key: Any) -> None:
+    with contextlib.suppress(KeyError):  # another thread evicted it meanwhile
+        lru.move_to_end(key)
+
+
+def _bound(lru: OrderedDict[Any, Any], size: int) -> None:
+    while len(lru) > size:
+        try:
+            lru.popitem(last=False)
+        except KeyError:  # another thread emptied it meanwhile
+            return

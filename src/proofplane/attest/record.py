@@ -15,6 +15,7 @@ from typing import Any
 
 from proofplane.attest.errors import AttestError
 from proofplane.attest.evidence import Evidence, Expected, Verdict, parse_time
+from proofplane.attest.facts import VerifierCache
 from proofplane.attest.policy import Policy
 from proofplane.attest.verifier import verify
 
@@ -64,10 +65,17 @@ class EvidenceRecord:
 
 
 def make_record(
-    node: str, evidence: Evidence, expected: Expected, policy: Policy, now: datetime
+    node: str,
+    evidence: Evidence,
+    expected: Expected,
+    policy: Policy,
+    now: datetime,
+    *,
+    cache: VerifierCache | None = None,
 ) -> tuple[EvidenceRecord, Verdict]:
-    """Verify and wrap the result in a record (what the service stores for each attempt)."""
-    verdict = verify(evidence, expected, policy, now)
+    """Verify and wrap the result in a record (what the service stores for each attempt).
+    ``cache``: as for :func:`~proofplane.attest.verifier.verify` (the same verdict)."""
+    verdict = verify(evidence, expected, policy, now, cache=cache)
     return EvidenceRecord(node, evidence, expected, policy, now, verdict.to_json()), verdict
 
 

@@ -27,21 +27,24 @@ import hashlib
 import hmac
 import os
 import secrets
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, insert, or_, select, update
 
 from proofplane.access import Actor, Permission, authorize
-from proofplane.attest import AttestError, Evidence, Expected, Policy, PolicyError
+from proofplane.attest import AttestError, Evidence, Expected, Policy, PolicyError, VerifierCache
 from proofplane.attest.credential import (
     CredentialError,
     make_credential,
     tpm2_tools_credential_file,
 )
 from proofplane.attest.ekcert import verify_ek_certificate
+from proofplane.attest.policy import canonical_json
 from proofplane.attest.record import EvidenceRecord, make_record
 from proofplane.attest.tpm import ClockInfo, parse_public
 from proofplane.attest.verifier import Verdict, check_ak, evidence_hash
@@ -56,6 +59,7 @@ from proofplane.store.tables import (
     AttestationNonceRow,
     AttestationPolicyRow,
     EvidenceRow,
+    GpuRow,
     NodeAttestationRow,
     NodeRow,
     RetiredEkRow,
@@ -146,31 +150,101 @@ def _policy_row(session: Any, row: NodeRow) -> AttestationPolicyRow | None:
     return found  # type: ignore[no-any-return]
 
 
-def _require_policy(session: Any, row: NodeRow) -> tuple[AttestationPolicyRow, Policy]:
-    prow = _policy_row(session, row)
-    if prow is None:
+# --- one round's reads (issue 20: ~170 rounds/s on two cores) ----------------------------------
+#
+# A round reads the node, its attestation identity and its class's policy. These statements are
+# built once, read only the columns a round uses and load no GPU or certification rows: the ORM
+# node row is loaded only by the evidence round, which may change the node's state.
+
+#: The verifier's memo of pure functions of bytes (event-log parse + replay by the log's SHA-256,
+#: parsed AKs by their bytes), shared by this process's rounds; never a verdict.
+VERIFIER_CACHE = VerifierCache(max_entries=20_000)
+
+_POLICY_CACHE_SIZE = 64
+_policies: OrderedDict[bytes, Policy] = OrderedDict()
+_policies_lock = threading.Lock()
+
+_NONCE_ROUND = (
+    select(NodeRow.id, NodeRow.labels, NodeAttestationRow.bound_at)
+    .outerjoin(NodeAttestationRow, NodeAttestationRow.node_id == NodeRow.id)
+    .where(NodeRow.name == bindparam("name"))
+)
+_EVIDENCE_ROUND = (
+    select(NodeRow, NodeAttestationRow)
+    .outerjoin(NodeAttestationRow, NodeAttestationRow.node_id == NodeRow.id)
+    .where(NodeRow.name == bindparam("name"))
+)
+_POLICY_COLUMNS = (
+    AttestationPolicyRow.node_class,
+    AttestationPolicyRow.policy,
+    AttestationPolicyRow.enforce,
+)
+_POLICIES_OF = select(*_POLICY_COLUMNS).where(
+    AttestationPolicyRow.node_class.in_([bindparam("cls"), bindparam("default")])
+)
+_GPU_UUIDS = select(GpuRow.__table__.c.uuid).where(GpuRow.__table__.c.node_id == bindparam("node"))
+_NONCES = AttestationNonceRow.__table__
+_NEW_NONCE = insert(_NONCES)
+_USE_NONCE = (
+    update(_NONCES)
+    .where(
+        _NONCES.c.nonce == bindparam("hex"),
+        _NONCES.c.node_id == bindparam("node"),
+        _NONCES.c.used_at.is_(None),
+    )
+    .values(used_at=bindparam("now", type_=_NONCES.c.used_at.type))
+    .returning(_NONCES.c.issued_at)
+)
+_NONCE_ISSUED = select(_NONCES.c.issued_at).where(
+    _NONCES.c.nonce == bindparam("hex"), _NONCES.c.node_id == bindparam("node")
+)
+_NEW_EVIDENCE = insert(EvidenceRow.__table__).returning(EvidenceRow.__table__.c.id)
+
+
+def parsed_policy(doc: Mapping[str, Any]) -> Policy:
+    """``Policy.from_json(doc)``, memoized by the document's canonical JSON: a round reads its
+    policy row every time (a changed policy judges the very next round) and parses a document
+    only the first time this process sees it."""
+    key = canonical_json(doc)
+    with _policies_lock:
+        found = _policies.get(key)
+        if found is not None:
+            _policies.move_to_end(key)
+            return found
+    policy = Policy.from_json(doc)
+    with _policies_lock:
+        _policies[key] = policy
+        if len(_policies) > _POLICY_CACHE_SIZE:
+            _policies.popitem(last=False)
+    return policy
+
+
+def _round_policy(session: Any, name: str, labels: Mapping[str, Any] | None) -> tuple[bool, Policy]:
+    """(enforce, policy) of the node's class, else of ``default`` (one statement)."""
+    cls = str((labels or {}).get(NODE_CLASS_LABEL, DEFAULT_CLASS))
+    rows = {r.node_class: r for r in session.execute(
+        _POLICIES_OF, {"cls": cls, "default": DEFAULT_CLASS})}  # fmt: skip
+    found = rows.get(cls) or rows.get(DEFAULT_CLASS)
+    if found is None:
         raise InvalidState(
-            f"no attestation policy for node class {node_class(row)!r} (nor 'default'): "
+            f"no attestation policy for node class {cls!r} (nor 'default'): "
             "an admin sets one with PUT /api/v1/attestation/policy",
             code="attestation_policy_missing",
-            details={"node": row.name, "node_class": node_class(row)},
+            details={"node": name, "node_class": cls},
         )
-    return prow, Policy.from_json(prow.policy)
+    return bool(found.enforce), parsed_policy(found.policy)
+
+
+def _not_bound(name: str) -> InvalidState:
+    return InvalidState(
+        f"node {name!r} has no bound attestation key: enroll and activate first",
+        code="not_enrolled",
+        details={"node": name},
+    )
 
 
 def _identity(session: Any, row: NodeRow) -> NodeAttestationRow | None:
     return session.get(NodeAttestationRow, row.id)  # type: ignore[no-any-return]
-
-
-def _bound(session: Any, row: NodeRow) -> NodeAttestationRow:
-    ident = _identity(session, row)
-    if ident is None or ident.bound_at is None:
-        raise InvalidState(
-            f"node {row.name!r} has no bound attestation key: enroll and activate first",
-            code="not_enrolled",
-            details={"node": row.name},
-        )
-    return ident
 
 
 def _sha256(data: bytes) -> str:
@@ -349,15 +423,17 @@ def issue_nonce(store: Store, actor: Actor, name: str, now: datetime | None = No
     """A fresh single-use nonce, and which PCRs the policy wants quoted."""
     authorize_node(actor, name)
     with store.write(actor, now) as tx:
-        row = node_row(tx.session, name)
-        _bound(tx.session, row)
-        _prow, policy = _require_policy(tx.session, row)
+        found = tx.session.execute(_NONCE_ROUND, {"name": name}).one_or_none()
+        if found is None:
+            raise NotFound(f"node {name!r} not found", details={"node": name})
+        if found.bound_at is None:
+            raise _not_bound(name)
+        _enforce, policy = _round_policy(tx.session, name, found.labels)
         nonce = secrets.token_bytes(32)
-        tx.session.add(
-            AttestationNonceRow(
-                node_id=row.id, nonce=nonce.hex(), issued_at=tx.now,
-                expires_at=tx.now + NONCE_TTL, used_at=None,
-            )
+        tx.session.execute(
+            _NEW_NONCE,
+            {"node_id": found.id, "nonce": nonce.hex(), "issued_at": tx.now,
+             "expires_at": tx.now + NONCE_TTL, "used_at": None},
         )  # fmt: skip
         tx.record("node.attest.nonce", "node", name, details={"nonce": nonce.hex()})
         pcrs = tuple(
@@ -400,37 +476,41 @@ def submit_evidence(
     events and state reasons say ``simulated``."""
     authorize_node(actor, name)
     with store.write(actor, now) as tx:
-        row = node_row(tx.session, name)
-        ident = _bound(tx.session, row)
-        prow, policy = _require_policy(tx.session, row)
-        nrow = tx.session.scalar(
-            select(AttestationNonceRow).where(
-                AttestationNonceRow.nonce == nonce.hex(), AttestationNonceRow.node_id == row.id
-            )
-        )
+        found = tx.session.execute(_EVIDENCE_ROUND, {"name": name}).one_or_none()
+        if found is None:
+            raise NotFound(f"node {name!r} not found", details={"node": name})
+        row, ident = found
+        if ident is None or ident.bound_at is None:
+            raise _not_bound(name)
+        enforce, policy = _round_policy(tx.session, name, row.labels)
+        # the nonce is spent here, pass or fail (single use): one statement when it is fresh
+        key = {"hex": nonce.hex(), "node": row.id}
+        issued_at = tx.session.execute(_USE_NONCE, {**key, "now": tx.now}).scalar()
+        fresh = issued_at is not None
+        if not fresh:  # unknown, or spent by an earlier round
+            issued_at = tx.session.execute(_NONCE_ISSUED, key).scalar()
+        unknown = issued_at is None
         previous = None if ident.last_clock is None else ClockInfo.from_json(ident.last_clock)
-        issued_at = nrow.issued_at if nrow is not None else tx.now
-        expected = Expected(nonce, issued_at, ident.ak_public, ident.ek_public, previous)
+        expected = Expected(nonce, issued_at or tx.now, ident.ak_public, ident.ek_public, previous)
         simulated = bool(ident.simulated)
         if simulated and not allow_simulated:
-            if nrow is not None and nrow.used_at is None:
-                nrow.used_at = tx.now
             verdict = _refused("simulated_attester_refused", evidence, expected, policy)
             record = EvidenceRecord(name, evidence, expected, policy, tx.now, verdict.to_json())
-        elif nrow is None or nrow.used_at is not None:
-            code = "nonce_unknown" if nrow is None else "nonce_replayed"
+        elif not fresh:
+            code = "nonce_unknown" if unknown else "nonce_replayed"
             verdict = _refused(code, evidence, expected, policy)
             record = EvidenceRecord(name, evidence, expected, policy, tx.now, verdict.to_json())
         else:
-            nrow.used_at = tx.now  # single use, pass or fail
-            record, verdict = make_record(name, evidence, expected, policy, tx.now)
-        erow = EvidenceRow(
-            node_id=row.id, created_at=tx.now, ok=verdict.ok, reasons=list(verdict.reasons),
-            evidence_hash=verdict.evidence_hash, policy_id=policy.id,
-            policy_hash=policy.hash, record={**record.to_json(), **_sim(simulated)},
-        )  # fmt: skip
-        tx.session.add(erow)
-        tx.session.flush()
+            record, verdict = make_record(
+                name, evidence, expected, policy, tx.now, cache=VERIFIER_CACHE
+            )
+        evidence_id = tx.session.execute(
+            _NEW_EVIDENCE,
+            {"node_id": row.id, "created_at": tx.now, "ok": verdict.ok,
+             "reasons": list(verdict.reasons), "evidence_hash": verdict.evidence_hash,
+             "policy_id": policy.id, "policy_hash": policy.hash,
+             "record": {**record.to_json(), **_sim(simulated)}},
+        ).scalar_one()  # fmt: skip
         # /metrics counts the verdict once it is recorded
         on_commit(tx.session, lambda: count_verdict(verdict.ok, verdict.reasons))
         tx.record(
@@ -439,15 +519,15 @@ def submit_evidence(
             name,
             outcome=Outcome.SUCCESS if verdict.ok else Outcome.FAILURE,
             details={
-                "evidence_id": erow.id,
+                "evidence_id": evidence_id,
                 "evidence_hash": verdict.evidence_hash,
                 "policy_id": policy.id,
                 "policy_hash": policy.hash,
                 "node_class": policy.node_class,
                 "ok": verdict.ok,
                 "reasons": list(verdict.reasons),
-                "enforce": prow.enforce,
-                "gpu_uuids": sorted(g.uuid for g in row.gpus),
+                "enforce": enforce,
+                "gpu_uuids": sorted(tx.session.scalars(_GPU_UUIDS, {"node": row.id})),
                 **_sim(simulated),
                 # a failed verdict names the runbook that answers it
                 **({} if verdict.ok else with_runbook({}, "node.attest", "failure", tx.session)),
@@ -459,14 +539,14 @@ def submit_evidence(
             ident.last_clock = verdict.clock.to_json()
             ident.last_passed_at = tx.now
             _hardware_topology(tx, row, evidence)
-            if prow.enforce:
+            if enforce:
                 _admit(tx, row, ident, "attestation passed" + _sim_note(simulated))
-        elif prow.enforce:
+        elif enforce:
             _quarantine(
                 tx, row, ident,
                 "attestation failed: " + ",".join(verdict.reasons) + _sim_note(simulated),
             )  # fmt: skip
-        return AttestOutcome(name, erow.id, verdict.to_json(), row.state, row.state_reason)
+        return AttestOutcome(name, evidence_id, verdict.to_json(), row.state, row.state_reason)
 
 
 def _hardware_topology(tx: Tx, row: NodeRow, evidence: Evidence) -> None:
@@ -526,41 +606,61 @@ def _quarantine(tx: Tx, row: NodeRow, ident: NodeAttestationRow, reason: str) ->
     change_node_state(tx, row, NodeState.QUARANTINED, reason)
 
 
+_STALE = (
+    select(NodeRow.id, NodeRow.labels)
+    .outerjoin(NodeAttestationRow, NodeAttestationRow.node_id == NodeRow.id)
+    .where(
+        NodeRow.state.in_([s.value for s in KEEPS_WORK]),
+        or_(
+            NodeAttestationRow.last_passed_at.is_(None),
+            NodeAttestationRow.last_passed_at < bindparam("cutoff"),
+        ),
+    )
+    .order_by(NodeRow.name)
+)
+_ENFORCING = select(AttestationPolicyRow.node_class, AttestationPolicyRow.enforce)
+
+
+def _stale_ids(session: Any, cutoff: datetime) -> list[int]:
+    """The nodes in service whose last pass is before ``cutoff`` (or that never passed) under
+    an enforcing policy, by name: one statement for the policies and, when one enforces, one
+    for the nodes, whatever the fleet's size (the fresh nodes, nearly all, are not read)."""
+    enforce = {cls: bool(on) for cls, on in session.execute(_ENFORCING)}
+    if not any(enforce.values()):
+        return []
+    out = []
+    for r in session.execute(_STALE, {"cutoff": cutoff}):
+        cls = str((r.labels or {}).get(NODE_CLASS_LABEL, DEFAULT_CLASS))
+        # the class's own policy, else the default one (as _policy_row chooses)
+        if enforce[cls] if cls in enforce else enforce.get(DEFAULT_CLASS, False):
+            out.append(r.id)
+    return out
+
+
 def check_stale(
     store: Store, actor: Actor, grace: timedelta, now: datetime | None = None
 ) -> list[str]:
     """Quarantine every node in service under an enforcing policy whose last passing
-    attestation is older than ``grace`` (or that never passed). Returns their names."""
+    attestation is older than ``grace`` (or that never passed). Returns their names.
+
+    A pass with nothing stale reads two statements and takes no write lock (one without an
+    enforcing policy); the write transaction, when there is something to do, reads the stale
+    nodes again under the lock."""
     authorize(actor, Permission.NODES_WRITE)
     done: list[str] = []
-    with store.read() as session:  # no enforcing policy: nothing to check, nothing to write
-        if (
-            session.scalar(
-                select(AttestationPolicyRow.node_class).where(
-                    AttestationPolicyRow.enforce.is_(True)
-                )
-            )
-            is None
-        ):
+    at = now or datetime.now(UTC)
+    with store.read() as session:  # no enforcing policy or nothing stale: nothing to write
+        if not _stale_ids(session, at - grace):
             return done
     with store.write(actor, now) as tx:
-        rows = tx.session.scalars(
-            select(NodeRow)
-            .where(NodeRow.state.in_([s.value for s in KEEPS_WORK]))
-            .order_by(NodeRow.name)
-        )
-        for row in list(rows):
-            prow = _policy_row(tx.session, row)
-            if prow is None or not prow.enforce:
-                continue
+        for node_id in _stale_ids(tx.session, tx.now - grace):
+            row = tx.session.get(NodeRow, node_id)
             ident = _identity(tx.session, row)
-            last = None if ident is None else ident.last_passed_at
-            if last is not None and tx.now - last <= grace:
-                continue
             if ident is None:
                 reason = "attestation stale: never attested"
                 change_node_state(tx, row, NodeState.QUARANTINED, reason)
             else:
+                last = ident.last_passed_at
                 when = "never passed" if last is None else f"last pass {last.isoformat()}"
                 _quarantine(tx, row, ident, f"attestation stale: {when}")
             done.append(row.name)

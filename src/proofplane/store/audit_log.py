@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, func, insert, select
+from sqlalchemy import Connection, bindparam, func, insert, select
 from sqlalchemy.orm import Session
 
 from proofplane.audit import merkle
@@ -111,8 +111,23 @@ class Appender:
         if raw is not None:
             raw.executemany("INSERT INTO audit_hashes (id, hash) VALUES (?, ?)", rows)
         else:
-            db.execute(insert(AuditHashRow.__table__), [{"id": i, "hash": h} for i, h in rows])
+            _core(db).execute(_INSERT_HASH, [{"id": i, "hash": h} for i, h in rows])
         self.pending = []
+
+
+# Built once and run on the session's Connection (the write path runs them in every
+# transaction, issue 20): plain Core statements, nothing for the ORM to compile or track.
+_HASH_TABLE = AuditHashRow.__table__
+_INSERT_HASH = insert(_HASH_TABLE)
+_MAX_ID = select(func.max(_HASH_TABLE.c.id))
+_HASHES = select(_HASH_TABLE.c.id, _HASH_TABLE.c.hash).where(
+    _HASH_TABLE.c.id.in_(bindparam("ids", expanding=True))
+)
+
+
+def _core(db: Session | Connection) -> Connection:
+    """The Connection under ``db`` (inside ``db``'s transaction)."""
+    return db.connection() if isinstance(db, Session) else db
 
 
 def sqlite_connection(db: Session | Connection) -> Any | None:
@@ -130,7 +145,7 @@ def tree_size(db: Session | Connection) -> int:
     if raw is not None:
         last = raw.execute("SELECT max(id) FROM audit_hashes").fetchone()[0]
     else:
-        last = db.execute(select(func.max(AuditHashRow.id))).scalar()
+        last = _core(db).execute(_MAX_ID).scalar()
     return 0 if last is None else size_from_count(last + 1)
 
 
@@ -192,9 +207,7 @@ def _fetch(db: Session | Connection, ids: Sequence[int]) -> dict[int, bytes]:
         marks = ",".join("?" * len(wanted))
         rows = raw.execute(f"SELECT id, hash FROM audit_hashes WHERE id IN ({marks})", [*wanted])
     else:
-        rows = db.execute(
-            select(AuditHashRow.id, AuditHashRow.hash).where(AuditHashRow.id.in_(wanted))
-        ).all()
+        rows = _core(db).execute(_HASHES, {"ids": list(wanted)}).all()
     found = {r[0]: bytes(r[1]) for r in rows}
     missing = wanted - found.keys()
     if missing:

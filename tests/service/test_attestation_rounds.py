@@ -1,0 +1,222 @@
+"""One attestation round at fleet scale (issue 20): what the server may remember between rounds
+and what it must check anew every time, the statements a round costs, and the staleness pass
+that reads only stale nodes.
+
+The server keeps a memo of pure functions of bytes (``VERIFIER_CACHE``: an event log's parse and
+replay by its SHA-256, parsed AKs by their bytes) and of parsed policies by their hash; never a
+verdict. So a log seen before still has its replay compared with the quote, every quote's
+signature and nonce are checked, and a policy changed between two rounds judges the second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+
+from proofplane.access import SYSTEM, Actor
+from proofplane.attest import Evidence, Policy
+from proofplane.attest import eventlog as el
+from proofplane.attest.simulate import SimulatedAttester, demo_boot_log
+from proofplane.demo.attester import BOOTLOADERS, DEMO_POLICY, GOOD_KERNEL
+from proofplane.model import Gpu, Node, NodeState
+from proofplane.service import attestation as svc
+from proofplane.service.context import Store
+from proofplane.service.nodes import get_node, register_node, set_node_state
+
+LOG = demo_boot_log(GOOD_KERNEL, bootloaders=BOOTLOADERS)
+T0 = datetime(2026, 11, 27, 12, tzinfo=UTC)
+# SQL statements of one round on PostgreSQL (every one goes through SQLAlchemy there): nonce =
+# the write lock, node + identity, policy, INSERT nonce, and the event (max seq, Merkle size,
+# its edge, INSERT event, INSERT hashes); evidence = the lock, node + identity, policy, UPDATE
+# the nonce … RETURNING, INSERT evidence, GPU uuids, the event's five, UPDATE the identity.
+# Before issue 20's change: 12 and 15.
+BUDGET = {"nonce": 9, "evidence": 12}
+
+
+def _node(store: Store, name: str, labels: dict[str, str] | None = None) -> None:
+    gpus = (Gpu(0, f"GPU-{name}", "H100-80GB", 81920),)
+    register_node(store, SYSTEM, Node(name, "r1", "z1", gpus=gpus, labels=labels or {}))
+
+
+def _enrolled(store: Store, name: str, labels: dict[str, str] | None = None) -> SimulatedAttester:
+    _node(store, name, labels)
+    a = SimulatedAttester.create()
+    a.boot(LOG)
+    actor = Actor(f"node:{name}")
+    challenge = svc.enroll(store, actor, name, a.ek_public, a.ak_public,
+                           simulated=True, allow_simulated=True, now=T0)  # fmt: skip
+    svc.activate(store, actor, name, a.activate(challenge.credential), now=T0)
+    return a
+
+
+def _evidence(store: Store, a: SimulatedAttester, now: datetime = T0) -> tuple[bytes, Evidence]:
+    """A fresh nonce for n1 and the attester's evidence over it."""
+    issued = svc.issue_nonce(store, SYSTEM, "n1", now=now)
+    return issued.nonce, a.evidence(issued.nonce, list(issued.pcrs), issued.pcr_bank)
+
+
+def _submit(store: Store, nonce: bytes, ev: Evidence, *, demo: bool = True) -> list[str]:
+    """Submit n1's evidence; the verdict's reasons ([] when it passed)."""
+    out = svc.submit_evidence(store, SYSTEM, "n1", nonce, ev, now=T0, allow_simulated=demo)
+    assert out.verdict["ok"] == (not out.verdict["reasons"])
+    return list(out.verdict["reasons"])
+
+
+def _round(
+    store: Store, name: str, a: SimulatedAttester, now: datetime = T0, **change: Any
+) -> dict[str, Any]:
+    """Issue a nonce, make the evidence (``change``: fields of it replaced), submit it."""
+    issued = svc.issue_nonce(store, SYSTEM, name, now=now)
+    ev = a.evidence(issued.nonce, list(issued.pcrs), issued.pcr_bank)
+    out = svc.submit_evidence(store, SYSTEM, name, issued.nonce, replace(ev, **change),
+                              now=now, allow_simulated=True)  # fmt: skip
+    return out.verdict
+
+
+@pytest.fixture
+def attested(store: Store) -> Iterator[tuple[Store, SimulatedAttester]]:
+    svc.set_policy(store, SYSTEM, DEMO_POLICY, enforce=True)
+    a = _enrolled(store, "n1")
+    assert _round(store, "n1", a)["ok"]
+    yield store, a
+
+
+def test_a_tampered_log_of_the_same_length_is_refused_after_the_genuine_one_was_seen(
+    attested: tuple[Store, SimulatedAttester],
+) -> None:
+    store, a = attested
+    kernel = next(e for e in el.parse_eventlog(LOG).events if e.pcr == 9)
+    at = LOG.index(kernel.digests["sha256"])
+    tampered = LOG[:at] + bytes([LOG[at] ^ 1]) + LOG[at + 1 :]
+    assert len(tampered) == len(LOG)
+    v = _round(store, "n1", a, eventlog=tampered)
+    assert not v["ok"] and "eventlog_replay_mismatch" in v["reasons"]
+    assert get_node(store, SYSTEM, "n1").state == NodeState.QUARANTINED
+    assert _round(store, "n1", a)["ok"]  # the genuine log again (from the memo): released
+    assert get_node(store, SYSTEM, "n1").state == NodeState.ADMITTED
+
+
+def test_a_remembered_log_does_not_excuse_a_quote_over_another_nonce(
+    attested: tuple[Store, SimulatedAttester],
+) -> None:
+    store, a = attested
+    nonce, ev = _evidence(store, a)
+    other = a.evidence(b"\x42" * 32, sorted(ev.pcrs["sha256"]))
+    hits = svc.VERIFIER_CACHE.hits
+    assert _submit(store, nonce, other) == ["nonce_mismatch"]
+    assert svc.VERIFIER_CACHE.hits == hits + 1  # the log's replay came from the memo
+
+
+def test_a_remembered_log_is_still_compared_with_the_quoted_pcrs(
+    attested: tuple[Store, SimulatedAttester],
+) -> None:
+    store, a = attested
+    # PCR values that do not hash to the quote's pcrDigest
+    nonce, ev = _evidence(store, a)
+    pcrs = {b: dict(v) for b, v in ev.pcrs.items()}
+    pcrs["sha256"][9] = bytes(32)
+    assert _submit(store, nonce, replace(ev, pcrs=pcrs)) == ["pcr_digest_mismatch"]
+    # a TPM that measured one more thing than its log says: the quote is self-consistent,
+    # the log (same bytes, its replay from the memo) does not give the quoted PCR 9
+    a.soft.extend(9, {"sha256": bytes(32), "sha1": bytes(20)})
+    hits = svc.VERIFIER_CACHE.hits
+    v = _round(store, "n1", a)
+    assert not v["ok"] and v["reasons"] == ["eventlog_replay_mismatch"]
+    assert svc.VERIFIER_CACHE.hits == hits + 1
+
+
+def test_a_policy_changed_between_two_rounds_judges_the_second(
+    attested: tuple[Store, SimulatedAttester],
+) -> None:
+    store, a = attested
+    stricter = {**DEMO_POLICY, "id": "stricter", "allowed_kernels": ["00" * 32]}
+    svc.set_policy(store, SYSTEM, stricter, enforce=True)
+    v = _round(store, "n1", a)
+    assert not v["ok"] and v["reasons"] == ["kernel_not_allowed"]
+    assert v["policy_id"] == "stricter"
+    assert get_node(store, SYSTEM, "n1").state == NodeState.QUARANTINED
+    svc.set_policy(store, SYSTEM, DEMO_POLICY, enforce=True)
+    v = _round(store, "n1", a)
+    assert v["ok"] and v["policy_id"] == DEMO_POLICY["id"]
+    assert get_node(store, SYSTEM, "n1").state == NodeState.ADMITTED
+
+
+def test_a_policy_document_is_parsed_once_and_each_document_gets_its_own() -> None:
+    doc = {**DEMO_POLICY, "id": "memo"}
+    first = svc.parsed_policy(doc)
+    assert svc.parsed_policy(dict(reversed(list(doc.items())))) is first  # the same document
+    assert first.to_json() == Policy.from_json(doc).to_json()
+    other = svc.parsed_policy({**doc, "allowed_kernels": ["00" * 32]})
+    assert other is not first and other.hash != first.hash
+    assert other.allowed_kernels == frozenset({bytes(32)})
+
+
+def test_unknown_and_replayed_nonces_are_still_told_apart(
+    attested: tuple[Store, SimulatedAttester],
+) -> None:
+    store, a = attested
+    nonce, ev = _evidence(store, a)
+    assert _submit(store, nonce, ev) == []
+    assert _submit(store, nonce, ev) == ["nonce_replayed"]
+    assert _submit(store, b"\x01" * 32, ev) == ["nonce_unknown"]
+    # outside demo mode the simulated attester is refused, and the nonce is spent all the same
+    nonce, ev = _evidence(store, a)
+    assert _submit(store, nonce, ev, demo=False) == ["simulated_attester_refused"]
+    assert _submit(store, nonce, ev) == ["nonce_replayed"]
+
+
+def test_a_round_stays_within_its_statements(
+    attested: tuple[Store, SimulatedAttester], db_url: str
+) -> None:
+    store, a = attested
+    if not db_url.startswith("postgresql"):
+        pytest.skip("SQLite's audit appends bypass SQLAlchemy: counted on PostgreSQL")
+    seen: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        seen.append(statement)
+
+    event.listen(store.engine, "before_cursor_execute", count)
+    try:
+        for _ in range(3):  # the Merkle edge differs at each size: the budget holds at any
+            seen.clear()
+            nonce, ev = _evidence(store, a)
+            assert len(seen) <= BUDGET["nonce"], seen
+            seen.clear()
+            assert _submit(store, nonce, ev) == []
+            assert len(seen) <= BUDGET["evidence"], seen
+    finally:
+        event.remove(store.engine, "before_cursor_execute", count)
+
+
+def test_staleness_reads_policies_by_class_and_quarantines_only_stale_nodes(
+    store: Store,
+) -> None:
+    svc.set_policy(store, SYSTEM, DEMO_POLICY, enforce=True)
+    lab = {**DEMO_POLICY, "id": "lab", "node_class": "lab"}
+    svc.set_policy(store, SYSTEM, lab, enforce=False)
+    fresh = _enrolled(store, "fresh")
+    stale = _enrolled(store, "stale")
+    in_lab = _enrolled(store, "in-lab", {"node-class": "lab"})
+    classless = _enrolled(store, "classless", {"node-class": "nobody-has-this-class"})
+    _node(store, "never")  # registered, never enrolled: not in service, not checked
+    for name, a in (("stale", stale), ("in-lab", in_lab), ("classless", classless)):
+        assert _round(store, name, a)["ok"]
+    # a non-enforcing policy admits nobody: the lab node is put in service by hand
+    set_node_state(store, SYSTEM, "in-lab", NodeState.ADMITTED, "lab bench")
+    later = T0 + timedelta(minutes=10)
+    assert _round(store, "fresh", fresh, now=later)["ok"]
+    grace = timedelta(minutes=5)
+    # the lab's policy does not enforce; the classless node falls back to the default one
+    assert svc.check_stale(store, SYSTEM, grace, now=later) == ["classless", "stale"]
+    for name, state in (("fresh", NodeState.ADMITTED), ("in-lab", NodeState.ADMITTED),
+                        ("stale", NodeState.QUARANTINED), ("classless", NodeState.QUARANTINED),
+                        ("never", NodeState.REGISTERED)):  # fmt: skip
+        assert get_node(store, SYSTEM, name).state == state, name
+    assert "last pass" in (get_node(store, SYSTEM, "stale").state_reason or "")
+    assert svc.check_stale(store, SYSTEM, grace, now=later) == []  # already quarantined
