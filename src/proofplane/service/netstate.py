@@ -38,7 +38,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import event as sa_event
-from sqlalchemy import func, or_, select
+from sqlalchemy import or_, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import Pool
@@ -739,7 +739,7 @@ def _sync_desired(tx: Tx, st: _NetTx, changes: Mapping[str, _Ep | None]) -> None
     if index is None and not st.rebuild:
         base = tx.base_seq
         if base is None:
-            base = session.scalar(select(func.max(EventRow.seq))) or 0
+            base = tx.newest_seq()
         found = cache.usable(session, base)
         if found is not None:
             index, followed = found

@@ -41,7 +41,7 @@ from proofplane.schedule.scoring import DEFAULT_SCORER, SCORERS, Scorer, Shape, 
 from proofplane.schedule.values import Request
 from proofplane.service import defrag as defrag_store
 from proofplane.service import netstate
-from proofplane.service.context import Tx
+from proofplane.service.context import Tx, newest_seq
 from proofplane.service.instruments import observe_decision
 from proofplane.service.jobs import cancel_engine_job
 from proofplane.store.repo import (
@@ -276,7 +276,7 @@ class SchedulerCache:
             return self._view(session)
 
     def _view(self, session: Session) -> ClusterView:
-        newest = session.scalar(select(func.max(EventRow.seq))) or 0
+        newest = newest_seq(session)
         view = ClusterView(session)
         if self.scheduler is not None and self.version is not None and self.version != newest:
             if self._catch_up(session, self.scheduler, self.version):
@@ -430,7 +430,7 @@ class SchedulerCache:
 
     def _before_commit(self, session: Session, held: Scheduler) -> None:
         if self.scheduler is held:
-            self._pending = session.scalar(select(func.max(EventRow.seq))) or 0
+            self._pending = newest_seq(session)
 
     def _after_commit(self, held: Scheduler) -> None:
         if self.scheduler is held and self._pending is not None:
