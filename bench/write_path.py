@@ -13,6 +13,9 @@ the calls the API routes make, after ``--warmup`` untimed pairs, in two phases:
 
 Each write transaction holds the database's one write lock from its first statement to its
 commit, so ``ms_per_pair`` is lock time. ``statements_per_pair`` counts SQL statements.
+``cpu_ms_per_pair`` is the CPU that time is made of, which a busy machine does not inflate as
+it does the wall time: this process's (``service``: the service code, SQLAlchemy, the driver)
+and that of the PostgreSQL backends serving its connections (``postgres``, from /proc).
 
     .venv/bin/python bench/write_path.py --json [--pairs 200] [--db postgresql://…/test]
 """
@@ -21,13 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _server import load_demo, throwaway_postgres
@@ -48,7 +52,18 @@ def phase(url: str, stores: int, pairs: int, warmup: int, prefix: str) -> dict[s
     def counted(*_args: Any) -> None:
         count[0] += 1
 
+    backends: set[int] = set()
+
+    def connected(dbapi_connection: Any, _record: Any) -> None:
+        cur = dbapi_connection.cursor()
+        cur.execute("SELECT pg_backend_pid()")
+        backends.add(int(cur.fetchone()[0]))
+        cur.close()
+
     for s in opened:
+        event.listen(s.engine, "connect", connected)
+        with s.engine.connect() as conn:  # the pool's first connection, its backend known
+            conn.execute(text("SELECT 1"))
         event.listen(s.engine, "before_cursor_execute", counted)
     try:
 
@@ -62,20 +77,39 @@ def phase(url: str, stores: int, pairs: int, warmup: int, prefix: str) -> dict[s
             pair(i)
         count[0] = 0
         ms = []
+        cpu0, pg0 = time.process_time(), backend_cpu_seconds(backends)
         for i in range(warmup, warmup + pairs):
             t0 = time.perf_counter()
             pair(i)
             ms.append((time.perf_counter() - t0) * 1000)
+        cpu, pg = time.process_time() - cpu0, backend_cpu_seconds(backends) - pg0
         return {
             "stores": stores,
             "pairs": pairs,
             "ms_per_pair_p50": round(statistics.median(ms), 2),
             "ms_per_pair_mean": round(statistics.fmean(ms), 2),
             "statements_per_pair": round(count[0] / pairs, 1),
+            "cpu_ms_per_pair": {
+                "service": round(cpu * 1000 / pairs, 2),
+                "postgres": round(pg * 1000 / pairs, 2),
+            },
         }
     finally:
         for s in opened:
             s.dispose()
+
+
+def backend_cpu_seconds(pids: set[int]) -> float:
+    """user+system CPU seconds of these (local) PostgreSQL backends, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # a server on another machine, or the backend is gone
+        total += int(fields[11]) + int(fields[12])  # utime, stime (after the state field)
+    return total / tick
 
 
 def main() -> None:
@@ -101,7 +135,8 @@ def main() -> None:
     else:
         print(
             f"one store {one['ms_per_pair_p50']} ms a pair ({one['statements_per_pair']} "
-            f"statements), two alternating {two['ms_per_pair_p50']} ms"
+            f"statements, CPU {one['cpu_ms_per_pair']}), two alternating "
+            f"{two['ms_per_pair_p50']} ms"
         )
 
 

@@ -1,5 +1,5 @@
 """bench/write_path.py: submit + cancel pairs through the service on PostgreSQL, one store and
-two alternating stores, print their time and statement counts."""
+two alternating stores, print their time, statement counts and CPU."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ def test_bench_write_path_prints_both_phases(tmp_path: Path) -> None:
         run = data[name]
         assert run["stores"] == stores and run["pairs"] == 4
         assert run["ms_per_pair_p50"] > 0 and run["statements_per_pair"] > 10
+        cpu = run["cpu_ms_per_pair"]
+        assert cpu["service"] > 0 and cpu["postgres"] >= 0  # PostgreSQL is local here
     assert data["two_over_one"] == round(
         data["two"]["ms_per_pair_p50"] / data["one"]["ms_per_pair_p50"], 2
     )

@@ -69,6 +69,9 @@ class Tx:
         # The newest event before this transaction wrote its first one (None: none written
         # yet): the state a per-store cache must be current at to be reused by this one.
         self.base_seq: int | None = None
+        # The newest event in the database as read under the write lock (None: not read yet):
+        # only this transaction's own events move it after that (``newest_seq``).
+        self._newest: int | None = None
         # Per-transaction state a service keeps (by its own key), and what runs just before
         # the commit (``on_finish``): a service that batches work to the end of the
         # transaction (the network's desired state, issue 14) writes it there, events and all.
@@ -139,10 +142,8 @@ class Tx:
             # did (its autoflush): a Core read later in the transaction sees them. The read
             # itself is Core (or the DB-API connection): nothing for the ORM to compile.
             session.flush()
-            if raw is not None:
-                last = raw.execute(_SQLITE_LAST_SEQ).fetchone()[0]
-            else:
-                last = session.connection().execute(_LAST_SEQ).scalar()
+            # read under this transaction's write lock already, or now
+            last = self._newest if self._newest is not None else _read_last_seq(session, raw)
             self._next_seq = (last or 0) + 1
             self.base_seq = last or 0
         if self._audit is None:
@@ -173,6 +174,18 @@ class Tx:
         self._audit.append_leaves(leaves)
         return list(range(seq - len(leaves), seq))
 
+    def newest_seq(self) -> int:
+        """The newest event's ``seq`` in the database: this transaction's last one, or the one
+        before it wrote any, read once. It holds the write lock from its first statement and
+        every event is written through ``record``/``record_many``, so nothing else moves it
+        meanwhile: the scheduler cache's checks, the network cache's and the first event's
+        seq share one read instead of each taking its own."""
+        if self._next_seq is not None:
+            return self._next_seq - 1
+        if self._newest is None:
+            self._newest = _read_last_seq(self.session, sqlite_connection(self.session)) or 0
+        return self._newest
+
     @property
     def last_seq(self) -> int | None:
         """The newest event this transaction wrote (None: none)."""
@@ -193,6 +206,14 @@ class Tx:
             self._audit.flush(self.session)
 
 
+def _read_last_seq(session: Session, raw: Any | None) -> int | None:
+    """The newest event's seq (None: no event), read on the DB-API connection on SQLite."""
+    if raw is not None:
+        last: int | None = raw.execute(_SQLITE_LAST_SEQ).fetchone()[0]
+        return last
+    return session.connection().execute(_LAST_SEQ).scalar()
+
+
 def _sqlite_ts(now: datetime, dialect: Dialect) -> str:
     """The text the ``events.ts`` column stores for ``now`` on SQLite (the column type's own
     bind processing, so a row written in bulk reads back exactly like one the ORM wrote)."""
@@ -201,6 +222,18 @@ def _sqlite_ts(now: datetime, dialect: Dialect) -> str:
     if not isinstance(value, str):
         raise TypeError(f"expected the SQLite text form of a datetime, got {value!r}")
     return value
+
+
+_TX_INFO = "proofplane.tx"  # a write session's ``Session.info`` key: its ``Tx``
+
+
+def newest_seq(session: Session) -> int:
+    """The newest event's ``seq`` that ``session`` sees: ``Tx.newest_seq`` in a write
+    transaction of ``Store.write`` (read at most once), else read now."""
+    tx = session.info.get(_TX_INFO)
+    if isinstance(tx, Tx):
+        return tx.newest_seq()
+    return session.scalar(_LAST_SEQ) or 0
 
 
 _JOINED: ContextVar[tuple[Store, Tx] | None] = ContextVar("proofplane_joined_tx", default=None)
@@ -253,6 +286,7 @@ class Store:
                 tx = Tx(session, actor, now or datetime.now(UTC))
                 tx.backend = self.backend
                 tx.network_settings = self.network
+                session.info[_TX_INFO] = tx
                 yield tx
                 tx.finish()
         except IntegrityError as exc:
@@ -265,6 +299,7 @@ class Store:
         except OperationalError as exc:
             raise Unavailable("the database is unavailable", details=str(exc.orig)) from exc
         finally:
+            session.info.pop(_TX_INFO, None)
             session.close()
 
     @contextmanager

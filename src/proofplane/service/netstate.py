@@ -38,9 +38,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import event as sa_event
-from sqlalchemy import func, or_, select
+from sqlalchemy import or_, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import flag_modified
 from sqlalchemy.pool import Pool
 
 from proofplane.access import Actor
@@ -67,7 +68,7 @@ from proofplane.network.segments import (
     next_free,
 )
 from proofplane.service import render_support
-from proofplane.service.context import Store, Tx
+from proofplane.service.context import NewEvent, Store, Tx
 from proofplane.store.tables import (
     EndpointRow,
     EventRow,
@@ -122,6 +123,13 @@ class _NetTx:
     used_ips: dict[int, set[str]] = field(default_factory=dict)
     index: NetworkIndex | None = None  # the index this transaction changed (kept on re-runs)
     listening: bool = False
+    # workloads inserted in this transaction, not yet synced: no endpoint, and no segment but
+    # the one ``allocate_segment`` gave them here (``own``), so neither is read back
+    created: set[int] = field(default_factory=set)
+    own: dict[int, SegmentRow] = field(default_factory=dict)
+    # the network.endpoints and network.desired events of ``_finish``, written at its end in
+    # one insert (in the order they were recorded)
+    events: list[NewEvent] = field(default_factory=list)
 
     def idle(self) -> bool:
         return not (
@@ -149,6 +157,12 @@ def touch(tx: Tx, workload_ids: Iterable[int]) -> None:
     """These workloads' placements may have changed in this transaction (placed, evicted,
     ended): their endpoints and the nodes' desired state follow before the commit."""
     _state(tx).touched.update(workload_ids)
+
+
+def created(tx: Tx, workload_id: int) -> None:
+    """The workload was inserted in this transaction: it has no endpoints yet (nothing to read
+    back when its placement is synced)."""
+    _state(tx).created.add(workload_id)
 
 
 def policy_changed(tx: Tx, tenant: str, policy: NetworkPolicy) -> None:
@@ -265,6 +279,8 @@ def allocate_segment(
     tx.session.add(row)
     tx.session.flush()
     pools.hold(v, p)
+    if workload_id is not None:
+        _state(tx).own[workload_id] = row
     key = endpoint_key(tenant, workload) if workload is not None else None
     _state(tx).new_segments.append(Segment(tenant, v, p, key))
     tx.record(
@@ -408,12 +424,20 @@ def _sync_endpoints(tx: Tx, st: _NetTx) -> tuple[dict[str, _Ep | None], bool]:
                 .order_by(WorkloadRow.id)
             ).all()
         )
-        for ep in session.scalars(select(EndpointRow).where(EndpointRow.workload_id.in_(chunk))):
+        stored = [i for i in chunk if i not in st.created]  # the others have none stored
+        if not stored:
+            continue
+        for ep in session.scalars(select(EndpointRow).where(EndpointRow.workload_id.in_(stored))):
             existing.setdefault(ep.workload_id, {})[ep.member] = ep
         for seg in session.scalars(
-            select(SegmentRow).where(SegmentRow.workload_id.in_(chunk), SegmentRow.state == ACTIVE)
+            select(SegmentRow).where(SegmentRow.workload_id.in_(stored), SegmentRow.state == ACTIVE)
         ):
             own_segments[seg.workload_id] = seg
+    for wid in st.created.intersection(ids):
+        own = st.own.get(wid)
+        if own is not None and own.state == ACTIVE:
+            own_segments[wid] = own
+    st.created.difference_update(ids)  # synced: from now on they may have endpoints
     allocated: dict[str, list[dict[str, Any]]] = {}
     released: dict[str, list[dict[str, Any]]] = {}
     failed: dict[str, list[dict[str, Any]]] = {}
@@ -496,17 +520,17 @@ def _sync_endpoints(tx: Tx, st: _NetTx) -> tuple[dict[str, _Ep | None], bool]:
             details["allocated"] = allocated[tenant]
         if tenant in released:
             details["released"] = released[tenant]
-        tx.record("network.endpoints", "tenant", tenant, details=details)
+        st.events.append(NewEvent("network.endpoints", "tenant", tenant, details))
     for tenant, items in sorted(failed.items()):
-        tx.record(
+        st.events.append(NewEvent(
             "network.endpoints",
             "tenant",
             tenant,
-            outcome=Outcome.FAILURE,
-            details={"tenant": tenant, "unassigned": items,
-                     "message": "placed without a network endpoint: no segment or no free "
-                     "address in the tenant's subnet"},
-        )  # fmt: skip
+            {"tenant": tenant, "unassigned": items,
+             "message": "placed without a network endpoint: no segment or no free "
+             "address in the tenant's subnet"},
+            Outcome.FAILURE,
+        ))  # fmt: skip
     return out, wrote
 
 
@@ -731,19 +755,23 @@ def _apply(index: NetworkIndex, st: _NetTx, changes: Mapping[str, _Ep | None]) -
 
 def _sync_desired(tx: Tx, st: _NetTx, changes: Mapping[str, _Ep | None]) -> None:
     session = tx.session
-    if st.index is None and session.scalar(select(NodeNetworkRow.node_id).limit(1)) is None:
-        return  # no node has underlay facts: there is no desired state to keep
     cache = _cache_for(session)
     index = st.index
     followed: frozenset[str] = frozenset()
-    if index is None and not st.rebuild:
-        base = tx.base_seq
-        if base is None:
-            base = session.scalar(select(func.max(EventRow.seq))) or 0
-        found = cache.usable(session, base)
-        if found is not None:
-            index, followed = found
-            cache.hits += 1
+    found = None
+    checked = False
+    if index is None and not st.rebuild and cache.index is not None and cache.index.nodes:
+        # A cached index with nodes that is current (at the newest event before this
+        # transaction's): those nodes have underlay facts, there is a desired state to keep.
+        found, checked = cache.usable(session, _base_seq(tx)), True
+    if index is None and found is None:
+        if session.scalar(select(NodeNetworkRow.node_id).limit(1)) is None:
+            return  # no node has underlay facts: there is no desired state to keep
+        if not st.rebuild and not checked:
+            found = cache.usable(session, _base_seq(tx))
+    if found is not None:
+        index, followed = found
+        cache.hits += 1
     affected: set[str] | None = None
     if index is not None and not st.rebuild:
         try:
@@ -758,11 +786,16 @@ def _sync_desired(tx: Tx, st: _NetTx, changes: Mapping[str, _Ep | None]) -> None
         index = load_index(session)
         affected = set(index.nodes)
     assert index is not None
-    _bump(tx, index, affected)
+    _bump(tx, st, index, affected)
     st.index = index
     if not st.listening:
         st.listening = True
         _listen(tx, cache, st)
+
+
+def _base_seq(tx: Tx) -> int:
+    """The newest event before this transaction wrote any (what a reusable cache is at)."""
+    return tx.base_seq if tx.base_seq is not None else tx.newest_seq()
 
 
 def _listen(tx: Tx, cache: NetworkCache, st: _NetTx) -> None:
@@ -785,7 +818,13 @@ def _listen(tx: Tx, cache: NetworkCache, st: _NetTx) -> None:
     sa_event.listen(session, "after_rollback", after_rollback)
 
 
-def _bump(tx: Tx, index: NetworkIndex, affected: Iterable[str]) -> None:
+_GENERATION_COLUMNS = (
+    "segment_since", "desired_generation", "desired_sha256", "expected_ruleset_sha256", "drift",
+    "updated_at",
+)  # fmt: skip
+
+
+def _bump(tx: Tx, st: _NetTx, index: NetworkIndex, affected: Iterable[str]) -> None:
     """Give each affected node whose desired SHA-256 changed the next generation (and record
     which segments each generation brought); one ``network.desired`` event for them all.
     Everything is computed before the first row changes: a refusal leaves no node half-done."""
@@ -803,6 +842,10 @@ def _bump(tx: Tx, index: NetworkIndex, affected: Iterable[str]) -> None:
                 updates.append((row, d, expected_ruleset_sha256(d)))
     changed: dict[str, dict[str, Any]] = {}
     for row, d, ruleset in updates:
+        # Every column a new generation sets is written, changed or not (the same values):
+        # one UPDATE statement for all the nodes instead of one per set of changed columns.
+        for column in _GENERATION_COLUMNS:
+            flag_modified(row, column)
         generation = row.desired_generation + 1
         since = dict(row.segment_since or {})
         row.segment_since = {str(s.vni): int(since.get(str(s.vni), generation))
@@ -819,13 +862,14 @@ def _bump(tx: Tx, index: NetworkIndex, affected: Iterable[str]) -> None:
         }
     if changed:
         tx.session.flush()
-        tx.record("network.desired", "network", "desired", details={"nodes": changed})
+        st.events.append(NewEvent("network.desired", "network", "desired", {"nodes": changed}))
 
 
 def _finish(tx: Tx) -> None:
     st = _state(tx)
     if st.idle():
         return
+    st.events.clear()
     changes, _ = _sync_endpoints(tx, st)
     try:
         _sync_desired(tx, st, changes)  # writes nothing before it has computed everything
@@ -835,13 +879,12 @@ def _finish(tx: Tx) -> None:
         log.exception("network: the desired state could not be recomputed")
         _cache_for(tx.session).drop()
         st.index = None
-        tx.record(
-            "network.desired",
-            "network",
-            "desired",
-            outcome=Outcome.FAILURE,
-            details={"error": exc.code, "message": exc.message},
+        failure = {"error": exc.code, "message": exc.message}
+        st.events.append(
+            NewEvent("network.desired", "network", "desired", failure, Outcome.FAILURE)
         )
+    tx.record_many(st.events)  # the endpoints' events, then the desired state's
+    st.events.clear()
     st.reset()
 
 

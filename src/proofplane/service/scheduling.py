@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import event as sa_event
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, joinedload, selectinload
 from sqlalchemy.pool import Pool
 
 from proofplane.config import mig_auto_layout
@@ -51,7 +51,7 @@ from proofplane.schedule.scoring import DEFAULT_SCORER, SCORERS, Scorer, Shape, 
 from proofplane.schedule.values import Request
 from proofplane.service import defrag as defrag_store
 from proofplane.service import netstate
-from proofplane.service.context import Tx
+from proofplane.service.context import Tx, newest_seq
 from proofplane.service.instruments import observe_decision
 from proofplane.service.jobs import cancel_engine_job
 from proofplane.store.repo import (
@@ -318,7 +318,7 @@ class SchedulerCache:
             return self._view(session)
 
     def _view(self, session: Session) -> ClusterView:
-        newest = session.scalar(select(func.max(EventRow.seq))) or 0
+        newest = newest_seq(session)
         view = ClusterView(session)
         if self.scheduler is not None and self.version is not None and self.version != newest:
             if self._catch_up(session, self.scheduler, self.version):
@@ -472,7 +472,7 @@ class SchedulerCache:
 
     def _before_commit(self, session: Session, held: Scheduler) -> None:
         if self.scheduler is held:
-            self._pending = session.scalar(select(func.max(EventRow.seq))) or 0
+            self._pending = newest_seq(session)
 
     def _after_commit(self, held: Scheduler) -> None:
         if self.scheduler is held and self._pending is not None:
@@ -845,11 +845,16 @@ def sync_node(view: ClusterView, row: NodeRow) -> None:
     view.scheduler.upsert_node(schedulable(node_from_row(row), drained))
 
 
-# Built once (its cache key too): building the statement cost more than running it.
+# Built once (its cache key too): building the statement cost more than running it. Pending
+# work holds no placement: the (empty) placement is joined in rather than read by one more
+# statement; the tenants, few and wide (their profiles), are read once each by "SELECT … IN".
 _PENDING = (
     select(WorkloadRow)
     .where(WorkloadRow.status == WorkloadStatus.PENDING.value)
-    .options(*WORKLOAD_LOAD)
+    .options(
+        selectinload(WorkloadRow.tenant),
+        joinedload(WorkloadRow.placement).joinedload(PlacementRow.node),
+    )
     .order_by(WorkloadRow.priority.desc(), WorkloadRow.created_at, WorkloadRow.id)
 )
 

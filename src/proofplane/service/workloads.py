@@ -655,9 +655,10 @@ def insert_workload(tx: Tx, spec: WorkloadSpec, gpus: GpuRequest) -> WorkloadRow
         )
     v = _row_values(tx, spec, gpus, trow.id, tags, isolation, tenant.profile.co_residency)
     del v["tenant_id"]
-    row = WorkloadRow(tenant=trow, **v)
+    row = WorkloadRow(tenant=trow, placement=None, **v)  # new: no placement to load back
     tx.session.add(row)
     tx.session.flush()
+    netstate.created(tx, row.id)  # nor endpoints
     details = {**decision_details(row), "priority": spec.priority, "command": list(spec.command)}
     if spec.restartable:
         details["restartable"] = True

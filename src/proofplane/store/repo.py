@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Select, Text, bindparam, cast, select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session, joinedload, selectinload
 
 from proofplane.errors import Conflict, NotFound
 from proofplane.model import (
@@ -380,6 +380,15 @@ def node_row(session: Session, name: str) -> NodeRow:
     return row
 
 
+# One workload (rarely a few): its tenant, placement and placement's node joined into its own
+# query (scalar relationships: no row repeats), where WORKLOAD_LOAD's "SELECT … IN" loads,
+# made for many rows, cost three statements more.
+_WORKLOAD_ONE = (
+    joinedload(WorkloadRow.tenant),
+    joinedload(WorkloadRow.placement).joinedload(PlacementRow.node),
+)
+
+
 def workload_row(
     session: Session,
     name: str,
@@ -390,7 +399,7 @@ def workload_row(
     """The workload called ``name`` among those the caller can see (``visible`` tenants; None:
     all), in ``tenant`` when given. Names are unique per tenant, so a name shared by several
     visible tenants needs ``tenant`` (409 ``ambiguous_name``)."""
-    query = select(WorkloadRow).where(WorkloadRow.name == name).options(*WORKLOAD_LOAD)
+    query = select(WorkloadRow).where(WorkloadRow.name == name).options(*_WORKLOAD_ONE)
     if tenant is not None:
         query = query.where(WorkloadRow.tenant.has(TenantRow.name == tenant))
     if visible is not None:

@@ -190,8 +190,12 @@ class PlacementRow(Base):
 
     workload: Mapped[WorkloadRow] = relationship(back_populates="placement")
     node: Mapped[NodeRow] = relationship()
-    # Every node the placement holds capacity on (the gang members' nodes too).
-    nodes: Mapped[list[NodeRow]] = relationship(secondary=lambda: placement_nodes)
+    # Every node the placement holds capacity on (the gang members' nodes too). A deleted
+    # placement's links go with it by the foreign key's ON DELETE CASCADE (SQLite: foreign
+    # keys on, store.db), not by the ORM loading them to delete them one statement later.
+    nodes: Mapped[list[NodeRow]] = relationship(
+        secondary=lambda: placement_nodes, passive_deletes=True
+    )
 
 
 placement_nodes = Table(
