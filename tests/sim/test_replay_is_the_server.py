@@ -23,7 +23,7 @@ from proofplane.model import Placement
 from proofplane.service.cluster import load_cluster
 from proofplane.service.context import Store
 from proofplane.service.scheduling import scheduler_cache
-from proofplane.sim import mig
+from proofplane.sim import dynamic, mig
 from proofplane.sim.engine import TENANT, cluster_node, replay, scorer_for
 from proofplane.sim.gorand import GoRand
 from proofplane.sim.trace import Node, Pod, build_arrivals, typical_pods
@@ -259,3 +259,66 @@ def test_batch_submit_carves_as_the_mig_replay(
     ).json()["items"]
     assert changes and all(e["details"]["step"] == "carve" for e in changes)
     assert scheduler_cache(store.engine).loads == 1  # one scheduler decided every batch
+
+
+def test_submit_and_cancel_carve_and_reuse_as_the_dynamic_replay(
+    monkeypatch: pytest.MonkeyPatch, store: Store, client: TestClient
+) -> None:
+    """With departures (``sim.dynamic.replay_dynamic``, policy ``proofplane``): arrivals as
+    submits and departures as cancels, in trace-time order, land where the replay puts them;
+    a departed workload's instance stays and is reused, new ones are carved beside running
+    work. The cluster holds every request on arrival, so no queue policy is involved."""
+    monkeypatch.setenv(config.MIG_AUTO_LAYOUT_ENV, "on")
+    monkeypatch.setenv(config.DEFRAG_MAX_MOVES_ENV, "0")
+    rng = random.Random(3)
+    small = ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "1g.10gb", "4g.40gb")
+    items = [
+        dynamic.Timed(
+            mig.MigRequest(f"d{i:03d}", 500, 1024, rng.choice(small)),
+            10.0 * i + 0.5,
+            rng.choice([13.3, 27.1, 55.9, 1e6]),
+        )
+        for i in range(48)
+    ]
+    nodes = [Node(f"n{i}", 64_000, 1 << 20, 2, "x") for i in range(4)]
+    stream = dynamic.DynamicStream(items, nodes, [2, 0, 3, 1], 1.0, 1.0, items[-1].arrival)
+    replayed = dynamic.replay_dynamic(stream, "proofplane", record_placements=True)
+    assert replayed.accepted == len(items) and not any(replayed.waits)  # all at arrival
+
+    assert client.post(f"{API}/tenants", json={"name": mig.TENANT}).status_code == 201
+    for node, rank in zip(stream.nodes, stream.rank, strict=True):
+        register_admitted(client, mig_node_body(node, rank))
+    timeline = sorted(
+        [(t.arrival, 1, i) for i, t in enumerate(items)]
+        + [
+            (t.arrival + t.duration, 0, i)
+            for i, t in enumerate(items)
+            if t.arrival + t.duration < stream.end
+        ]  # fmt: skip
+    )
+    served: dict[int, tuple[Any, ...] | None] = {}
+    reused = 0
+    for _at, kind, i in timeline:
+        q = items[i].request
+        if kind == 0:
+            r = client.post(f"{API}/workloads/{q.name}/cancel", json={})
+            assert r.status_code == 200, r.text
+            continue
+        body = {"name": q.name, "tenant": mig.TENANT, "gpus": {"mig_profile": q.profile},
+                "cpu_milli": q.cpu, "memory_mib": q.mem}  # fmt: skip
+        before = len(
+            client.get(
+                f"{API}/events", params={"action": "node.gpu.repartition", "limit": 500}
+            ).json()["items"]
+        )
+        r = client.post(f"{API}/workloads", json=body)
+        assert r.status_code == 201, r.text
+        served[i] = mig_where(r.json()["placement"])
+        after = len(
+            client.get(
+                f"{API}/events", params={"action": "node.gpu.repartition", "limit": 500}
+            ).json()["items"]
+        )
+        reused += after == before
+    assert [served[i] for i in range(len(items))] == [mig_where(p) for p in replayed.placements]
+    assert reused > 0 and replayed.carved < len(items)  # departed instances were reused

@@ -202,8 +202,8 @@ class Scheduler:
         self.repartition = repartition
         # MIG carving (``schedule.migslots``): None: instances come from inventory and from
         # repartitioning idle GPUs only (the server's ``PROOFPLANE_MIG_AUTO_LAYOUT=idle``);
-        # ``reclaim``: carving
-        # may also destroy free (unused) instances on the GPUs it carves, never one in use
+        # ``reclaim``: carving may also destroy free (unused) instances on the GPUs it carves,
+        # never one in use (the server does not reclaim)
         self.carving = CarveIndex(carver) if carver is not None else None
         self.reclaim = reclaim and carver is not None
         if self.carving is not None:
