@@ -10,7 +10,7 @@ to choose), its log (access log included) to a file beside the database.
 Timed: for every node, one ``certification.grant`` (``hipaa=true``) change: ``POST
 /api/v1/changes`` as alice, ``POST …/approve`` as bob, ``POST …/approve`` as sec, ``POST
 …/apply`` as alice, each person on their own keep-alive httpx client; each step waits for
-the previous answer (the latency a person sees). ``--concurrency`` requesters (default 2)
+the previous answer (the latency a person sees). ``--concurrency`` requesters (default 4)
 work side by side, each one change at a time; ``--concurrency 1`` is one change after the
 other, which measures four round trips' latency more than the server's throughput.
 ``changes_per_s`` is changes fully applied per second of wall time; p50/p99 latency per step.
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="runs (medians reported)")
     ap.add_argument("--warmup", type=int, default=20, help="untimed changes first")
     ap.add_argument(
-        "--concurrency", type=int, default=2, help="requesters side by side (1: one at a time)"
+        "--concurrency", type=int, default=4, help="requesters side by side (1: one at a time)"
     )
     ap.add_argument(
         "--workers", type=int, default=None, help="serve --workers (default: serve's, one per core)"

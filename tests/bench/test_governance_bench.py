@@ -1,5 +1,5 @@
 """bench/governance.py: change requests created, approved twice and applied through a real
-``serve`` (its default worker processes), by requesters side by side; the figures it prints."""
+``serve`` (its default worker processes), by four requesters side by side; the figures it prints."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ def _bench(tmp_path: Path, *extra: str) -> dict[str, object]:
     return dict(json.loads(out.stdout))
 
 
-def test_default_is_serves_own_workers_and_two_requesters(tmp_path: Path) -> None:
+def test_default_is_serves_own_workers_and_four_requesters(tmp_path: Path) -> None:
     data = _bench(tmp_path)
     assert data["change_control"] == "enforce"
-    assert data["concurrency"] == 2
+    assert data["concurrency"] == 4
     assert data["workers"] == (os.cpu_count() or 1)
     assert data["workers_from"] == "serve's default (one per core)"
     assert data["nodes"] == 12 and data["changes_per_s"] > 0  # type: ignore[operator]
