@@ -135,6 +135,12 @@ def test_a_route_added_later_is_found(app: Any) -> None:
 
     routes = index.candidates("/api/v1/late-addition")
     assert any(getattr(r, "path", None) == "/api/v1/late-addition" for r in routes)
+    # and the list a request is dispatched on (cached before the route was added) has it too
+    narrowed = index.router_for("/api/v1/late-addition")
+    assert narrowed is not None
+    assert any(getattr(r, "path", None) == "/api/v1/late-addition" for r in narrowed.routes)
+    with TestClient(local) as client:
+        assert client.get("/api/v1/late-addition").json() == {"late": "yes"}
 
 
 def test_answers_through_the_index(tmp_path: Any) -> None:

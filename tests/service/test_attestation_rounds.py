@@ -36,6 +36,9 @@ T0 = datetime(2026, 11, 27, 12, tzinfo=UTC)
 # the nonce … RETURNING, INSERT evidence, GPU uuids, the event's five, UPDATE the identity.
 # Before issue 20's change: 12 and 15.
 BUDGET = {"nonce": 9, "evidence": 12}  # PostgreSQL
+STALE_PASS_STATEMENTS = (
+    3  # a pass that finds nothing stale: policies + stale nodes (+ BEGIN on SQLite)
+)
 BUDGET_SQLITE = {"nonce": 13, "evidence": 13}  # SQLite: BEGIN and COMMIT counted too
 
 
@@ -239,4 +242,14 @@ def test_staleness_reads_policies_by_class_and_quarantines_only_stale_nodes(
                         ("never", NodeState.REGISTERED)):  # fmt: skip
         assert get_node(store, SYSTEM, name).state == state, name
     assert "last pass" in (get_node(store, SYSTEM, "stale").state_reason or "")
-    assert svc.check_stale(store, SYSTEM, grace, now=later) == []  # already quarantined
+    seen: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        seen.append(statement)
+
+    event.listen(store.engine, "before_cursor_execute", count)
+    try:  # nothing stale now: the policies and the stale nodes are read, nothing per node
+        assert svc.check_stale(store, SYSTEM, grace, now=later) == []  # already quarantined
+    finally:
+        event.remove(store.engine, "before_cursor_execute", count)
+    assert 0 < len(seen) <= STALE_PASS_STATEMENTS, seen

@@ -137,6 +137,8 @@ def test_defrag_policy_moves_work_to_free_a_region() -> None:
         stream, "proofplane+repartition+defrag", record_placements=True, move_share=1.0
     )
     assert res.moves == 1 and res.rejected == 0
+    assert res.defrag_plans == 1 and res.summary()["defrag_plans"] == 1
+    assert plain.defrag_plans == 0 and plain.defrag_refused == {}  # no defragmenter there
     assert _slot(res.placements[1]) == (0, "4g.40gb", 0)  # the long 4g, moved
     assert _slot(res.placements[4]) == (1, "7g.80gb", 0)  # the 7g, on the GPU it freed
     assert res.summary()["moves_pct_of_instances"] == round(100 / res.placed_instances, 3)
@@ -147,6 +149,8 @@ def test_defrag_policy_keeps_its_move_budget() -> None:
     the 7g waits past its patience, as without defragmentation."""
     res = dynamic.replay_dynamic(_fragmented(), "proofplane+repartition+defrag")
     assert res.moves == 0 and res.rejected == 1
+    assert res.defrag_plans == 0
+    assert res.summary()["defrag_refused"] == {"move_budget_exhausted": 1}  # tried once
     with pytest.raises(mig.MigSimError, match="move_share"):
         dynamic.replay_dynamic(_fragmented(), "proofplane+repartition+defrag", move_share=1.5)
 

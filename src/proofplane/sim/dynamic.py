@@ -51,7 +51,7 @@ from typing import Any
 
 from proofplane.hardware.skus import COMPUTE_SLICES
 from proofplane.model import Placement
-from proofplane.schedule.defrag import Defragmenter
+from proofplane.schedule.defrag import DEFRAG_DETAIL, Defragmenter
 from proofplane.schedule.engine import Held, Job, Scheduler
 from proofplane.schedule.scoring import mig_slices
 from proofplane.sim import mig
@@ -303,6 +303,8 @@ class DynamicResult:
     carved: int = 0
     repartitions: int = 0
     moves: int = 0
+    defrag_plans: int = 0  # the defragmenter placed the head (with moves or a new layout)
+    defrag_refused: dict[str, int] = field(default_factory=dict)  # per refusal code
     free_at_rejection: list[int] = field(default_factory=list)  # free slices, per rejection
     capacity_slices: int = 0
     placements: list[Placement | None] = field(default_factory=list)  # per request (if asked)
@@ -328,6 +330,8 @@ class DynamicResult:
             "repartitions": self.repartitions,
             "repartitions_pct_of_instances": _pct(self.repartitions, inst, 3),
             "moves": self.moves,
+            "defrag_plans": self.defrag_plans,
+            "defrag_refused": dict(sorted(self.defrag_refused.items())),
             "moves_pct_of_instances": _pct(self.moves, inst, 3),
             "rejected_why": dict(why),
             "rejected_why_pct": {k: _pct(v, self.rejected, 2) for k, v in why.items()},
@@ -419,9 +423,16 @@ def replay_dynamic(
         if defragment and defragmenter is not None:
             dfr = defragmenter
             dfr.budget = int(move_share * res.placed_instances) - res.moves
+            dfr.refusal = None  # set only if the engine reaches the defragmentation step
         out = sched.schedule(
             Job(i, jobs[i]), preempt=False, repartition=repartition, defrag=dfr, explain=False
         )
+        if dfr is not None:
+            if dfr.refusal is not None:
+                code = dfr.refusal.code
+                res.defrag_refused[code] = res.defrag_refused.get(code, 0) + 1
+            elif DEFRAG_DETAIL in out.details:
+                res.defrag_plans += 1
         if out.placement is None:
             failed.add(shapes[i])
             return False
@@ -621,5 +632,6 @@ def definitions() -> dict[str, str]:
         "instances never touched); instances_carved: instances created in free space",
         "moves": "defragmentation moves applied (the +defrag policy only: the engine's "
         "defragmenter, every workload counted restartable, at most 2 % of the instances placed "
-        "so far)",
+        "so far); defrag_plans: times it placed the waiting head, defrag_refused: times it "
+        "found no plan, per reason (schedule.defrag's codes)",
     }
