@@ -5,6 +5,7 @@ server's processes from /proc. Not a benchmark itself."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import socket
@@ -173,6 +174,17 @@ class Server:
             return self.log.read_text(errors="replace")[-2000:]
         except OSError:
             return ""
+
+
+def positive(text: str) -> int:
+    """argparse type: a whole number of at least 1 (a clear usage error otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is less than 1")
+    return value
 
 
 def pid_cpu_seconds(pid: int) -> float | None:

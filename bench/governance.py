@@ -45,7 +45,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _server import free_port, pct, tree_cpu_seconds
+from _server import free_port, pct, positive, tree_cpu_seconds
 from proofplane.access import SYSTEM, Actor, Role
 from proofplane.machine import machine
 from proofplane.model import Gpu, Node, NodeState
@@ -217,14 +217,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--quick", action="store_true", help="100 nodes, 1 run (smoke test)")
-    ap.add_argument("--nodes", type=int, default=500, help="changes per run (one per node)")
-    ap.add_argument("--runs", type=int, default=3, help="runs (medians reported)")
+    ap.add_argument("--nodes", type=positive, default=500, help="changes per run (one per node)")
+    ap.add_argument("--runs", type=positive, default=3, help="runs (medians reported)")
     ap.add_argument("--warmup", type=int, default=20, help="untimed changes first")
     ap.add_argument(
-        "--concurrency", type=int, default=4, help="requesters side by side (1: one at a time)"
+        "--concurrency", type=positive, default=4, help="requesters side by side (1: one at a time)"
     )
     ap.add_argument(
-        "--workers", type=int, default=None, help="serve --workers (default: serve's, one per core)"
+        "--workers",
+        type=positive,
+        default=None,
+        help="serve --workers (default: serve's, one per core)",
     )
     args = ap.parse_args(argv)
     if args.quick:

@@ -15,11 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from starlette.routing import BaseRoute, Match
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _server import positive
 from proofplane.api.app import create_app
 from proofplane.api.route_index import RouteIndex
 from proofplane.machine import machine
@@ -58,8 +63,8 @@ def _time_us(routes: list[BaseRoute], method: str, path: str, repeat: int) -> fl
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
-    ap.add_argument("--repeat", type=int, default=2000, help="matches per run and path")
-    ap.add_argument("--runs", type=int, default=5, help="runs (medians reported)")
+    ap.add_argument("--repeat", type=positive, default=2000, help="matches per run and path")
+    ap.add_argument("--runs", type=positive, default=5, help="runs (medians reported)")
     args = ap.parse_args(argv)
     app = create_app(None)  # type: ignore[arg-type]  # the route table only
     index = app.router.middleware_stack
