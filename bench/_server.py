@@ -221,7 +221,10 @@ def tree_cpu_seconds(pid: int) -> float | None:
 
 def process_cpu_seconds(name: str) -> float:
     """user+system CPU seconds of every process on this machine whose command name is
-    ``name`` (e.g. ``postgres``: the server and all its backends), from /proc."""
+    ``name`` (e.g. ``postgres``: the server and all its backends), from /proc, including the
+    children they have reaped: a PostgreSQL backend that exits between two readings is gone
+    from /proc, and its CPU moves into the postmaster's ``cutime``/``cstime``, so the sum never
+    goes down."""
     tick = os.sysconf("SC_CLK_TCK")
     total = 0
     for d in Path("/proc").iterdir():
@@ -233,7 +236,8 @@ def process_cpu_seconds(name: str) -> float:
             continue  # gone meanwhile
         if comm == name:
             fields = rest.split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime (after the state field)
+            # utime, stime, cutime, cstime (after the state field)
+            total += sum(int(f) for f in fields[11:15])
     return total / tick
 
 
