@@ -155,6 +155,39 @@ def test_defrag_policy_keeps_its_move_budget() -> None:
         dynamic.replay_dynamic(_fragmented(), "proofplane+repartition+defrag", move_share=1.5)
 
 
+def test_the_fragmentation_free_reference_places_what_gpus_cannot_hold() -> None:
+    """Two GPUs each run a long 4g (3 slices free on each, 6 in all): a third 4g cannot be
+    placed on any GPU and is rejected after its patience, but fits the pool of slices; the
+    1g behind it fits both."""
+    rows = [("4g.40gb", 0.0, 1e4), ("4g.40gb", 1.0, 1e4), ("4g.40gb", 2.0, 10.0)]
+    stream = _stream([*rows, ("1g.10gb", 3.0, 10.0), ("1g.10gb", 9.0, 1.0)], gpus=2)
+    res = dynamic.replay_dynamic(stream, "proofplane", patience=5, tick=1)
+    assert (res.accepted, res.rejected) == (4, 1)
+    assert res.rejected_why == {"capacity": 0, "fragmentation": 1, "layout": 0}
+    ref = dynamic.replay_pooled(stream, patience=5, tick=1)
+    assert ref.policy == dynamic.REFERENCE
+    assert (ref.accepted, ref.rejected, ref.waiting_at_end) == (5, 0, 0)
+    assert ref.carved == ref.repartitions == ref.moves == 0
+    # 4 + 4 + 4 slices held from 0, 1 and 2 s, a 1g from 3 s and one at 9 s, to the horizon
+    assert ref.compute_hours == pytest.approx((4 * 9 + 4 * 8 + 4 * 7 + 6 + 0) / 7 / 3600)
+
+
+def test_the_reference_waits_rejects_and_releases_like_the_replay() -> None:
+    """The pool keeps the replay's clock: a waiter is placed at the tick after a departure,
+    one that waits past its patience is rejected (for capacity), the horizon censors."""
+    stream = _stream([("7g.80gb", 0.0, 10.0), ("7g.80gb", 1.0, 50.0), ("7g.80gb", 100.0, 1.0)])
+    ref = dynamic.replay_pooled(stream, patience=600, tick=5)
+    assert ref.accepted == 3 and ref.rejected == 0
+    assert ref.waits == pytest.approx([0.0, 14.0, 0.0])
+    assert ref.compute_hours == pytest.approx((10 + 50) / 3600)
+    stream = _stream([("7g.80gb", 0.0, 5000.0), ("3g.40gb", 1.0, 10.0), ("1g.10gb", 900.0, 1.0)])
+    ref = dynamic.replay_pooled(stream, patience=600, tick=5)
+    assert (ref.accepted, ref.rejected, ref.waiting_at_end) == (1, 1, 1)
+    assert ref.rejected_why["capacity"] == 1 and ref.free_at_rejection == [0]
+    with pytest.raises(mig.MigSimError):
+        dynamic.replay_pooled(stream, patience=-1)
+
+
 def test_offered_load_is_what_was_asked() -> None:
     nodes = [Node(f"n{i}", 96_000, 393_216, 8, "x") for i in range(4)]
     reqs = [MigRequest(f"r{i}", 0, 0, PROFILES[i % 6]) for i in range(3000)]
@@ -206,6 +239,11 @@ def test_random_streams_keep_every_invariant(
         assert res.moves == 0
     for sched in seen[-1:]:
         check_scheduler(sched)
+    ref = dynamic.replay_pooled(stream, patience=60, tick=3)
+    assert ref.accepted + ref.rejected + ref.waiting_at_end == len(rows)
+    assert ref.rejected == ref.rejected_why["capacity"]  # a pool only ever lacks capacity
+    capacity_hours = 2 * 2 * stream.end / 3600  # four GPUs over the horizon
+    assert ref.compute_hours <= capacity_hours + 1e-9
 
 
 def test_cli_dynamic_json(tmp_path: Path) -> None:
@@ -229,7 +267,9 @@ def test_cli_dynamic_json(tmp_path: Path) -> None:
     doc = json.loads(out.stdout)
     assert doc["engine"] == "proofplane.schedule" and doc["mode"] == "mig-dynamic"
     cell = doc["mixes"]["openb"]["130%"]
-    assert set(cell["policies"]) == set(dynamic.POLICIES)
+    assert set(cell["policies"]) == {*dynamic.POLICIES, dynamic.REFERENCE}
+    assert dynamic.REFERENCE in cell["accepted_vs_baseline"]
+    assert dynamic.REFERENCE in doc["definitions"]
     assert cell["accepted_vs_baseline"]["first-slot-best-fit"] == 1.0
     rec = cell["policies"]["proofplane"][0]
     for key in ("accepted", "accepted_ratio", "gpu_compute_hours", "wait_mean_s", "wait_p95_s",

@@ -549,6 +549,93 @@ def replay_dynamic(
 
 
 # --------------------------------------------------------------------------------------------
+# The fragmentation-free reference.
+
+REFERENCE = "fragmentation-free"
+
+
+def replay_pooled(
+    stream: DynamicStream,
+    *,
+    patience: float = PATIENCE,
+    tick: float = TICK,
+    clock: Callable[[], float] | None = None,
+) -> DynamicResult:
+    """The same stream, queue, ticks, patience and horizon as :func:`replay_dynamic`, on a
+    cluster that cannot fragment: its MIG compute is one pool of slices, and a request fits
+    whenever the pool has its slices free (no GPU boundaries, start slots, memory slices,
+    layouts, CPU or memory). No scheduler decides here; it is the reference a placement
+    policy's gain is measured against: what is left to win once fragmentation is gone."""
+    if patience < 0 or tick <= 0:
+        raise MigSimError("patience must be >= 0 and tick > 0")
+    t_start = clock() if clock else 0.0
+    requests = [t.request for t in stream.items]
+    mig.check_requests(requests)
+    capacity = sum(n.gpus for n in stream.nodes) * COMPUTE_SLICES
+    res = DynamicResult(policy=REFERENCE, capacity_slices=capacity)
+    res.requests = sum(1 for r in requests if r.profile is not None)
+    slices = [request_slices(r) for r in requests]
+    events = [(t.arrival, _ARRIVE, i) for i, t in enumerate(stream.items) if t.request.profile]
+    heapq.heapify(events)
+    queue: dict[int, None] = {}  # waiting requests, FIFO
+    failed: set[int] = set()  # sizes (slices) that did not fit since the last tick
+    held = 0
+    dirty = False
+    tick_pending = False
+
+    def attempt(i: int, now: float) -> bool:
+        nonlocal held
+        need = slices[i]
+        if need in failed or capacity - held < need:
+            failed.add(need)
+            return False
+        held += need
+        res.accepted += 1
+        res.placed_instances += requests[i].count
+        res.waits.append(now - stream.items[i].arrival)
+        run = min(stream.items[i].duration, stream.end - now) if now < stream.end else 0.0
+        res.compute_hours += need / COMPUTE_SLICES * max(run, 0.0) / 3600
+        heapq.heappush(events, (now + max(run, 0.0), _DEPART, i))
+        return True
+
+    while events:
+        now, kind, i = heapq.heappop(events)
+        if now > stream.end:
+            break
+        if now == stream.end and kind != _ARRIVE:
+            continue
+        if kind == _DEPART:
+            held -= slices[i]
+            dirty = True
+            if queue and not tick_pending:
+                heapq.heappush(events, (now + tick, _TICK, -1))
+                tick_pending = True
+        elif kind == _EXPIRE:
+            if i in queue:
+                del queue[i]
+                res.rejected += 1
+                res.rejected_why["capacity"] += 1
+                res.free_at_rejection.append(capacity - held)
+        elif kind == _TICK:
+            tick_pending = False
+            if dirty:
+                dirty = False
+                failed.clear()
+                for j in list(queue):
+                    if attempt(j, now):
+                        del queue[j]
+        elif not attempt(i, now):
+            queue[i] = None
+            heapq.heappush(events, (now + patience, _EXPIRE, i))
+            if dirty and not tick_pending:
+                heapq.heappush(events, (now + tick, _TICK, -1))
+                tick_pending = True
+    res.waiting_at_end = len(queue)
+    res.seconds = round((clock() - t_start) if clock else 0.0, 3)
+    return res
+
+
+# --------------------------------------------------------------------------------------------
 # Runs and the report.
 
 BASELINE = "first-slot-best-fit"
@@ -567,9 +654,11 @@ def run_dynamic(
     patience: float = PATIENCE,
     n: int | None = None,
     clock: Callable[[], float] | None = None,
+    reference: bool = True,
 ) -> list[dict[str, Any]]:
     """One record per (mix, load, seed, policy): the stream is built once per (mix, load,
-    seed) and replayed under every policy."""
+    seed) and replayed under every policy, then (``reference``) on the fragmentation-free
+    pool (:func:`replay_pooled`, policy :data:`REFERENCE`)."""
     for p in policies:
         if p not in mig.POLICY_PLUGINS and p not in DEFRAG_POLICIES:
             known = ", ".join([*mig.POLICY_PLUGINS, *DEFRAG_POLICIES])
@@ -579,8 +668,12 @@ def run_dynamic(
         for load in loads:
             for seed in seeds:
                 stream = make_dynamic(mix, pods, times, nodes, seed, load, rng, n)
-                for policy in policies:
-                    r = replay_dynamic(stream, policy, patience=patience, clock=clock)
+                for policy in [*policies, *([REFERENCE] if reference else [])]:
+                    r = (
+                        replay_pooled(stream, patience=patience, clock=clock)
+                        if policy == REFERENCE
+                        else replay_dynamic(stream, policy, patience=patience, clock=clock)
+                    )
                     out.append(
                         {
                             "mix": mix,
@@ -630,6 +723,12 @@ def definitions() -> dict[str, str]:
         "% of the cluster's",
         "repartitions": "GPUs whose idle instances were destroyed to make room (running "
         "instances never touched); instances_carved: instances created in free space",
+        REFERENCE: "not a policy: the same stream, queue, ticks and patience on a cluster "
+        "that cannot fragment (its MIG compute one pool of slices; a request fits whenever the "
+        "pool has its slices free); its GPU-compute-hours are what any placement could serve "
+        "with no fragmentation at all. Not a bound on accepted requests: the pool also admits "
+        "large requests that a fragmented cluster turns away, and their capacity then "
+        "refuses later small ones",
         "moves": "defragmentation moves applied (the +defrag policy only: the engine's "
         "defragmenter, every workload counted restartable, at most 2 % of the instances placed "
         "so far); defrag_plans: times it placed the waiting head, defrag_refused: times it "
