@@ -260,6 +260,7 @@ def test_explain_names_the_idle_gpu_re_laid_for_a_placement(mode: str, client: T
     assert (change["node"], change["gpu_index"], change["step"]) == ("m", 0, "repartition")
     assert change["before"] == ["7g.80gb@0"] and "7g.80gb@0" not in change["after"]
     assert change["why"] == "no free 1g.10gb instance; the GPU was idle"
+    assert change["freed_by_defragmentation"] is False
     assert [i["profile"] for i in m["instances"]] == ["1g.10gb"]
 
 

@@ -16,6 +16,7 @@ from test_cli import ADMIN_TOKEN, as_json, cli, config_dir, ok  # noqa: F401 - f
 from live_server import serve
 from proofplane import config
 from proofplane.access import SYSTEM
+from proofplane.cli import render
 from proofplane.hardware.cluster_file import parse_cluster
 from proofplane.service.access import bootstrap_admin
 from proofplane.service.cluster import load_cluster
@@ -91,3 +92,22 @@ def test_explain_says_carving_is_off_for_a_waiting_request(
         out = ok(cli(url, "workloads", "explain", "b")).stdout
         assert "MIG layout: it would be placed now on m by carving 1g.10gb@" in out
         assert "PROOFPLANE_MIG_AUTO_LAYOUT=off turns off" in out
+
+
+def test_the_lines_for_each_kind_of_change() -> None:
+    assert render.mig_layout_lines(None) == []
+    change = {
+        "node": "m",
+        "gpu_index": 1,
+        "step": "repartition",
+        "carved": [],
+        "before": ["7g.80gb@0"],
+        "after": ["4g.40gb@0"],
+        "why": "defragmentation: a 4g.40gb region for lab/big",
+        "freed_by_defragmentation": True,
+    }
+    (line,) = render.mig_layout_lines({"auto_layout": "on", "changes": [change]})
+    assert line == (
+        "MIG layout: re-laid m GPU 1 after defragmentation moved its work: 7g.80gb@0 → "
+        "4g.40gb@0 (PROOFPLANE_MIG_AUTO_LAYOUT=on)"
+    )

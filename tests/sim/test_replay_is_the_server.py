@@ -20,9 +20,16 @@ from proofplane import config
 from proofplane.access import SYSTEM
 from proofplane.hardware.cluster_file import parse_cluster
 from proofplane.model import Placement
+from proofplane.schedule.policy import server_policy as layout_policy
+from proofplane.schedule.scoring import DEFAULT_SCORER
 from proofplane.service.cluster import load_cluster
 from proofplane.service.context import Store
-from proofplane.service.scheduling import scheduler_cache
+from proofplane.service.scheduling import (
+    SCORER_ENV,
+    scheduler_cache,
+    server_policy,
+    server_scheduler,
+)
 from proofplane.sim import dynamic, mig
 from proofplane.sim.engine import TENANT, cluster_node, replay, scorer_for
 from proofplane.sim.gorand import GoRand
@@ -347,7 +354,7 @@ def test_submit_and_cancel_relayout_idle_gpus_as_the_relayout_replay(
                 mig.MigRequest(f"r{i:03d}", 500, 1024, profile),
                 10.0 * i + 0.5,
                 rng.choice(lifetimes),
-            )  # fmt: skip
+            )
         )
     nodes = [Node(f"n{i}", 64_000, 1 << 20, 2, "x") for i in range(3)]
     stream = dynamic.DynamicStream(items, nodes, [2, 0, 1], 1.0, 1.0, items[-1].arrival)
@@ -397,3 +404,23 @@ def test_submit_and_cancel_relayout_idle_gpus_as_the_relayout_replay(
     # the server re-laid idle GPUs as often as the replay, and carved the same instances
     assert steps.count("repartition") == replayed.repartitions
     assert {"carve", "repartition"} <= set(steps)
+
+
+@pytest.mark.parametrize("mode", ["on", "idle", "off"])
+def test_the_server_builds_its_scheduler_from_the_replay_policy(
+    monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """One ``schedule.policy.Policy`` per setting, built by one function: with the default
+    setting the server's is the replay's ``proofplane+relayout``."""
+    monkeypatch.setenv(config.MIG_AUTO_LAYOUT_ENV, mode)
+    monkeypatch.delenv(SCORER_ENV, raising=False)
+    policy = server_policy()
+    assert policy == layout_policy(DEFAULT_SCORER, mode)
+    assert (policy == mig.POLICY_PLUGINS["proofplane+relayout"]) is (mode == "on")
+    assert not policy.reclaim and policy.repartition is (mode != "off")
+    sched = server_scheduler([], [], {})
+    assert (sched.carving is not None, sched.reclaim, sched.repartition) == (
+        mode == "on",
+        False,
+        mode != "off",
+    )

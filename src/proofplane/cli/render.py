@@ -698,5 +698,10 @@ def mig_layout_lines(m: dict[str, Any] | None) -> list[str]:
         else:
             before = ", ".join(c.get("before") or []) or "no instances"
             after = ", ".join(c.get("after") or [])
-            lines.append(f"MIG layout: re-laid idle {where}: {before} → {after} ({mode})")
+            how = (
+                f"re-laid {where} after defragmentation moved its work"
+                if c.get("freed_by_defragmentation")
+                else f"re-laid idle {where}"
+            )
+            lines.append(f"MIG layout: {how}: {before} → {after} ({mode})")
     return lines

@@ -19,6 +19,7 @@ from proofplane.config import MIG_AUTO_LAYOUT_ENV, mig_auto_layout
 from proofplane.model import GpuRequest, WorkloadStatus
 from proofplane.schedule.engine import Repartition
 from proofplane.schedule.policy import CARVE, IDLE, OFF, build_scheduler, server_policy
+from proofplane.schedule.reasons import DEFRAGMENTATION
 from proofplane.service.scheduling import ClusterView, job_of, placement_scorer
 from proofplane.store.repo import placement_from_row
 from proofplane.store.tables import EventRow, WorkloadRow
@@ -93,6 +94,8 @@ def placed_changes(session: Session, row: WorkloadRow) -> list[dict[str, Any]]:
                 "before": before,
                 "after": after,
                 "why": d.get("why"),
+                # the GPU defragmentation freed for it (its work moved), not an idle one
+                "freed_by_defragmentation": str(d.get("why") or "").startswith(DEFRAGMENTATION),
             }
         )
     return out
