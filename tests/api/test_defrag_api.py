@@ -124,6 +124,8 @@ def test_a_waiting_4g_is_placed_after_moving_restartable_work(
     e = client.get(f"{API}/workloads/big/explain").json()
     assert "after defragmentation" in e["summary"] and "lab/a" in e["summary"]
     assert e["defrag"]["moves"][0]["workload"] == "lab/a"
+    (change,) = e["mig_layout"]["changes"]  # the freed GPU's new layout, and why
+    assert change["step"] == "repartition" and change["freed_by_defragmentation"] is True
     e = client.get(f"{API}/workloads/a/explain").json()
     assert e["defrag"] == {"moved": True, "for_workload": "lab/big", "from": "n1/gpu0/1g.10gb@0"}
     assert "moved from n1/gpu0/1g.10gb@0" in e["summary"]

@@ -217,3 +217,69 @@ def test_a_malformed_setting_is_refused_at_start(raw: str) -> None:
 def test_the_setting_is_parsed(raw: str, want: str) -> None:
     assert config.from_env({config.MIG_AUTO_LAYOUT_ENV: raw}).mig_auto_layout == want
     assert config.mig_auto_layout({config.MIG_AUTO_LAYOUT_ENV: raw}) == want
+
+
+# --- workloads explain says what the scheduler did to MIG layouts (issue 17 §2) ----------------
+
+
+def explain(client: TestClient, name: str) -> dict[str, Any]:
+    r = client.get(f"{API}/workloads/{name}/explain")
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def test_explain_names_the_instance_carved_for_a_placement(mode: str, client: TestClient) -> None:
+    tenant(client, "lab")
+    mig_node(client, "m", [["3g.40gb@0"]])
+    submit(client, "a", "lab", "3g.40gb")  # the free instance: nothing carved
+    assert explain(client, "a")["mig_layout"] is None
+    b = submit(client, "b", "lab", "1g.10gb")
+    _node, _gpu, _profile, start = device(b)
+    m = explain(client, "b")["mig_layout"]
+    assert m["auto_layout"] == "on"
+    (change,) = m["changes"]
+    assert (change["node"], change["gpu_index"], change["step"]) == ("m", 0, "carve")
+    assert change["carved"] == [f"1g.10gb@{start}"]
+    assert (change["before"], change["after"]) == (["3g.40gb@0"], ["3g.40gb@0", f"1g.10gb@{start}"])
+    assert "carved" in change["why"]
+    assert m["instances"] == [{"node": "m", "gpu_index": 0, "profile": "1g.10gb", "start": start}]
+    # an instance freed by a departure is reused: nothing carved for the next one
+    assert client.post(f"{API}/workloads/b/cancel", json={}).status_code == 200
+    assert explain(client, "b")["mig_layout"] is None  # finished: it holds nothing now
+    submit(client, "c", "lab", "1g.10gb")
+    assert explain(client, "c")["mig_layout"] is None
+
+
+def test_explain_names_the_idle_gpu_re_laid_for_a_placement(mode: str, client: TestClient) -> None:
+    tenant(client, "lab")
+    mig_node(client, "m", [["7g.80gb@0"]])  # idle, no free slice: carving cannot help
+    b = submit(client, "b", "lab", "1g.10gb")
+    assert b["status"] == "placed", b
+    m = explain(client, "b")["mig_layout"]
+    (change,) = m["changes"]
+    assert (change["node"], change["gpu_index"], change["step"]) == ("m", 0, "repartition")
+    assert change["before"] == ["7g.80gb@0"] and "7g.80gb@0" not in change["after"]
+    assert change["why"] == "no free 1g.10gb instance; the GPU was idle"
+    assert change["freed_by_defragmentation"] is False
+    assert [i["profile"] for i in m["instances"]] == ["1g.10gb"]
+
+
+@pytest.mark.parametrize("mode", ["off", "idle"], indirect=True)
+def test_explain_says_a_waiting_request_needs_carving_that_is_off(
+    mode: str, client: TestClient
+) -> None:
+    tenant(client, "lab")
+    mig_node(client, "m", [["3g.40gb@0"]])  # slices 4-7 free, but the GPU holds work
+    submit(client, "a", "lab", "3g.40gb")
+    b = submit(client, "b", "lab", "1g.10gb")
+    assert b["status"] == "pending" and b["reason"] == "insufficient_capacity"
+    m = explain(client, "b")["mig_layout"]
+    assert m["auto_layout"] == mode and m["disabled"] == ["carve"]
+    assert m["would_place_on"] == "m" and m["would"][0]["step"] == "carve"
+    assert (
+        "carving 1g.10gb@" in m["message"] and f"PROOFPLANE_MIG_AUTO_LAYOUT={mode}" in m["message"]
+    )
+    assert layout(client, "m", 0) == ["3g.40gb@0"]  # explaining changed nothing
+    # what carving could not place either is not said
+    submit(client, "c", "lab", "7g.80gb")
+    assert explain(client, "c")["mig_layout"] is None

@@ -20,9 +20,16 @@ from proofplane import config
 from proofplane.access import SYSTEM
 from proofplane.hardware.cluster_file import parse_cluster
 from proofplane.model import Placement
+from proofplane.schedule.policy import server_policy as layout_policy
+from proofplane.schedule.scoring import DEFAULT_SCORER
 from proofplane.service.cluster import load_cluster
 from proofplane.service.context import Store
-from proofplane.service.scheduling import scheduler_cache
+from proofplane.service.scheduling import (
+    SCORER_ENV,
+    scheduler_cache,
+    server_policy,
+    server_scheduler,
+)
 from proofplane.sim import dynamic, mig
 from proofplane.sim.engine import TENANT, cluster_node, replay, scorer_for
 from proofplane.sim.gorand import GoRand
@@ -322,3 +329,98 @@ def test_submit_and_cancel_carve_and_reuse_as_the_dynamic_replay(
         reused += after == before
     assert [served[i] for i in range(len(items))] == [mig_where(p) for p in replayed.placements]
     assert reused > 0 and replayed.carved < len(items)  # departed instances were reused
+
+
+def test_submit_and_cancel_relayout_idle_gpus_as_the_relayout_replay(
+    monkeypatch: pytest.MonkeyPatch, store: Store, client: TestClient
+) -> None:
+    """The server's default (``PROOFPLANE_MIG_AUTO_LAYOUT=on``: carving without reclaim, and
+    the repartitioning of idle GPUs) is the replay's ``proofplane+relayout``: arrivals as
+    submits and departures as cancels, in trace-time order, land on the same nodes, GPUs,
+    profiles and slots, and the GPUs' layouts end the same. Departures leave idle GPUs
+    holding instances of other profiles; larger requests that no free slice takes then get an
+    idle GPU re-laid (it happens: asserted), which the carve-only ``proofplane`` cannot do."""
+    monkeypatch.setenv(config.MIG_AUTO_LAYOUT_ENV, "on")
+    monkeypatch.setenv(config.DEFRAG_MAX_MOVES_ENV, "0")
+    rng = random.Random(28)
+    profiles = ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "1g.10gb", "4g.40gb", "7g.80gb",
+                "1g.10gb")  # fmt: skip
+    items = []
+    for i in range(48):
+        profile = rng.choice(profiles)
+        lifetimes = [13.3, 27.1, 35.9, 55.9, 1e6] if i < 24 else [13.3, 27.1, 1e6]
+        items.append(
+            dynamic.Timed(
+                mig.MigRequest(f"r{i:03d}", 500, 1024, profile),
+                10.0 * i + 0.5,
+                rng.choice(lifetimes),
+            )
+        )
+    nodes = [Node(f"n{i}", 64_000, 1 << 20, 2, "x") for i in range(3)]
+    stream = dynamic.DynamicStream(items, nodes, [2, 0, 1], 1.0, 1.0, items[-1].arrival)
+    replayed = dynamic.replay_dynamic(stream, "proofplane+relayout", record_placements=True)
+    assert replayed.accepted == len(items) and not any(replayed.waits)  # all at arrival
+    assert replayed.repartitions > 0  # idle GPUs were re-laid: the test is not vacuous
+    carve_only = dynamic.replay_dynamic(stream, "proofplane")
+    assert carve_only.accepted < replayed.accepted  # re-laying them is what placed more
+
+    assert client.post(f"{API}/tenants", json={"name": mig.TENANT}).status_code == 201
+    for node, rank in zip(stream.nodes, stream.rank, strict=True):
+        register_admitted(client, mig_node_body(node, rank))
+    timeline = sorted(
+        [(t.arrival, 1, i) for i, t in enumerate(items)]
+        + [
+            (t.arrival + t.duration, 0, i)
+            for i, t in enumerate(items)
+            if t.arrival + t.duration < stream.end
+        ]  # fmt: skip
+    )
+    served: dict[int, tuple[Any, ...] | None] = {}
+    for _at, kind, i in timeline:
+        q = items[i].request
+        if kind == 0:
+            r = client.post(f"{API}/workloads/{q.name}/cancel", json={})
+            assert r.status_code == 200, r.text
+            continue
+        body = {"name": q.name, "tenant": mig.TENANT, "gpus": {"mig_profile": q.profile},
+                "cpu_milli": q.cpu, "memory_mib": q.mem}  # fmt: skip
+        r = client.post(f"{API}/workloads", json=body)
+        assert r.status_code == 201, r.text
+        served[i] = mig_where(r.json()["placement"])
+    assert [served[i] for i in range(len(items))] == [mig_where(p) for p in replayed.placements]
+    # the GPUs' layouts the server persisted are the replay's, instance for instance
+    assert replayed.scheduler is not None
+    for node in replayed.scheduler.nodes():
+        got = client.get(f"{API}/nodes/{node.name}").json()["gpus"]
+        persisted = {g["index"]: sorted((i["start"], i["profile"]) for i in g["mig_instances"])
+                     for g in got}  # fmt: skip
+        assert persisted == {
+            g.index: sorted((i.start, i.profile) for i in g.mig_instances) for g in node.gpus
+        }
+    changes = client.get(
+        f"{API}/events", params={"action": "node.gpu.repartition", "limit": 500}
+    ).json()["items"]
+    steps = [e["details"]["step"] for e in changes]
+    # the server re-laid idle GPUs as often as the replay, and carved the same instances
+    assert steps.count("repartition") == replayed.repartitions
+    assert {"carve", "repartition"} <= set(steps)
+
+
+@pytest.mark.parametrize("mode", ["on", "idle", "off"])
+def test_the_server_builds_its_scheduler_from_the_replay_policy(
+    monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """One ``schedule.policy.Policy`` per setting, built by one function: with the default
+    setting the server's is the replay's ``proofplane+relayout``."""
+    monkeypatch.setenv(config.MIG_AUTO_LAYOUT_ENV, mode)
+    monkeypatch.delenv(SCORER_ENV, raising=False)
+    policy = server_policy()
+    assert policy == layout_policy(DEFAULT_SCORER, mode)
+    assert (policy == mig.POLICY_PLUGINS["proofplane+relayout"]) is (mode == "on")
+    assert not policy.reclaim and policy.repartition is (mode != "off")
+    sched = server_scheduler([], [], {})
+    assert (sched.carving is not None, sched.reclaim, sched.repartition) == (
+        mode == "on",
+        False,
+        mode != "off",
+    )

@@ -270,6 +270,7 @@ def test_cli_mig_json_shape(tmp_path: Path) -> None:
     assert doc["plugins"]["proofplane"] == {
         "scorer": "proofplane",
         "carver": "least-fragmenting",
+        "reclaim": False,
         "repartition": False,
     }
     assert "cpu_count" in doc["machine"]

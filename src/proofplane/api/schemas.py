@@ -625,6 +625,16 @@ class ExplanationOut(BaseModel):
         "for one waiting, why defragmentation could not help ({refused: code, message, "
         "counts}); null otherwise",
     )
+    mig_layout: dict[str, Any] | None = Field(
+        None,
+        description="issue 17 §2: for a workload whose placement carved new MIG instances or "
+        "re-laid an idle GPU, {auto_layout (PROOFPLANE_MIG_AUTO_LAYOUT now), changes: [{node, "
+        "gpu_index, step (carve | repartition), carved, before, after, why, "
+        "freed_by_defragmentation}], instances: [{node, gpu_index, profile, start}]}; for a "
+        "waiting MIG request that carving or "
+        "re-laying would place now but PROOFPLANE_MIG_AUTO_LAYOUT (idle or off) turns off, "
+        "{auto_layout, disabled, would_place_on, would, message}; null otherwise",
+    )
 
     @classmethod
     def of(cls, e: dict[str, Any]) -> ExplanationOut:

@@ -676,3 +676,32 @@ def topology_summary(topo: dict[str, Any]) -> str:
     elif "most_in_one_domain" in topo:
         parts.append(f"no {level} holds it now (at most {topo['most_in_one_domain']} members)")
     return head + (": " + "; ".join(parts) if parts else "")
+
+
+def mig_layout_lines(m: dict[str, Any] | None) -> list[str]:
+    """What ``workloads explain`` prints of its ``mig_layout`` field (issue 17 §2): one line per
+    GPU whose MIG layout its placement changed, or why a waiting request's layout change is
+    off."""
+    if not m:
+        return []
+    mode = f"PROOFPLANE_MIG_AUTO_LAYOUT={m.get('auto_layout')}"
+    if m.get("message"):
+        return [f"MIG layout: {m['message']}"]
+    lines = []
+    for c in m.get("changes") or []:
+        where = f"{c['node']} GPU {c['gpu_index']}"
+        if c.get("step") == "carve":
+            lines.append(
+                f"MIG layout: carved {', '.join(c.get('carved') or [])} into the free slices "
+                f"of {where} ({mode})"
+            )
+        else:
+            before = ", ".join(c.get("before") or []) or "no instances"
+            after = ", ".join(c.get("after") or [])
+            how = (
+                f"re-laid {where} after defragmentation moved its work"
+                if c.get("freed_by_defragmentation")
+                else f"re-laid idle {where}"
+            )
+            lines.append(f"MIG layout: {how}: {before} → {after} ({mode})")
+    return lines

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from proofplane.machine import machine
+from proofplane.schedule.policy import Policy
 from proofplane.sim import dynamic as dyn_sim
 from proofplane.sim import loader
 from proofplane.sim import mig as mig_sim
@@ -152,7 +153,7 @@ def mig_report(
         "mode": "mig",
         "engine": mig_sim.ENGINE,
         "plugins": {
-            p: {"scorer": v[0], "carver": v[1], "repartition": v[2]}
+            p: v.describe()
             for p, v in mig_sim.POLICY_PLUGINS.items()
             if p in {r.policy for r in results}
         },
@@ -168,7 +169,7 @@ def mig_report(
     }
 
 
-def _dynamic_plugins(policy: str) -> tuple[tuple[str, str, bool], bool]:
+def _dynamic_plugins(policy: str) -> tuple[Policy, bool]:
     """A dynamic replay policy's scheduler plugins, and whether it defragments."""
     base = dyn_sim.DEFRAG_POLICIES.get(policy, policy)
     return mig_sim.POLICY_PLUGINS[base], policy in dyn_sim.DEFRAG_POLICIES
@@ -193,7 +194,7 @@ def dynamic_report(
         "sku": mig_sim.SKU_NAME,
         "baseline": dyn_sim.BASELINE,
         "plugins": {
-            p: {"scorer": v[0], "carver": v[1], "repartition": v[2], "defrag": defrag}
+            p: {**v.describe(), "defrag": defrag}
             for p in policies
             for v, defrag in [_dynamic_plugins(p)]
         },

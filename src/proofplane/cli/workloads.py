@@ -281,6 +281,8 @@ def explain(
         )
     if defrag.get("refused"):
         out.print(render.text(f"  defragmentation: {defrag['message']}"), soft_wrap=True)
+    for line in render.mig_layout_lines(e.get("mig_layout")):
+        out.print(render.text(f"  {line}"), soft_wrap=True)
     placement = e.get("placement")
     for part in (placement or {}).get("members") or []:
         devices = ", ".join(

@@ -45,9 +45,10 @@ from proofplane.schedule.defrag import (
 )
 from proofplane.schedule.engine import Held, Job, Repartition, Scheduler, pool_of
 from proofplane.schedule.engine import Outcome as Decision
-from proofplane.schedule.migslots import Carver, LeastFragmenting
+from proofplane.schedule.policy import Policy, build_scheduler
+from proofplane.schedule.policy import server_policy as layout_policy
 from proofplane.schedule.reasons import DEFRAGMENTATION, PREEMPTED, render
-from proofplane.schedule.scoring import DEFAULT_SCORER, SCORERS, Scorer, Shape, make_scorer
+from proofplane.schedule.scoring import DEFAULT_SCORER, SCORERS
 from proofplane.schedule.values import Request
 from proofplane.service import defrag as defrag_store
 from proofplane.service import netstate
@@ -86,57 +87,22 @@ def placement_scorer() -> str:
     return name
 
 
-def server_scorer(held: Iterable[Held]) -> Scorer:
-    """The production scorer (issue 17), its workload mix primed with the work held now (it
-    then learns from every request the scheduler decides)."""
-    scorer = make_scorer(placement_scorer())
-    for h in held:
-        scorer.observe(held_shape(h))
-    return scorer
-
-
-def server_carver(held: Iterable[Held]) -> Carver | None:
-    """The MIG carver the server places with (issue 17 §2), or None when
-    ``PROOFPLANE_MIG_AUTO_LAYOUT`` is not ``on``: the replay's ``least-fragmenting``, its
-    demand mix primed with the MIG work held now (then learned from every request)."""
-    if mig_auto_layout() != "on":
-        return None
-    carver = LeastFragmenting()
-    for h in held:
-        devices = h.placement.parts[0].devices if h.placement.parts else ()
-        if devices and devices[0].mig_profile is not None:
-            carver.observe(devices[0].mig_profile, len(devices))
-    return carver
+def server_policy() -> Policy:
+    """The plugins the server places with (issue 17): the production scorer
+    (``PROOFPLANE_PLACEMENT_SCORER``) and, per ``PROOFPLANE_MIG_AUTO_LAYOUT``, MIG carving into
+    free slices (``on``, the default: new instances only, nothing in use or on a GPU holding
+    work destroyed) and the repartitioning of idle GPUs (``on`` and ``idle``; ``off``: the
+    scheduler never changes a layout). ``schedule.policy.server_policy``: the replay's
+    ``proofplane+relayout`` is the same policy with ``on``."""
+    return layout_policy(placement_scorer(), mig_auto_layout())
 
 
 def server_scheduler(
     nodes: Iterable[Node], held: Iterable[Held], quotas: dict[str, Quota]
 ) -> Scheduler:
-    """The scheduler the server decides with: the production scorer and, per
-    ``PROOFPLANE_MIG_AUTO_LAYOUT``, MIG carving into free slices (``on``, the default: new
-    instances only, nothing in use or on a GPU holding work destroyed) and the repartitioning
-    of idle GPUs (``on`` and ``idle``; ``off``: the scheduler never changes a layout)."""
-    held = list(held)
-    return Scheduler(
-        nodes,
-        held,
-        quotas,
-        scorer=server_scorer(held),
-        carver=server_carver(held),
-        repartition=mig_auto_layout() != "off",
-    )
-
-
-def held_shape(h: Held) -> Shape:
-    """What a scorer sees of the request behind a held workload (one part of it)."""
-    part = h.placement.parts[0]
-    devices = part.devices
-    cpu = h.cpu_milli
-    if devices and devices[0].mig_profile is not None:
-        return (cpu, len(devices), 0, None, devices[0].mig_profile)
-    if devices and devices[0].share_milli is not None:
-        return (cpu, 1, devices[0].share_milli, None, None)
-    return (cpu, len(devices), 1000 if devices else 0, None, None)
+    """The scheduler the server decides with: :func:`server_policy` built by
+    ``schedule.policy.build_scheduler``, as the MIG replays build theirs."""
+    return build_scheduler(server_policy(), nodes, held, quotas)
 
 
 class ClusterView:

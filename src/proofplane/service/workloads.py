@@ -41,7 +41,7 @@ from proofplane.schedule.engine import Job
 from proofplane.schedule.explain import explain_job
 from proofplane.schedule.reasons import CANCELLED, DEFRAGMENTATION, render
 from proofplane.schedule.values import MODEL_SEPARATOR, Request
-from proofplane.service import execution, jobs, netstate
+from proofplane.service import execution, jobs, mig_explain, netstate
 from proofplane.service.context import NewEvent, Store, Tx
 from proofplane.service.instruments import observe_decision
 from proofplane.service.pagination import (
@@ -802,11 +802,14 @@ def explain_workload(
         row = workload_row(session, name, tenant=tenant, visible=visible)
         wl = workload_from_row(row)
         analysis: dict[str, Any] = {}
+        view: ClusterView | None = None
+        unready: frozenset[str] = frozenset()
         if not wl.status.is_terminal:
             placed_on = wl.placement.nodes if wl.placement else ()
             view = ClusterView(session)
             unready = view.unready(wl.tenant, row.id)
             analysis = explain_job(view.scheduler, job_of(row), placed_on, unready)
+        layout = mig_explain.mig_layout(session, row, view, unready)
     return {
         "workload": wl.name,
         "tenant": wl.tenant,
@@ -817,6 +820,7 @@ def explain_workload(
         "summary": _summary(wl, analysis),
         "analysis": analysis or None,
         "defrag": _defragmentation(wl),
+        "mig_layout": layout,
     }
 
 

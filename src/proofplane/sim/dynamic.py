@@ -62,6 +62,7 @@ from proofplane.sim.trace import Node, Pod
 POLICIES = (
     "first-slot-best-fit",
     "proofplane",
+    "proofplane+relayout",
     "proofplane+repartition",
     "first-slot-best-fit+repartition",
     "proofplane+repartition+defrag",
@@ -309,6 +310,7 @@ class DynamicResult:
     capacity_slices: int = 0
     placements: list[Placement | None] = field(default_factory=list)  # per request (if asked)
     seconds: float = 0.0
+    scheduler: Scheduler | None = None  # as the replay left it (the GPUs' layouts at the end)
 
     def summary(self) -> dict[str, Any]:
         waits = sorted(self.waits)
@@ -376,7 +378,7 @@ def replay_dynamic(
         Defragmenter(movable=lambda _key: True, budget=0) if policy in DEFRAG_POLICIES else None
     )
     capacity = sum(n.gpus for n in stream.nodes) * COMPUTE_SLICES
-    res = DynamicResult(policy=policy, capacity_slices=capacity)
+    res = DynamicResult(policy=policy, capacity_slices=capacity, scheduler=sched)
     res.requests = sum(1 for r in requests if r.profile is not None)
     if record_placements:
         res.placements = [None] * len(requests)

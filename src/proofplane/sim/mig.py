@@ -15,8 +15,11 @@ MIG instance gets new instances carved into the free space of one node's GPUs (r
 instances untouched), chosen by the carver, then placed by the snapshot. Policies
 (:data:`POLICY_PLUGINS`): ``first-slot-best-fit`` (scorer and carver ``first-slot-best-fit``:
 tightest node and GPU, first valid start slot), ``proofplane`` (the production scorer and the
-``least-fragmenting`` carver) and, with departures (``sim.dynamic``), ``proofplane+repartition``
-(the engine's on-demand repartitioning of idle GPUs as well). ``sim/`` keeps the streams, the
+``least-fragmenting`` carver) and, with departures (``sim.dynamic``), ``proofplane+relayout``
+(the server's default, ``schedule.policy.server_policy`` with ``PROOFPLANE_MIG_AUTO_LAYOUT=on``:
+carving without reclaim, and the engine's on-demand repartitioning of idle GPUs) and
+``proofplane+repartition`` (more than the server does: carving that also reclaims idle
+instances beside running work, and the repartitioning of idle GPUs). ``sim/`` keeps the streams, the
 cluster as values and the counting; no slot or node choice is made here.
 
 Pure: requests and nodes come in as values; nothing here reads files or the clock.
@@ -39,9 +42,10 @@ from proofplane.model import (
 )
 from proofplane.model import Node as ClusterNode
 from proofplane.schedule.engine import Job, Outcome, Scheduler
-from proofplane.schedule.migslots import Geometry, LeastFragmenting, make_carver
+from proofplane.schedule.migslots import Geometry, LeastFragmenting
 from proofplane.schedule.migslots import geometry as sku_geometry
-from proofplane.schedule.scoring import make_scorer
+from proofplane.schedule.policy import CARVE, Policy, build_scheduler, server_policy
+from proofplane.schedule.scoring import DEFAULT_SCORER
 from proofplane.schedule.values import Request
 from proofplane.sim import engine
 from proofplane.sim.gorand import Rng, make_rng
@@ -52,13 +56,20 @@ ENGINE = "proofplane.schedule"
 SKU_NAME = "H100-80GB"
 WHOLE_GPU = "7g.80gb"
 TENANT = "openb"
-# policy -> (scoring plugin, MIG carver, on-demand repartitioning: the engine's step for idle
-# GPUs, and carving that reclaims idle instances beside running ones)
-POLICY_PLUGINS: dict[str, tuple[str, str, bool]] = {
-    "proofplane": ("proofplane", "least-fragmenting", False),
-    "first-slot-best-fit": ("first-slot-best-fit", "first-slot-best-fit", False),
-    "proofplane+repartition": ("proofplane", "least-fragmenting", True),
-    "first-slot-best-fit+repartition": ("first-slot-best-fit", "first-slot-best-fit", True),
+# policy -> its plugins (``schedule.policy.Policy``): scoring plugin, MIG carver, whether carving
+# reclaims (destroys idle instances beside running ones), whether the engine re-lays idle GPUs
+POLICY_PLUGINS: dict[str, Policy] = {
+    "proofplane": Policy("proofplane", "least-fragmenting"),
+    "first-slot-best-fit": Policy("first-slot-best-fit", "first-slot-best-fit"),
+    "proofplane+repartition": Policy(
+        "proofplane", "least-fragmenting", reclaim=True, repartition=True
+    ),
+    "first-slot-best-fit+repartition": Policy(
+        "first-slot-best-fit", "first-slot-best-fit", reclaim=True, repartition=True
+    ),
+    # the server's default (PROOFPLANE_MIG_AUTO_LAYOUT=on): carve without reclaim, re-lay
+    # idle GPUs
+    "proofplane+relayout": server_policy(DEFAULT_SCORER, CARVE),
 }
 MIG_POLICIES = ("proofplane", "first-slot-best-fit")  # without departures (static)
 MIXES = ("openb", "synthetic")
@@ -246,21 +257,21 @@ def mig_request(req: MigRequest) -> Request:
 def make_scheduler(
     stream: MigStream, policy: str, weights: Sequence[float] | None = None
 ) -> tuple[Scheduler, bool]:
-    """The production scheduler for ``policy`` over ``stream``'s nodes, and whether it may
-    repartition idle GPUs. ``weights`` (one per profile of :func:`geometry`) fixes the
-    least-fragmenting carver's mix (default: learned from the requests, as in the server)."""
+    """The production scheduler for ``policy`` over ``stream``'s nodes, built as the server
+    builds its own (``schedule.policy.build_scheduler``), and whether it may repartition idle
+    GPUs. ``weights`` (one per profile of :func:`geometry`) fixes the least-fragmenting
+    carver's mix (default: learned from the requests, as in the server)."""
     if policy not in POLICY_PLUGINS:
         raise MigSimError(f"unknown MIG policy {policy!r} (known: {', '.join(POLICY_PLUGINS)})")
-    scorer_name, carver_name, repartition = POLICY_PLUGINS[policy]
-    carver = make_carver(carver_name)
-    if weights is not None and carver_name == "least-fragmenting":
+    plugins = POLICY_PLUGINS[policy]
+    carver = None
+    if weights is not None and plugins.carver == "least-fragmenting":
         geo = geometry()
         if len(weights) != len(geo.profiles):
             raise MigSimError(f"need {len(geo.profiles)} weights, one per profile")
         carver = LeastFragmenting({p.name: w for p, w in zip(geo.profiles, weights, strict=True)})
     nodes = [cluster_node(n, r) for n, r in zip(stream.nodes, stream.rank, strict=True)]
-    sched = Scheduler(nodes, scorer=make_scorer(scorer_name), carver=carver, reclaim=repartition)
-    return sched, repartition
+    return build_scheduler(plugins, nodes, carver=carver), plugins.repartition
 
 
 def check_requests(requests: Iterable[MigRequest]) -> None:
