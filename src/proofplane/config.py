@@ -44,9 +44,11 @@ DEFRAG_MAX_MOVES_PER_HOUR = 20
 
 # How the scheduler may change MIG layouts on its own (issue 17 §2): "on" carves new instances
 # into free slices (never touching an instance) and re-lays idle GPUs; "idle" only re-lays
-# GPUs that hold no work; "off": layouts change only by inventory or a ``mig.layout`` change.
+# GPUs that hold no work; "off": layouts change only by inventory or a ``mig.layout`` change;
+# "reclaim": as "on", and carving may also destroy *idle* instances (nothing placed on them)
+# on the GPU it carves, beside running ones (the replay's ``proofplane+repartition``).
 MIG_AUTO_LAYOUT_ENV = "PROOFPLANE_MIG_AUTO_LAYOUT"
-MIG_AUTO_LAYOUT_MODES = ("on", "idle", "off")
+MIG_AUTO_LAYOUT_MODES = ("on", "idle", "off", "reclaim")
 MIG_AUTO_LAYOUT = "on"
 
 

@@ -212,11 +212,42 @@ def test_a_malformed_setting_is_refused_at_start(raw: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("raw", "want"), [("", "on"), ("on", "on"), (" IDLE ", "idle"), ("Off", "off")]
+    ("raw", "want"),
+    [("", "on"), ("on", "on"), (" IDLE ", "idle"), ("Off", "off"), ("Reclaim", "reclaim")],
 )
 def test_the_setting_is_parsed(raw: str, want: str) -> None:
     assert config.from_env({config.MIG_AUTO_LAYOUT_ENV: raw}).mig_auto_layout == want
     assert config.mig_auto_layout({config.MIG_AUTO_LAYOUT_ENV: raw}) == want
+
+
+@pytest.mark.parametrize("mode", ["on", "reclaim"], indirect=True)
+def test_reclaim_destroys_idle_instances_beside_running_work(mode: str, client: TestClient) -> None:
+    """A GPU runs a 3g at slot 0 and holds three idle 1g instances in slots 4-6; a 3g.40gb
+    request finds no free instance and no free slices. ``on`` never destroys an instance: it
+    waits. ``reclaim`` destroys the three idle 1g instances (the running 3g untouched), carves
+    3g@4 and places it there, a ``node.gpu.repartition`` event with step ``reclaim``, which
+    ``workloads explain`` reports."""
+    tenant(client, "lab")
+    mig_node(client, "m", [["3g.40gb@0", "1g.10gb@4", "1g.10gb@5", "1g.10gb@6"]])
+    first = submit(client, "a", "lab", "3g.40gb")
+    assert device(first) == ("m", 0, "3g.40gb", 0)
+    b = submit(client, "b", "lab", "3g.40gb")
+    if mode == "on":
+        assert b["status"] == "pending" and events(client, "node.gpu.repartition") == []
+        assert layout(client, "m", 0) == ["1g.10gb@4", "1g.10gb@5", "1g.10gb@6", "3g.40gb@0"]
+        return
+    assert device(b) == ("m", 0, "3g.40gb", 4)
+    assert layout(client, "m", 0) == ["3g.40gb@0", "3g.40gb@4"]
+    (ev,) = events(client, "node.gpu.repartition")
+    assert ev["details"]["step"] == "reclaim"
+    assert ev["details"]["before"] == ["3g.40gb@0", "1g.10gb@4", "1g.10gb@5", "1g.10gb@6"]
+    assert "idle instances of the GPU destroyed" in ev["details"]["why"]
+    m = client.get(f"{API}/workloads/b/explain").json()["mig_layout"]
+    (change,) = m["changes"]
+    assert (m["auto_layout"], change["step"], change["carved"]) == ("reclaim", "reclaim",
+                                                                   ["3g.40gb@4"])  # fmt: skip
+    # the running 3g kept its instance: still placed where it was
+    assert device(client.get(f"{API}/workloads/a").json()) == ("m", 0, "3g.40gb", 0)
 
 
 # --- workloads explain says what the scheduler did to MIG layouts (issue 17 §2) ----------------

@@ -111,3 +111,15 @@ def test_the_lines_for_each_kind_of_change() -> None:
         "MIG layout: re-laid m GPU 1 after defragmentation moved its work: 7g.80gb@0 → "
         "4g.40gb@0 (PROOFPLANE_MIG_AUTO_LAYOUT=on)"
     )
+    reclaimed = {
+        **change,
+        "step": "reclaim",
+        "freed_by_defragmentation": False,
+        "before": ["3g.40gb@0", "1g.10gb@4"],
+        "after": ["3g.40gb@0", "3g.40gb@4"],
+    }
+    (line,) = render.mig_layout_lines({"auto_layout": "reclaim", "changes": [reclaimed]})
+    assert line == (
+        "MIG layout: reclaimed idle instances of m GPU 1: 3g.40gb@0, 1g.10gb@4 → 3g.40gb@0, "
+        "3g.40gb@4 (PROOFPLANE_MIG_AUTO_LAYOUT=reclaim)"
+    )

@@ -331,16 +331,21 @@ def test_submit_and_cancel_carve_and_reuse_as_the_dynamic_replay(
     assert reused > 0 and replayed.carved < len(items)  # departed instances were reused
 
 
+@pytest.mark.parametrize(
+    ("mode", "policy"), [("on", "proofplane+relayout"), ("reclaim", "proofplane+repartition")]
+)
 def test_submit_and_cancel_relayout_idle_gpus_as_the_relayout_replay(
-    monkeypatch: pytest.MonkeyPatch, store: Store, client: TestClient
+    monkeypatch: pytest.MonkeyPatch, store: Store, client: TestClient, mode: str, policy: str
 ) -> None:
     """The server's default (``PROOFPLANE_MIG_AUTO_LAYOUT=on``: carving without reclaim, and
     the repartitioning of idle GPUs) is the replay's ``proofplane+relayout``: arrivals as
     submits and departures as cancels, in trace-time order, land on the same nodes, GPUs,
     profiles and slots, and the GPUs' layouts end the same. Departures leave idle GPUs
     holding instances of other profiles; larger requests that no free slice takes then get an
-    idle GPU re-laid (it happens: asserted), which the carve-only ``proofplane`` cannot do."""
-    monkeypatch.setenv(config.MIG_AUTO_LAYOUT_ENV, "on")
+    idle GPU re-laid (it happens: asserted), which the carve-only ``proofplane`` cannot do.
+    ``PROOFPLANE_MIG_AUTO_LAYOUT=reclaim`` (carving may also destroy idle instances beside
+    running ones) is the replay's ``proofplane+repartition`` in the same way."""
+    monkeypatch.setenv(config.MIG_AUTO_LAYOUT_ENV, mode)
     monkeypatch.setenv(config.DEFRAG_MAX_MOVES_ENV, "0")
     rng = random.Random(28)
     profiles = ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "1g.10gb", "4g.40gb", "7g.80gb",
@@ -358,7 +363,7 @@ def test_submit_and_cancel_relayout_idle_gpus_as_the_relayout_replay(
         )
     nodes = [Node(f"n{i}", 64_000, 1 << 20, 2, "x") for i in range(3)]
     stream = dynamic.DynamicStream(items, nodes, [2, 0, 1], 1.0, 1.0, items[-1].arrival)
-    replayed = dynamic.replay_dynamic(stream, "proofplane+relayout", record_placements=True)
+    replayed = dynamic.replay_dynamic(stream, policy, record_placements=True)
     assert replayed.accepted == len(items) and not any(replayed.waits)  # all at arrival
     assert replayed.repartitions > 0  # idle GPUs were re-laid: the test is not vacuous
     carve_only = dynamic.replay_dynamic(stream, "proofplane")
@@ -401,26 +406,29 @@ def test_submit_and_cancel_relayout_idle_gpus_as_the_relayout_replay(
         f"{API}/events", params={"action": "node.gpu.repartition", "limit": 500}
     ).json()["items"]
     steps = [e["details"]["step"] for e in changes]
-    # the server re-laid idle GPUs as often as the replay, and carved the same instances
-    assert steps.count("repartition") == replayed.repartitions
-    assert {"carve", "repartition"} <= set(steps)
+    # the server re-laid idle GPUs (and reclaimed idle instances) as often as the replay
+    assert steps.count("repartition") + steps.count("reclaim") == replayed.repartitions
+    assert {"carve", "reclaim" if mode == "reclaim" else "repartition"} <= set(steps)
+    assert ("reclaim" in steps) is (mode == "reclaim")
 
 
-@pytest.mark.parametrize("mode", ["on", "idle", "off"])
+@pytest.mark.parametrize("mode", ["on", "idle", "off", "reclaim"])
 def test_the_server_builds_its_scheduler_from_the_replay_policy(
     monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
     """One ``schedule.policy.Policy`` per setting, built by one function: with the default
-    setting the server's is the replay's ``proofplane+relayout``."""
+    setting the server's is the replay's ``proofplane+relayout``, with ``reclaim`` its
+    ``proofplane+repartition``."""
     monkeypatch.setenv(config.MIG_AUTO_LAYOUT_ENV, mode)
     monkeypatch.delenv(SCORER_ENV, raising=False)
     policy = server_policy()
     assert policy == layout_policy(DEFAULT_SCORER, mode)
     assert (policy == mig.POLICY_PLUGINS["proofplane+relayout"]) is (mode == "on")
-    assert not policy.reclaim and policy.repartition is (mode != "off")
+    assert (policy == mig.POLICY_PLUGINS["proofplane+repartition"]) is (mode == "reclaim")
+    assert policy.reclaim is (mode == "reclaim") and policy.repartition is (mode != "off")
     sched = server_scheduler([], [], {})
     assert (sched.carving is not None, sched.reclaim, sched.repartition) == (
-        mode == "on",
-        False,
+        mode in ("on", "reclaim"),
+        mode == "reclaim",
         mode != "off",
     )

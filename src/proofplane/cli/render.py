@@ -701,6 +701,8 @@ def mig_layout_lines(m: dict[str, Any] | None) -> list[str]:
             how = (
                 f"re-laid {where} after defragmentation moved its work"
                 if c.get("freed_by_defragmentation")
+                else f"reclaimed idle instances of {where}"
+                if c.get("step") == "reclaim"
                 else f"re-laid idle {where}"
             )
             lines.append(f"MIG layout: {how}: {before} → {after} ({mode})")

@@ -132,7 +132,9 @@ class Repartition:
     before: tuple[MigInstance, ...]
     after: tuple[MigInstance, ...]
     carved: bool = False
-    step: str = "repartition"  # which step of the engine made it: "repartition" or "carve"
+    # which step of the engine made it: "repartition" (an idle GPU re-laid), "carve" (new
+    # instances in free slices only) or "reclaim" (carving that destroyed idle instances)
+    step: str = "repartition"
 
 
 @dataclass(frozen=True, slots=True)
@@ -649,11 +651,12 @@ class Scheduler:
                         x.uuid,
                         x.mig_instances,
                         after[x.index],
-                        carved=set(x.mig_instances) <= set(after[x.index]),
-                        step="carve",
+                        carved=carved,
+                        step="carve" if carved else "reclaim",
                     )
                     for x in original.gpus
                     if x.index in after
+                    for carved in [set(x.mig_instances) <= set(after[x.index])]
                 )
                 return placement, changes
             self.snapshot.upsert_node(original)

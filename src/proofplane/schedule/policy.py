@@ -30,6 +30,7 @@ SERVER_CARVER = "least-fragmenting"
 CARVE = "on"  # carve new instances into free slices, and re-lay idle GPUs
 IDLE = "idle"  # re-lay idle GPUs only
 OFF = "off"  # never change a layout
+RECLAIM = "reclaim"  # as CARVE, and carving may destroy idle instances beside running ones
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +57,13 @@ class Policy:
 
 def server_policy(scorer: str, auto_layout: str) -> Policy:
     """The server's policy: ``scorer`` and, per ``PROOFPLANE_MIG_AUTO_LAYOUT``
-    (``auto_layout``), carving into free slices without reclaim (``on``) and the
-    repartitioning of idle GPUs (``on`` and ``idle``; ``off``: no layout ever changes)."""
+    (``auto_layout``), carving into free slices without reclaim (``on``) or reclaiming idle
+    instances on the GPU it carves (``reclaim``), and the repartitioning of idle GPUs (every
+    mode but ``off``: no layout ever changes)."""
     return Policy(
         scorer,
-        SERVER_CARVER if auto_layout == CARVE else None,
-        reclaim=False,
+        SERVER_CARVER if auto_layout in (CARVE, RECLAIM) else None,
+        reclaim=auto_layout == RECLAIM,
         repartition=auto_layout != OFF,
     )
 

@@ -3,9 +3,9 @@ carved, or the idle GPU it re-laid, to place a workload; or, for a MIG request t
 that carving (or re-laying) would place it now but ``PROOFPLANE_MIG_AUTO_LAYOUT`` turns it off.
 
 A placement's layout changes are read back from the audit record: the placing transaction
-recorded one ``node.gpu.repartition`` per GPU it changed (``for_workload``, ``step``: ``carve``
-or ``repartition``, ``before``/``after``), at the placement's own time, on the node it placed
-on. No new state is kept for it.
+recorded one ``node.gpu.repartition`` per GPU it changed (``for_workload``, ``step``:
+``carve``, ``reclaim`` or ``repartition``, ``before``/``after``), at the placement's own time,
+on the node it placed on. No new state is kept for it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from proofplane.config import MIG_AUTO_LAYOUT_ENV, mig_auto_layout
 from proofplane.model import GpuRequest, WorkloadStatus
 from proofplane.schedule.engine import Repartition
-from proofplane.schedule.policy import CARVE, IDLE, OFF, build_scheduler, server_policy
+from proofplane.schedule.policy import CARVE, IDLE, OFF, RECLAIM, build_scheduler, server_policy
 from proofplane.schedule.reasons import DEFRAGMENTATION
 from proofplane.service.scheduling import ClusterView, job_of, placement_scorer
 from proofplane.store.repo import placement_from_row
@@ -27,9 +27,10 @@ from proofplane.store.tables import EventRow, WorkloadRow
 REPARTITION_ACTION = "node.gpu.repartition"
 #: the ``step`` values of ``node.gpu.repartition`` each mode turns off
 DISABLED_STEPS: dict[str, frozenset[str]] = {
-    CARVE: frozenset(),
-    IDLE: frozenset({"carve"}),
-    OFF: frozenset({"carve", "repartition"}),
+    CARVE: frozenset(),  # the trial below places as "on" does: it never reclaims
+    RECLAIM: frozenset(),
+    IDLE: frozenset({"carve", "reclaim"}),
+    OFF: frozenset({"carve", "reclaim", "repartition"}),
 }
 
 
@@ -143,4 +144,6 @@ def _said(c: Repartition) -> str:
     if c.step == "carve":
         new = [f"{i.profile}@{i.start}" for i in c.after if i not in c.before]
         return f"carving {', '.join(new)} on {c.node} GPU {c.gpu_index}"
+    if c.step == "reclaim":
+        return f"reclaiming idle instances of {c.node} GPU {c.gpu_index}"
     return f"re-laying idle {c.node} GPU {c.gpu_index}"

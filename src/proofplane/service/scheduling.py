@@ -560,11 +560,11 @@ def _apply_repartition(
     gpu.mig_instances = [{"profile": i.profile, "start": i.start} for i in change.after]
     node_row.updated_at = tx.now
     if why is None:
-        why = f"no free {row.mig_profile} instance; " + (
-            "new instances carved into the GPU's free slices (no instance touched)"
-            if change.step == "carve"
-            else "the GPU was idle"
-        )
+        why = f"no free {row.mig_profile} instance; " + {
+            "carve": "new instances carved into the GPU's free slices (no instance touched)",
+            "reclaim": "idle instances of the GPU destroyed and new ones carved in their place "
+            "(no instance in use touched)",
+        }.get(change.step, "the GPU was idle")
     tx.record(
         "node.gpu.repartition",
         "node",

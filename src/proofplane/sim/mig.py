@@ -44,7 +44,13 @@ from proofplane.model import Node as ClusterNode
 from proofplane.schedule.engine import Job, Outcome, Scheduler
 from proofplane.schedule.migslots import Geometry, LeastFragmenting
 from proofplane.schedule.migslots import geometry as sku_geometry
-from proofplane.schedule.policy import CARVE, Policy, build_scheduler, server_policy
+from proofplane.schedule.policy import (
+    CARVE,
+    RECLAIM,
+    Policy,
+    build_scheduler,
+    server_policy,
+)
 from proofplane.schedule.scoring import DEFAULT_SCORER
 from proofplane.schedule.values import Request
 from proofplane.sim import engine
@@ -61,9 +67,8 @@ TENANT = "openb"
 POLICY_PLUGINS: dict[str, Policy] = {
     "proofplane": Policy("proofplane", "least-fragmenting"),
     "first-slot-best-fit": Policy("first-slot-best-fit", "first-slot-best-fit"),
-    "proofplane+repartition": Policy(
-        "proofplane", "least-fragmenting", reclaim=True, repartition=True
-    ),
+    # the server with PROOFPLANE_MIG_AUTO_LAYOUT=reclaim
+    "proofplane+repartition": server_policy(DEFAULT_SCORER, RECLAIM),
     "first-slot-best-fit+repartition": Policy(
         "first-slot-best-fit", "first-slot-best-fit", reclaim=True, repartition=True
     ),
