@@ -9,10 +9,14 @@ to choose), its log (access log included) to a file beside the database.
 
 Timed: for every node, one ``certification.grant`` (``hipaa=true``) change: ``POST
 /api/v1/changes`` as alice, ``POST …/approve`` as bob, ``POST …/approve`` as sec, ``POST
-…/apply`` as alice, each person on their own keep-alive httpx client; each step waits for
-the previous answer (the latency a person sees). ``--concurrency`` requesters (default 4)
-work side by side, each one change at a time; ``--concurrency 1`` is one change after the
-other, which measures four round trips' latency more than the server's throughput.
+…/apply`` as alice, each person on their own keep-alive HTTP/1.1 connection; each step waits
+for the previous answer (the latency a person sees). The requests go out through the standard
+library's ``http.client`` (one ``send`` per request, ``TCP_NODELAY``): the load generator
+shares the two cores with the server, and httpx spent about three times its CPU per change
+(2.1–3.7 ms against 1.2, in ``cpu_ms_per_change.client``), CPU the server then lacked.
+``--concurrency`` requesters (default 4) work side by side, each one change at a time;
+``--concurrency 1`` is one change after the other, which measures four round trips' latency
+more than the server's throughput.
 ``changes_per_s`` is changes fully applied per second of wall time; p50/p99 latency per step.
 Each run uses a fresh database; the figures are the medians over ``--runs`` runs.
 
@@ -29,9 +33,11 @@ much less.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import resource
+import socket
 import statistics
 import subprocess
 import sys
@@ -124,15 +130,11 @@ def one_run(
     proc = start(db, port, workers)
     base = f"http://127.0.0.1:{port}"
     local = threading.local()  # each requester thread: its own keep-alive client per person
-    opened: list[httpx.Client] = []
+    opened: list[Requester] = []
 
-    def clients() -> dict[str, httpx.Client]:
+    def clients() -> dict[str, Requester]:
         if not hasattr(local, "clients"):
-            local.clients = {
-                who: httpx.Client(base_url=base, timeout=30,
-                                  headers={"Authorization": f"Bearer {token}"})
-                for who, token in tokens.items()
-            }  # fmt: skip
+            local.clients = {who: Requester(port, token) for who, token in tokens.items()}
             opened.extend(local.clients.values())
         return local.clients  # type: ignore[no-any-return]
 
@@ -141,10 +143,10 @@ def one_run(
         lat: dict[str, list[float]] = {s: [] for s in STEPS}
 
         def call(who: str, path: str, body: dict[str, Any], want: int) -> dict[str, Any]:
-            r = clients()[who].post(path, json=body)
-            if r.status_code != want:
-                raise SystemExit(f"{who} POST {path}: {r.status_code} {r.text[:300]}")
-            return dict(r.json())
+            status, data = clients()[who].request("POST", path, body)
+            if status != want:
+                raise SystemExit(f"{who} POST {path}: {status} {data[:300]!r}")
+            return dict(json.loads(data))
 
         def change(i: int, record: bool) -> None:
             node = f"gpu-{i:04d}"
@@ -178,7 +180,7 @@ def one_run(
                 list(pool.map(lambda i: change(i, record=True), range(nodes)))
         elapsed = time.perf_counter() - t0
         server1, client1 = tree_cpu_seconds(proc.pid), _own_cpu_seconds()
-        check = clients()["alice"].get("/api/v1/nodes/gpu-0000").json()
+        check = json.loads(clients()["alice"].request("GET", "/api/v1/nodes/gpu-0000")[1])
         if check.get("certifications", {}).get("hipaa") != "true":
             raise SystemExit("the grant did not reach the node")
         for c in opened:
@@ -202,6 +204,29 @@ def one_run(
     total = [sum(v) for v in zip(*(lat[s] for s in STEPS), strict=True)]
     out["change_p50_ms"], out["change_p99_ms"] = pct(total, 0.50), pct(total, 0.99)
     return out
+
+
+class Requester:
+    """One person's keep-alive HTTP/1.1 connection to the server (``http.client``): the
+    request line, headers and JSON body in one ``send``, ``TCP_NODELAY`` on the socket."""
+
+    def __init__(self, port: int, token: str) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+
+    def request(
+        self, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> tuple[int, bytes]:
+        if self.conn.sock is None:
+            self.conn.connect()
+            self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        data = json.dumps(body).encode() if body is not None else None
+        self.conn.request(method, path, body=data, headers=self.headers)
+        answer = self.conn.getresponse()
+        return answer.status, answer.read()
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 def _cores() -> int:
@@ -267,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         "meets_target": med("changes_per_s") >= TARGET_CHANGES_PER_S,
         "note": "closed loop: each requester one change at a time (--concurrency of them side "
         "by side), each step after the previous answer; "
-        "keep-alive httpx client per person; client and server share this machine; every "
+        "keep-alive http.client connection per person; client and server share this machine; every "
         "step writes its audit events (Merkle log) in the same transaction",
         "machine": machine(),
     }
