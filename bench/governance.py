@@ -217,10 +217,22 @@ class Requester:
     def request(
         self, method: str, path: str, body: dict[str, Any] | None = None
     ) -> tuple[int, bytes]:
+        data = json.dumps(body).encode() if body is not None else None
+        fresh = self.conn.sock is None
+        try:
+            return self._send(method, path, data)
+        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+            if fresh:
+                raise
+            # the server closed a connection left idle past its keep-alive timeout before
+            # this request reached it (as httpx does: reconnect and send it again)
+            self.conn.close()
+            return self._send(method, path, data)
+
+    def _send(self, method: str, path: str, data: bytes | None) -> tuple[int, bytes]:
         if self.conn.sock is None:
             self.conn.connect()
             self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        data = json.dumps(body).encode() if body is not None else None
         self.conn.request(method, path, body=data, headers=self.headers)
         answer = self.conn.getresponse()
         return answer.status, answer.read()
