@@ -196,6 +196,40 @@ def pid_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
+def write_lock(metrics_text: str) -> dict[str, float]:
+    """From a ``/metrics`` exposition: ``proofplane_db_write_lock_seconds``' count and sum per
+    phase (``wait_count``, ``wait_sum``, ``held_count``, ``held_sum``), summed over workers."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {f"{p}_{k}": 0.0 for p in ("wait", "held") for k in ("count", "sum")}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != "proofplane_db_write_lock_seconds":
+            continue
+        for s in family.samples:
+            phase = s.labels.get("phase")
+            for k in ("count", "sum"):
+                if s.name.endswith(f"_{k}") and phase in ("wait", "held"):
+                    out[f"{phase}_{k}"] += s.value
+    return out
+
+
+def write_lock_delta(
+    before: dict[str, float], after: dict[str, float], seconds: float, units: int
+) -> dict[str, float]:
+    """What the write slot did between two :func:`write_lock` readings over ``seconds`` of
+    wall time and ``units`` of work: writes per unit, mean ms waiting for and holding the
+    slot per write, and the share of the time it was held (1.0: writes were serialised)."""
+    writes = after["held_count"] - before["held_count"]
+    held = after["held_sum"] - before["held_sum"]
+    wait = after["wait_sum"] - before["wait_sum"]
+    return {
+        "writes_per_unit": round(writes / units, 2) if units else 0.0,
+        "held_ms_per_write": round(1000 * held / writes, 3) if writes else 0.0,
+        "wait_ms_per_write": round(1000 * wait / writes, 3) if writes else 0.0,
+        "busy_share": round(held / seconds, 3) if seconds > 0 else 0.0,
+    }
+
+
 def tree_cpu_seconds(pid: int) -> float | None:
     """user+system CPU seconds of process ``pid`` and every live descendant (a ``serve
     --workers N`` supervisor and its worker processes), from /proc; None: ``pid`` is gone."""

@@ -51,7 +51,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _server import free_port, pct, positive, tree_cpu_seconds
+from _server import free_port, pct, positive, tree_cpu_seconds, write_lock, write_lock_delta
 from proofplane.access import SYSTEM, Actor, Role
 from proofplane.machine import machine
 from proofplane.model import Gpu, Node, NodeState
@@ -170,6 +170,14 @@ def one_run(
 
         for i in range(nodes, nodes + warmup):  # connections open, caches warm
             change(i, record=False)
+
+        def lock() -> dict[str, float]:
+            status, text = clients()["alice"].request("GET", "/metrics")
+            if status != 200:
+                raise SystemExit(f"GET /metrics: {status} {text[:300]!r}")
+            return write_lock(text.decode())
+
+        lock0 = lock()
         server0, client0 = tree_cpu_seconds(proc.pid), _own_cpu_seconds()
         t0 = time.perf_counter()
         if concurrency == 1:
@@ -180,6 +188,7 @@ def one_run(
                 list(pool.map(lambda i: change(i, record=True), range(nodes)))
         elapsed = time.perf_counter() - t0
         server1, client1 = tree_cpu_seconds(proc.pid), _own_cpu_seconds()
+        lock1 = lock()
         check = json.loads(clients()["alice"].request("GET", "/api/v1/nodes/gpu-0000")[1])
         if check.get("certifications", {}).get("hipaa") != "true":
             raise SystemExit("the grant did not reach the node")
@@ -193,6 +202,7 @@ def one_run(
             proc.kill()
     out: dict[str, Any] = {"changes_per_s": nodes / elapsed, "seconds": elapsed,
                            "change_control": ready.get("change_control")}  # fmt: skip
+    out["write_lock"] = write_lock_delta(lock0, lock1, elapsed, nodes)
     server_ms = 1000 * (server1 - server0) / nodes if server0 is not None and server1 else 0.0
     client_ms = 1000 * (client1 - client0) / nodes
     out["server_cpu_ms"], out["client_cpu_ms"] = server_ms, client_ms
@@ -296,6 +306,21 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_ms_per_change": {"server": med("server_cpu_ms"), "client": med("client_cpu_ms")},
         "cpu_bound_changes_per_s": med("cpu_bound_changes_per_s"),
         "cpu_bound_changes_per_s_machine": med("cpu_bound_changes_per_s_machine"),
+        # from the server's /metrics (proofplane_db_write_lock_seconds), medians over runs
+        "write_lock": {
+            k: round(statistics.median(r["write_lock"][k] for r in runs), 3)
+            for k in runs[0]["write_lock"]
+        },
+        "write_lock_bound_changes_per_s": round(
+            1000
+            / statistics.median(
+                r["write_lock"]["held_ms_per_write"] * r["write_lock"]["writes_per_unit"]
+                for r in runs
+            ),
+            1,
+        )
+        if all(r["write_lock"]["held_ms_per_write"] for r in runs)
+        else 0.0,
         "latency_ms": {
             step: {"p50": med(f"{step}_p50_ms"), "p99": med(f"{step}_p99_ms")}
             for step in (*STEPS, "change")
@@ -304,8 +329,10 @@ def main(argv: list[str] | None = None) -> int:
         "meets_target": med("changes_per_s") >= TARGET_CHANGES_PER_S,
         "note": "closed loop: each requester one change at a time (--concurrency of them side "
         "by side), each step after the previous answer; "
-        "keep-alive http.client connection per person; client and server share this machine; every "
-        "step writes its audit events (Merkle log) in the same transaction",
+        "keep-alive http.client connection per person; client and server share this machine; "
+        "every step writes its audit events (Merkle log) in the same transaction; "
+        "write_lock_bound_changes_per_s: 1000 / (ms the write slot is held per change), what "
+        "the serialised writes allow however many workers",
         "machine": machine(),
     }
     if args.json:

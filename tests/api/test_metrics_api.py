@@ -323,6 +323,35 @@ def test_decision_latency_is_observed(client: TestClient, demo: Store) -> None:
     assert after[key] - before.get(key, 0) == 1
 
 
+def test_write_transactions_are_timed_by_phase(client: TestClient, demo: Store) -> None:
+    """Every write transaction observes its wait for the write slot and its time holding it;
+    a read observes neither; a write that fails (a 404 inside the transaction) still
+    counts its time under the slot."""
+
+    def counts(samples: Samples) -> tuple[float, float, float]:
+        def get(name: str, phase: str) -> float:
+            return samples.get((name, (("phase", phase),)), 0.0)
+
+        base = "proofplane_db_write_lock_seconds"
+        return (
+            get(f"{base}_count", "wait"),
+            get(f"{base}_count", "held"),
+            get(f"{base}_sum", "held"),
+        )
+
+    before = counts(scrape(client))
+    body = {"name": "locked", "tenant": "research-lab", "gpus": {"count": 1}}
+    assert client.post("/api/v1/workloads", json=body).status_code == 201
+    after_write = counts(scrape(client))
+    assert after_write[0] - before[0] >= 1 and after_write[1] - before[1] >= 1
+    assert after_write[1] - before[1] == after_write[0] - before[0]  # one of each per write
+    assert after_write[2] > before[2]  # it held the slot for some time
+    assert client.get("/api/v1/workloads").status_code == 200
+    assert counts(scrape(client))[:2] == after_write[:2]  # reads take no write slot
+    assert client.post("/api/v1/workloads/nobody/cancel", json={}).status_code == 404
+    assert counts(scrape(client))[1] > after_write[1]
+
+
 def test_utilisation_per_tenant_under_dcgm_names(client: TestClient, store: Store) -> None:
     from datetime import UTC, datetime
 

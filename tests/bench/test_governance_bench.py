@@ -38,6 +38,13 @@ def test_default_is_serves_own_workers_and_four_requesters(tmp_path: Path) -> No
     assert isinstance(latency, dict)
     assert set(latency) == {"create", "approve_1", "approve_2", "apply", "change"}
     assert all(v["p99"] >= v["p50"] > 0 for v in latency.values())
+    # the server's own account of its write slot (/metrics): four writes a change (create,
+    # two approvals, apply; a batched token "last used" write may add one), each holding it
+    lock = data["write_lock"]
+    assert isinstance(lock, dict)
+    assert 4.0 <= lock["writes_per_unit"] < 4.5
+    assert lock["held_ms_per_write"] > 0 and 0 < lock["busy_share"] <= 1.05
+    assert data["write_lock_bound_changes_per_s"] > 0  # type: ignore[operator]
 
 
 def test_one_requester_one_worker(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ gap-free sequence numbers, and commits state and events together, or neither.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -23,6 +24,7 @@ from proofplane.audit.export.config import SinkPolicy
 from proofplane.config import NetworkSettings
 from proofplane.errors import Conflict, Unavailable, ValidationFailed
 from proofplane.model import Outcome
+from proofplane.service import instruments
 from proofplane.store.audit_log import Appender, sqlite_connection
 from proofplane.store.db import make_engine, read_session, write_session, writer_gate
 from proofplane.store.tables import EventRow
@@ -276,8 +278,13 @@ class Store:
         if joined is not None and joined[0] is self:
             yield joined[1]  # the outer transaction commits (or rolls back) it all
             return
+        asked = time.perf_counter()
         with writer_gate(self.engine):
-            yield from self._write(actor, now)
+            got = time.perf_counter()
+            try:
+                yield from self._write(actor, now)
+            finally:
+                instruments.observe_write(got - asked, time.perf_counter() - got)
 
     def _write(self, actor: Actor, now: datetime | None) -> Iterator[Tx]:
         session = write_session(self.engine)

@@ -88,6 +88,18 @@ DECISION_DURATION = Histogram(
     ),  # fmt: skip
     registry=REGISTRY,
 )
+WRITE_LOCK = Histogram(
+    "proofplane_db_write_lock_seconds",
+    "Write transactions by phase: 'wait' for this database's one write slot (SQLite: the "
+    "writer gate every process queues on), then 'held' from getting it to the commit's end "
+    "(PostgreSQL: the whole transaction, its advisory write lock's wait included).",
+    ["phase"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0, 30.0),
+    registry=REGISTRY,
+)
+WRITE_WAIT = WRITE_LOCK.labels("wait")
+WRITE_HELD = WRITE_LOCK.labels("held")
+
 ATTESTATION_VERDICTS = Counter(
     "proofplane_attestation_verdicts",
     "Attestation verdicts recorded, by verdict (pass or fail) and reason code (one count per "
@@ -122,6 +134,12 @@ def observe_http(method: str, route: str, code: int, seconds: float) -> None:
 
 def observe_decision(placed: bool, seconds: float) -> None:
     DECISION_DURATION.labels("placed" if placed else "pending").observe(seconds)
+
+
+def observe_write(wait: float, held: float) -> None:
+    """One write transaction: seconds waiting for the write slot, then holding it."""
+    WRITE_WAIT.observe(wait)
+    WRITE_HELD.observe(held)
 
 
 def count_verdict(ok: bool, reasons: Iterable[str]) -> None:
