@@ -40,6 +40,7 @@ directly with the same scheduler.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Hashable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
@@ -458,10 +459,14 @@ def plan_defrag(
         return _refuse(OVER_BUDGET, {}, fewest=1, budget=0)
     counts: dict[str, int] = {}
     found = _regions(scheduler, job, movable, counts, index)
-    found.sort(key=lambda r: r[0])  # (moves, slices, relayout, node, GPU, start): no ties
     counts["regions"] = len(found)
+    # in cost order, (moves, slices, relayout, node, GPU, start): no two alike, so the heap
+    # pops them in the order a sort gives; most calls stop after a few dozen
+    order = list(found)
+    heapq.heapify(order)
     trials = 0
-    for cost, node, keys, stay in found:
+    while order:
+        cost, node, keys, stay = heapq.heappop(order)
         if cost[0] > budget:
             counts[OVER_BUDGET] = counts.get(OVER_BUDGET, 0) + 1
             continue
