@@ -41,13 +41,14 @@ directly with the same scheduler.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from proofplane.hardware.skus import MEMORY_SLICES, SKUS, Sku, layout_errors
+from proofplane.hardware.skus import MEMORY_SLICES, SKUS, MigProfile, Sku, layout_errors
 from proofplane.model import (
+    Gpu,
     GpuRequest,
     MigInstance,
     Node,
@@ -216,18 +217,86 @@ _OK, _IMMOVABLE, _OTHER_POOL = 0, 1, 2
 _Candidate = tuple[tuple[int, int, int, str, int, int], Node, tuple[Hashable, ...], frozenset[int]]
 
 
-@dataclass(frozen=True, slots=True)
-class _GpuRegions:
-    """One MIG GPU's regions for one profile: its holders' keys and each region's candidate."""
+_Spans = dict[int, tuple[tuple[MigInstance, ...], dict[int, tuple[int, str]]]]
+#: per GPU model: its SKU and the requested profile, or None when it does not offer it
+_Skus = dict[str, tuple[Sku, MigProfile] | None]
 
-    model: str
-    starts: int  # the profile's starts on the SKU (a refused GPU counts them all)
-    keys: tuple[Hashable, ...]  # every workload holding an instance on it, once
-    # some holder is not held by the scheduler or not one part of MIG instances of one
-    # profile: never movable, whatever ``movable`` says
-    fixed: bool
-    pools: frozenset[Pool]  # the holders' compliance pools
-    regions: tuple[_Candidate, ...]
+
+@dataclass(slots=True)
+class _GpuRegions:
+    """One MIG GPU's regions for one profile: its holders' keys, and (worked out on first
+    use, kept with the node's entry) their static eligibility and each region's candidate."""
+
+    node: Node
+    gpu: Gpu
+    sku: Sku
+    prof: MigProfile
+    holders: list[tuple[int, Hashable]]  # (MIG start or -1, key) of each device on the GPU
+    # some holder is not one part of MIG instances of one profile (never movable, whatever
+    # ``movable`` says), and the holders' compliance pools: None until needed
+    static: tuple[bool, frozenset[Pool]] | None = None
+    regions: tuple[_Candidate, ...] | None = None
+
+    def eligibility(self, held: Mapping[Hashable, Held]) -> tuple[bool, frozenset[Pool]]:
+        """(fixed, pools), every holder being held."""
+        if self.static is None:
+            hs = [held[k] for k in dict.fromkeys(k for _s, k in self.holders)]
+            self.static = (
+                any(_mig_shape(h) is None for h in hs),
+                frozenset(h.pool for h in hs),
+            )
+        return self.static
+
+    def candidates(
+        self, held: Mapping[Hashable, Held], profile: str, spans: _Spans
+    ) -> tuple[_Candidate, ...]:
+        """Every region of the GPU: the holders overlapping it move, the others stay.
+        ``spans``: per layout (by identity, the tuple kept alive), {start: (end, profile)}."""
+        if self.regions is not None:
+            return self.regions
+        sku, prof, node, gpu = self.sku, self.prof, self.node, self.gpu
+        layout = gpu.mig_instances
+        cached = spans.get(id(layout))
+        if cached is None or cached[0] is not layout:
+            cached = (layout, {i.start: (_span(sku, i)[1], i.profile) for i in layout})
+            spans[id(layout)] = cached
+        by_start = cached[1]
+        # each holder's instance: (start, end, key)
+        spanned = [(s, by_start.get(s, (s + 1, ""))[0], k) for s, k in self.holders]
+        slices_of: dict[Hashable, int] = {}
+        no_span = (0, "")
+        regions: list[_Candidate] = []
+        for start in prof.starts:
+            hi = start + prof.mem_slices
+            if hi > MEMORY_SLICES:
+                continue
+            movers: dict[Hashable, None] = {}
+            stay: set[int] = set()
+            for s, end, k in spanned:
+                if s < hi and start < end:
+                    movers[k] = None
+                else:
+                    stay.add(s)
+            slices = 0
+            for k in movers:
+                n = slices_of.get(k)
+                if n is None:
+                    n = slices_of[k] = sum(
+                        _compute(sku, d.mig_profile) for d in held[k].placement.devices
+                    )
+                slices += n
+            here = by_start.get(start, no_span)
+            relayout = here[1] != profile or here[0] != hi
+            regions.append(
+                (
+                    (len(movers), slices, int(relayout), node.name, gpu.index, start),
+                    node,
+                    tuple(sorted(movers, key=str)),
+                    frozenset(stay),
+                )
+            )
+        self.regions = tuple(regions)
+        return self.regions
 
 
 _Entry = tuple[
@@ -242,22 +311,28 @@ _Entry = tuple[
 class RegionIndex:
     """The planner's per-node work, kept between calls (a ``Defragmenter`` keeps one): for
     each requested profile and node, the node's candidate regions (movers, moved compute,
-    layout change), valid while the node is the same and the same workloads hold the same
-    instances on it (checked only when the snapshot's ``version`` of the node moved: a trial
-    that put everything back leaves the regions valid). Which region is refused (work not
-    movable, another pool, a GPU model not allowed, a node not compliant) is decided again on
-    every call, so every call answers what a fresh scan would: the index only saves
-    recomputing the regions of the nodes nothing changed on."""
+    layout change) and its holders' static eligibility, valid while the node is the same and
+    the same workloads hold the same instances on it (checked only when the snapshot's
+    ``version`` of the node moved: a trial that put everything back leaves it valid). Which
+    region is refused (work not movable, another pool, a GPU model not allowed, a node not
+    compliant) is decided again on every call, so every call answers what a fresh scan
+    would: the index only saves recomputing the regions of the nodes nothing changed on.
+    ``keep=False``: a one-call index (``plan_defrag`` without one) that remembers nothing."""
 
-    __slots__ = ("_snapshot", "_nodes")
+    __slots__ = ("_snapshot", "_nodes", "_keep")
 
-    def __init__(self) -> None:
+    def __init__(self, keep: bool = True) -> None:
         self._snapshot: object | None = None
-        # (profile, node) → (version, node, holders, their Held (or None), regions)
+        self._keep = keep
+        # (profile, node) → (version, node, holders, their Held (or None), GPUs)
         self._nodes: dict[tuple[str, str], _Entry] = {}
 
-    def regions(self, scheduler: Scheduler, node: Node, profile: str) -> tuple[_GpuRegions, ...]:
+    def regions(
+        self, scheduler: Scheduler, node: Node, profile: str, skus: _Skus
+    ) -> tuple[_GpuRegions, ...]:
         snap = scheduler.snapshot
+        if not self._keep:
+            return _node_gpus(scheduler, node, profile, None, skus)
         if snap is not self._snapshot:  # another scheduler's versions: start afresh
             self._snapshot = snap
             self._nodes.clear()
@@ -276,7 +351,7 @@ class RegionIndex:
         ):  # changed and changed back (a trial): the same regions
             self._nodes[key] = (version, *hit[1:])
             return hit[4]
-        found = _node_regions(scheduler, node, profile, holders)
+        found = _node_gpus(scheduler, node, profile, holders, skus)
         refs = tuple((k, held.get(k)) for k in {k for _g, _s, k in holders})
         self._nodes[key] = (version, node, holders, refs, found)
         return found
@@ -292,71 +367,46 @@ def _holders(snap: ClusterSnapshot, name: str) -> frozenset[tuple[int, int, Hash
     )
 
 
-def _node_regions(
+def _node_gpus(
     scheduler: Scheduler,
     node: Node,
     profile: str,
-    holding: frozenset[tuple[int, int, Hashable]],
+    holding: frozenset[tuple[int, int, Hashable]] | None,
+    skus: _Skus,
 ) -> tuple[_GpuRegions, ...]:
-    """``node``'s MIG GPUs whose SKU offers ``profile``, each with every region of it (the
-    holders overlapping it move, the others stay); ``holding``: ``_holders`` of the node."""
-    held = scheduler.held
+    """``node``'s MIG GPUs whose SKU offers ``profile``, each with its holders;
+    ``holding``: ``_holders`` of the node (None: read them here)."""
     out: list[_GpuRegions] = []
-    on_gpu: dict[int, list[tuple[int, Hashable]]] = {}
-    for gi, st, hk in holding:
-        on_gpu.setdefault(gi, []).append((st, hk))
-    no_span = (0, "")
+    on_gpu: dict[int, list[tuple[int, Hashable]]] | None = None
     for gpu in node.gpus:
         if not gpu.mig_enabled:
             continue
         model = gpu.model
-        sku = SKUS.get(model)
-        prof = sku.profile(profile) if sku is not None else None
-        if sku is None or prof is None:
-            continue
-        holders = on_gpu.get(gpu.index, [])
-        by_start = {i.start: (_span(sku, i)[1], i.profile) for i in gpu.mig_instances}
-        # each holder's instance: (start, end, key)
-        spanned = [(s, by_start.get(s, (s + 1, ""))[0], k) for s, k in holders]
-        slices_of: dict[Hashable, int] = {}
-        regions: list[_Candidate] = []
-        for start in prof.starts:
-            hi = start + prof.mem_slices
-            if hi > MEMORY_SLICES:
-                continue
-            movers: dict[Hashable, None] = {}
-            stay: set[int] = set()
-            for s, end, k in spanned:
-                if s < hi and start < end:
-                    movers[k] = None
-                else:
-                    stay.add(s)
-            slices = 0
-            for k in movers:
-                n = slices_of.get(k)
-                if n is None:
-                    h = held.get(k)
-                    n = slices_of[k] = (
-                        sum(_compute(sku, d.mig_profile) for d in h.placement.devices)
-                        if h is not None
-                        else 0  # refused when the region is considered: not movable
-                    )
-                slices += n
-            here = by_start.get(start, no_span)
-            relayout = here[1] != profile or here[0] != hi
-            regions.append(
-                (
-                    (len(movers), slices, int(relayout), node.name, gpu.index, start),
-                    node,
-                    tuple(sorted(movers, key=str)),
-                    frozenset(stay),
-                )
+        if model in skus:
+            found = skus[model]
+        else:
+            known = SKUS.get(model)
+            wanted = known.profile(profile) if known is not None else None
+            found = skus[model] = (
+                (known, wanted) if known is not None and wanted is not None else None
             )
-        keys = tuple(dict.fromkeys(k for _s, k in holders))
-        hs = [held.get(k) for k in keys]
-        fixed = any(h is None or _mig_shape(h) is None for h in hs)
-        pools = frozenset(h.pool for h in hs if h is not None)
-        out.append(_GpuRegions(model, len(prof.starts), keys, fixed, pools, tuple(regions)))
+        if found is None:
+            continue
+        if on_gpu is None:  # the node's holders per GPU, once a GPU of it is a candidate
+            on_gpu = {}
+            if holding is None:
+                snap = scheduler.snapshot
+                allocs = snap.allocations
+                for akey in snap.allocations_on(node.name):
+                    hkey = akey[0]  # type: ignore[index]  # Scheduler.hold keys parts (key, i)
+                    for d in allocs[akey].placement.devices:
+                        on_gpu.setdefault(d.gpu_index, []).append(
+                            (d.mig_start if d.mig_start is not None else -1, hkey)
+                        )
+            else:
+                for gi, st, hk in holding:
+                    on_gpu.setdefault(gi, []).append((st, hk))
+        out.append(_GpuRegions(node, gpu, found[0], found[1], on_gpu.get(gpu.index, [])))
     return tuple(out)
 
 
@@ -379,37 +429,45 @@ def _regions(
     tags = req.tags
     pool = job.pool
     snap = scheduler.snapshot
+    held = scheduler.held
     admitted = NodeState.ADMITTED
     if index is None:
-        index = RegionIndex()
-    # per held key: movable(key), asked once per call
+        index = RegionIndex(keep=False)
+    # per held key: whether it is held and ``movable`` says yes, asked once per call
     verdict: dict[Hashable, bool] = {}
+    skus: _Skus = {}
+    spans: _Spans = {}
     out: list[_Candidate] = []
     for node in snap.nodes():
         if node.state is not admitted or (tags and missing_tags(tags, node.certifications)):
             continue
-        for g in index.regions(scheduler, node, profile):
-            if allowed is not None and g.model not in allowed:
+        for g in index.regions(scheduler, node, profile, skus):
+            if allowed is not None and g.gpu.model not in allowed:
                 continue
-            # a holder not movable (not held, not MIG work of one profile, or ``movable``
-            # says no) refuses the GPU; else a holder of another pool does
-            worst = _IMMOVABLE if g.fixed else _OK
-            if not g.fixed:
-                for k in g.keys:
+            # a holder not movable (not held, ``movable`` says no, or not MIG work of one
+            # profile) refuses the GPU; else a holder of another pool does
+            worst = _OK
+            if g.static is not None and g.static[0]:
+                worst = _IMMOVABLE
+            else:
+                for _s, k in g.holders:
                     v = verdict.get(k)
                     if v is None:
-                        v = verdict[k] = bool(movable(k))
+                        v = verdict[k] = k in held and bool(movable(k))
                     if not v:
                         worst = _IMMOVABLE
                         break
-            pools = g.pools
-            if worst == _OK and (len(pools) > 1 or (pools and pool not in pools)):
-                worst = _OTHER_POOL
+            if worst == _OK:
+                fixed, pools = g.eligibility(held)
+                if fixed:
+                    worst = _IMMOVABLE
+                elif len(pools) > 1 or (pools and pool not in pools):
+                    worst = _OTHER_POOL
             if worst != _OK:
                 code = NON_RESTARTABLE_WORK if worst == _IMMOVABLE else OTHER_POOL
-                counts[code] = counts.get(code, 0) + g.starts
+                counts[code] = counts.get(code, 0) + len(g.prof.starts)
                 continue
-            out.extend(g.regions)
+            out.extend(g.candidates(held, profile, spans))
     return out
 
 
