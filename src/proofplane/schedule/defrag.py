@@ -40,13 +40,15 @@ directly with the same scheduler.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+import heapq
+from collections.abc import Callable, Hashable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proofplane.hardware.skus import MEMORY_SLICES, SKUS, MigProfile, Sku, layout_errors
 from proofplane.model import (
+    Gpu,
     GpuRequest,
     MigInstance,
     Node,
@@ -54,8 +56,17 @@ from proofplane.model import (
     Placement,
     missing_tags,
 )
-from proofplane.schedule.engine import Held, Job, Outcome, Repartition, Scheduler, held_for
-from proofplane.schedule.values import Decision, Request, allowed_models
+from proofplane.schedule.engine import (
+    Held,
+    Job,
+    Outcome,
+    Pool,
+    Repartition,
+    Scheduler,
+    held_for,
+)
+from proofplane.schedule.snapshot import ClusterSnapshot
+from proofplane.schedule.values import Request, allowed_models
 
 #: Why no plan frees a region (``DefragRefusal.code``), from the most to the least actionable.
 NO_DESTINATION = "no_destination"  # regions could be freed, but their work has nowhere to go
@@ -201,14 +212,216 @@ def _new_layout(
 
 _OK, _IMMOVABLE, _OTHER_POOL = 0, 1, 2
 
+#: A candidate region as the scan finds it: (cost, node, the movers' keys sorted by ``str``,
+#: starts of the held instances outside the region); built into a ``_Region`` when tried.
+_Candidate = tuple[tuple[int, int, int, str, int, int], Node, tuple[Hashable, ...], frozenset[int]]
+
+
+_Spans = dict[int, tuple[tuple[MigInstance, ...], dict[int, tuple[int, str]]]]
+#: per GPU model: its SKU and the requested profile, or None when it does not offer it
+_Skus = dict[str, tuple[Sku, MigProfile] | None]
+
+
+@dataclass(slots=True)
+class _GpuRegions:
+    """One MIG GPU's regions for one profile: its holders' keys, and (worked out on first
+    use, kept with the node's entry) their static eligibility and each region's candidate."""
+
+    node: Node
+    gpu: Gpu
+    sku: Sku
+    prof: MigProfile
+    holders: list[tuple[int, Hashable]]  # (MIG start or -1, key) of each device on the GPU
+    # some holder is not one part of MIG instances of one profile (never movable, whatever
+    # ``movable`` says), and the holders' compliance pools: None until needed
+    static: tuple[bool, frozenset[Pool]] | None = None
+    regions: tuple[_Candidate, ...] | None = None
+
+    def eligibility(self, held: Mapping[Hashable, Held]) -> tuple[bool, frozenset[Pool]]:
+        """(fixed, pools), every holder being held."""
+        if self.static is None:
+            hs = [held[k] for k in dict.fromkeys(k for _s, k in self.holders)]
+            self.static = (
+                any(_mig_shape(h) is None for h in hs),
+                frozenset(h.pool for h in hs),
+            )
+        return self.static
+
+    def candidates(
+        self, held: Mapping[Hashable, Held], profile: str, spans: _Spans
+    ) -> tuple[_Candidate, ...]:
+        """Every region of the GPU: the holders overlapping it move, the others stay.
+        ``spans``: per layout (by identity, the tuple kept alive), {start: (end, profile)}."""
+        if self.regions is not None:
+            return self.regions
+        sku, prof, node, gpu = self.sku, self.prof, self.node, self.gpu
+        layout = gpu.mig_instances
+        cached = spans.get(id(layout))
+        if cached is None or cached[0] is not layout:
+            cached = (layout, {i.start: (_span(sku, i)[1], i.profile) for i in layout})
+            spans[id(layout)] = cached
+        by_start = cached[1]
+        # each holder's instance: (start, end, key)
+        spanned = [(s, by_start.get(s, (s + 1, ""))[0], k) for s, k in self.holders]
+        slices_of: dict[Hashable, int] = {}
+        no_span = (0, "")
+        regions: list[_Candidate] = []
+        for start in prof.starts:
+            hi = start + prof.mem_slices
+            if hi > MEMORY_SLICES:
+                continue
+            movers: dict[Hashable, None] = {}
+            stay: set[int] = set()
+            for s, end, k in spanned:
+                if s < hi and start < end:
+                    movers[k] = None
+                else:
+                    stay.add(s)
+            slices = 0
+            for k in movers:
+                n = slices_of.get(k)
+                if n is None:
+                    n = slices_of[k] = sum(
+                        _compute(sku, d.mig_profile) for d in held[k].placement.devices
+                    )
+                slices += n
+            here = by_start.get(start, no_span)
+            relayout = here[1] != profile or here[0] != hi
+            regions.append(
+                (
+                    (len(movers), slices, int(relayout), node.name, gpu.index, start),
+                    node,
+                    tuple(sorted(movers, key=str)),
+                    frozenset(stay),
+                )
+            )
+        self.regions = tuple(regions)
+        return self.regions
+
+
+_Entry = tuple[
+    int,
+    Node,
+    frozenset[tuple[int, int, Hashable]],
+    tuple[tuple[Hashable, Held | None], ...],
+    tuple[_GpuRegions, ...],
+]
+
+
+class RegionIndex:
+    """The planner's per-node work, kept between calls (a ``Defragmenter`` keeps one): for
+    each requested profile and node, the node's candidate regions (movers, moved compute,
+    layout change) and its holders' static eligibility, valid while the node is the same and
+    the same workloads hold the same instances on it (checked only when the snapshot's
+    ``version`` of the node moved: a trial that put everything back leaves it valid). Which
+    region is refused (work not movable, another pool, a GPU model not allowed, a node not
+    compliant) is decided again on every call, so every call answers what a fresh scan
+    would: the index only saves recomputing the regions of the nodes nothing changed on.
+    ``keep=False``: a one-call index (``plan_defrag`` without one) that remembers nothing."""
+
+    __slots__ = ("_snapshot", "_nodes", "_keep")
+
+    def __init__(self, keep: bool = True) -> None:
+        self._snapshot: object | None = None
+        self._keep = keep
+        # (profile, node) → (version, node, holders, their Held (or None), GPUs)
+        self._nodes: dict[tuple[str, str], _Entry] = {}
+
+    def regions(
+        self, scheduler: Scheduler, node: Node, profile: str, skus: _Skus
+    ) -> tuple[_GpuRegions, ...]:
+        snap = scheduler.snapshot
+        if not self._keep:
+            return _node_gpus(scheduler, node, profile, None, skus)
+        if snap is not self._snapshot:  # another scheduler's versions: start afresh
+            self._snapshot = snap
+            self._nodes.clear()
+        version = snap.version(node.name)
+        key = (profile, node.name)
+        hit = self._nodes.get(key)
+        if hit is not None and hit[1] is node and hit[0] == version:
+            return hit[4]
+        holders = _holders(snap, node.name)
+        held = scheduler.held
+        if (
+            hit is not None
+            and hit[1] is node
+            and hit[2] == holders
+            and all(held.get(k) is h for k, h in hit[3])
+        ):  # changed and changed back (a trial): the same regions
+            self._nodes[key] = (version, *hit[1:])
+            return hit[4]
+        found = _node_gpus(scheduler, node, profile, holders, skus)
+        refs = tuple((k, held.get(k)) for k in {k for _g, _s, k in holders})
+        self._nodes[key] = (version, node, holders, refs, found)
+        return found
+
+
+def _holders(snap: ClusterSnapshot, name: str) -> frozenset[tuple[int, int, Hashable]]:
+    """(GPU index, MIG start or -1, held key) of every device allocated on node ``name``."""
+    allocs = snap.allocations
+    return frozenset(
+        (d.gpu_index, d.mig_start if d.mig_start is not None else -1, akey[0])  # type: ignore[index]  # Scheduler.hold keys parts (key, i)
+        for akey in snap.allocations_on(name)
+        for d in allocs[akey].placement.devices
+    )
+
+
+def _node_gpus(
+    scheduler: Scheduler,
+    node: Node,
+    profile: str,
+    holding: frozenset[tuple[int, int, Hashable]] | None,
+    skus: _Skus,
+) -> tuple[_GpuRegions, ...]:
+    """``node``'s MIG GPUs whose SKU offers ``profile``, each with its holders;
+    ``holding``: ``_holders`` of the node (None: read them here)."""
+    out: list[_GpuRegions] = []
+    on_gpu: dict[int, list[tuple[int, Hashable]]] | None = None
+    for gpu in node.gpus:
+        if not gpu.mig_enabled:
+            continue
+        model = gpu.model
+        if model in skus:
+            found = skus[model]
+        else:
+            known = SKUS.get(model)
+            wanted = known.profile(profile) if known is not None else None
+            found = skus[model] = (
+                (known, wanted) if known is not None and wanted is not None else None
+            )
+        if found is None:
+            continue
+        if on_gpu is None:  # the node's holders per GPU, once a GPU of it is a candidate
+            on_gpu = {}
+            if holding is None:
+                snap = scheduler.snapshot
+                allocs = snap.allocations
+                for akey in snap.allocations_on(node.name):
+                    hkey = akey[0]  # type: ignore[index]  # Scheduler.hold keys parts (key, i)
+                    for d in allocs[akey].placement.devices:
+                        on_gpu.setdefault(d.gpu_index, []).append(
+                            (d.mig_start if d.mig_start is not None else -1, hkey)
+                        )
+            else:
+                for gi, st, hk in holding:
+                    on_gpu.setdefault(gi, []).append((st, hk))
+        out.append(_GpuRegions(node, gpu, found[0], found[1], on_gpu.get(gpu.index, [])))
+    return tuple(out)
+
 
 def _regions(
-    scheduler: Scheduler, job: Job, movable: Callable[[Hashable], bool], counts: dict[str, int]
-) -> list[_Region]:
+    scheduler: Scheduler,
+    job: Job,
+    movable: Callable[[Hashable], bool],
+    counts: dict[str, int],
+    index: RegionIndex | None = None,
+) -> list[_Candidate]:
     """Every region that could be freed for ``job`` by moving only eligible work, with its
     movers (layouts are checked later, for the regions tried); ``counts`` gets the number of
-    regions refused per rule. One pass over the nodes, with per-workload and per-layout answers
-    cached: this is the planner's hot loop (5,000 nodes of 8 GPUs)."""
+    regions refused per rule. One pass over the nodes, with per-workload answers cached and,
+    with ``index``, each node's regions kept while it is unchanged: this is the planner's hot
+    loop (5,000 nodes of 8 GPUs)."""
     req = job.request
     profile = req.gpus.mig_profile
     assert profile is not None
@@ -216,99 +429,45 @@ def _regions(
     tags = req.tags
     pool = job.pool
     snap = scheduler.snapshot
-    allocs = snap.allocations
     held = scheduler.held
     admitted = NodeState.ADMITTED
-    # per held key: _OK, _IMMOVABLE or _OTHER_POOL
-    verdict: dict[Hashable, int] = {}
-    # per GPU model: (sku, the profile) or None
-    skus: dict[str, tuple[Sku, MigProfile] | None] = {}
-    # per layout (by identity, the tuple kept alive): {start: (end, profile)}
-    spans: dict[int, tuple[tuple[MigInstance, ...], dict[int, tuple[int, str]]]] = {}
-    out: list[_Region] = []
+    if index is None:
+        index = RegionIndex(keep=False)
+    # per held key: whether it is held and ``movable`` says yes, asked once per call
+    verdict: dict[Hashable, bool] = {}
+    skus: _Skus = {}
+    spans: _Spans = {}
+    out: list[_Candidate] = []
     for node in snap.nodes():
         if node.state is not admitted or (tags and missing_tags(tags, node.certifications)):
             continue
-        on_gpu: dict[int, list[tuple[int, Hashable]]] = {}
-        for akey in snap.allocations_on(node.name):
-            hkey = akey[0]  # type: ignore[index]  # Scheduler.hold keys parts (key, i)
-            for d in allocs[akey].placement.devices:
-                on_gpu.setdefault(d.gpu_index, []).append(
-                    (d.mig_start if d.mig_start is not None else -1, hkey)
-                )
-        for gpu in node.gpus:
-            if not gpu.mig_enabled:
+        for g in index.regions(scheduler, node, profile, skus):
+            if allowed is not None and g.gpu.model not in allowed:
                 continue
-            model = gpu.model
-            if allowed is not None and model not in allowed:
-                continue
-            if model in skus:
-                found = skus[model]
-            else:
-                known = SKUS.get(model)
-                wanted = known.profile(profile) if known is not None else None
-                found = skus[model] = (
-                    (known, wanted) if known is not None and wanted is not None else None
-                )
-            if found is None:
-                continue
-            sku, prof = found
-            holders = on_gpu.get(gpu.index, ())
+            # a holder not movable (not held, ``movable`` says no, or not MIG work of one
+            # profile) refuses the GPU; else a holder of another pool does
             worst = _OK
-            for _s, k in holders:
-                v = verdict.get(k)
-                if v is None:
-                    h = held.get(k)
-                    if h is None or not movable(k) or _mig_shape(h) is None:
-                        v = _IMMOVABLE
-                    elif h.pool != pool:
-                        v = _OTHER_POOL
-                    else:
-                        v = _OK
-                    verdict[k] = v
-                if v == _IMMOVABLE:
+            if g.static is not None and g.static[0]:
+                worst = _IMMOVABLE
+            else:
+                for _s, k in g.holders:
+                    v = verdict.get(k)
+                    if v is None:
+                        v = verdict[k] = k in held and bool(movable(k))
+                    if not v:
+                        worst = _IMMOVABLE
+                        break
+            if worst == _OK:
+                fixed, pools = g.eligibility(held)
+                if fixed:
                     worst = _IMMOVABLE
-                    break
-                worst = max(worst, v)
+                elif len(pools) > 1 or (pools and pool not in pools):
+                    worst = _OTHER_POOL
             if worst != _OK:
                 code = NON_RESTARTABLE_WORK if worst == _IMMOVABLE else OTHER_POOL
-                counts[code] = counts.get(code, 0) + len(prof.starts)
+                counts[code] = counts.get(code, 0) + len(g.prof.starts)
                 continue
-            layout = gpu.mig_instances
-            cached = spans.get(id(layout))
-            if cached is None or cached[0] is not layout:
-                cached = (layout, {i.start: (_span(sku, i)[1], i.profile) for i in layout})
-                spans[id(layout)] = cached
-            by_start = cached[1]
-            for start in prof.starts:
-                hi = start + prof.mem_slices
-                if hi > MEMORY_SLICES:
-                    continue
-                movers: dict[Hashable, None] = {}
-                stay: set[int] = set()
-                slices = 0
-                for s, k in holders:
-                    end = by_start.get(s, (s + 1, ""))[0]
-                    if s < hi and start < end:
-                        if k not in movers:
-                            movers[k] = None
-                    else:
-                        stay.add(s)
-                for k in movers:
-                    slices += sum(_compute(sku, d.mig_profile) for d in held[k].placement.devices)
-                relayout = by_start.get(start, (0, ""))[1] != profile or (by_start[start][0] != hi)
-                moved = tuple(held[k] for k in sorted(movers, key=str))
-                out.append(
-                    _Region(
-                        (len(moved), slices, int(relayout), node.name, gpu.index, start),
-                        node,
-                        gpu.index,
-                        start,
-                        moved,
-                        frozenset(stay),
-                        relayout,
-                    )
-                )
+            out.extend(g.candidates(held, profile, spans))
     return out
 
 
@@ -341,12 +500,15 @@ def plan_defrag(
     *,
     max_trials: int = DEFAULT_MAX_TRIALS,
     unready: Callable[[Held], AbstractSet[str]] | None = None,
+    index: RegionIndex | None = None,
 ) -> DefragPlan | DefragRefusal:
     """The fewest moves that let ``job`` (pending: one MIG instance on one node) be placed, or
     why there are none. ``movable(key)``: whether the held workload ``key`` may move (idle or
     restartable). ``budget``: the most moves allowed. ``unready(held)``: nodes that may not take
     that workload now (issue 14: they have not applied its network segment), hidden while it is
-    placed again. Leaves ``scheduler`` as it found it."""
+    placed again. ``index``: the per-node regions kept from earlier calls on this scheduler
+    (``RegionIndex``; the answer is the same without it). Leaves ``scheduler`` as it found
+    it."""
     req = job.request
     g = req.gpus
     if g.mig_profile is None or g.nodes > 1 or g.count != 1:
@@ -354,16 +516,24 @@ def plan_defrag(
     if budget <= 0:  # nothing may move: no need to look (the common case once it is spent)
         return _refuse(OVER_BUDGET, {}, fewest=1, budget=0)
     counts: dict[str, int] = {}
-    found = _regions(scheduler, job, movable, counts)
-    found.sort(key=lambda r: r.cost)
+    found = _regions(scheduler, job, movable, counts, index)
     counts["regions"] = len(found)
+    # in cost order, (moves, slices, relayout, node, GPU, start): no two alike, so the heap
+    # pops them in the order a sort gives; most calls stop after a few dozen
+    order = list(found)
+    heapq.heapify(order)
     trials = 0
-    for region in found:
-        if len(region.movers) > budget:
+    while order:
+        cost, node, keys, stay = heapq.heappop(order)
+        if cost[0] > budget:
             counts[OVER_BUDGET] = counts.get(OVER_BUDGET, 0) + 1
             continue
         if trials >= max_trials:
             break
+        held = scheduler.held
+        region = _Region(
+            cost, node, cost[4], cost[5], tuple(held[k] for k in keys), stay, bool(cost[2])
+        )
         layout = None
         if region.relayout:
             gpu = next(x for x in region.node.gpus if x.index == region.gpu_index)
@@ -384,7 +554,7 @@ def plan_defrag(
         return _refuse(NO_DESTINATION, counts, regions=counts[NO_DESTINATION])
     if counts.get(OVER_BUDGET):
         return _refuse(
-            OVER_BUDGET, counts, fewest=min(len(r.movers) for r in found), budget=max(budget, 0)
+            OVER_BUDGET, counts, fewest=min(r[0][0] for r in found), budget=max(budget, 0)
         )
     if counts.get(NON_RESTARTABLE_WORK):
         return _refuse(NON_RESTARTABLE_WORK, counts, regions=counts[NON_RESTARTABLE_WORK])
@@ -424,22 +594,22 @@ def _trial(
             scheduler.upsert_node(_relaid(original, region.gpu_index, layout))
         # the waiting job first, so that no mover lands in the freed region; the search may
         # put it elsewhere only on capacity a mover left (still valid, and taken)
-        d = scheduler.snapshot.place(job.request)
-        if d.placement is None:
+        # ``find``: the search ``place`` makes, without working out why nothing fits
+        placed = scheduler.snapshot.find(job.request)
+        if placed is None:
             return None
-        placed = d.placement
         scheduler.hold(held_for(job, placed))
         moves: list[Move] = []
         # the largest instances first: they have the fewest places to go
         order = sorted(region.movers, key=lambda h: (-len(h.placement.devices), str(h.key)))
         for h in order:
-            d = _place_hiding(scheduler, requests[h.key], unready(h) if unready else frozenset())
-            if d.placement is None:
+            to = _place_hiding(scheduler, requests[h.key], unready(h) if unready else frozenset())
+            if to is None:
                 return None
-            new = replace(h, placement=d.placement)
+            new = replace(h, placement=to)
             scheduler.hold(new)
             moved.append(new)
-            moves.append(Move(h.key, h.name, h.tenant, h.placement, d.placement))
+            moves.append(Move(h.key, h.name, h.tenant, h.placement, to))
         repartition = None
         if layout is not None:
             gpu = next(x for x in original.gpus if x.index == region.gpu_index)
@@ -455,9 +625,10 @@ def _trial(
             scheduler.hold(h, rank=ranks[h.key])
 
 
-def _place_hiding(scheduler: Scheduler, req: Request, hidden: AbstractSet[str]) -> Decision:
-    """``snapshot.place(req)`` with the admitted nodes of ``hidden`` marked cordoned for the
-    search (as the engine hides nodes that wait for a network segment), then restored."""
+def _place_hiding(scheduler: Scheduler, req: Request, hidden: AbstractSet[str]) -> Placement | None:
+    """``snapshot.find(req)`` (``place``'s search and placement, without the reasons why
+    nothing fits) with the admitted nodes of ``hidden`` marked cordoned for the search (as the
+    engine hides nodes that wait for a network segment), then restored."""
     masked = [
         node
         for name in sorted(hidden)
@@ -466,7 +637,7 @@ def _place_hiding(scheduler: Scheduler, req: Request, hidden: AbstractSet[str]) 
     for node in masked:
         scheduler.upsert_node(replace(node, state=NodeState.CORDONED))
     try:
-        return scheduler.snapshot.place(req)
+        return scheduler.snapshot.find(req)
     finally:
         for node in masked:
             scheduler.upsert_node(node)
@@ -512,6 +683,7 @@ class Defragmenter:
     unready: Callable[[Held], AbstractSet[str]] | None = None
     refusal: DefragRefusal | None = None
     _refused: dict[Hashable, tuple[int, int, DefragRefusal]] = field(default_factory=dict)
+    index: RegionIndex = field(default_factory=RegionIndex)  # the planner's per-node regions
 
     def __call__(self, scheduler: Scheduler, job: Job) -> Outcome | None:
         self.refusal = None
@@ -530,6 +702,7 @@ class Defragmenter:
             self.budget,
             max_trials=self.max_trials,
             unready=self.unready,
+            index=self.index,
         )
         if isinstance(found, DefragRefusal):
             self.refusal = found

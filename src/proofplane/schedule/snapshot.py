@@ -164,6 +164,8 @@ class ClusterSnapshot:
         self._tenancy_state: dict[str, tuple[str | None, str | None]] = {}  # (owner, sole)
         self._private: dict[str, int] = {}  # tenant → allocations refusing co-residency
         self._idle_mig: set[str] = set()  # see idle_mig_nodes
+        self._changes = 0  # changes so far, any node (see ``version``)
+        self._versions: dict[str, int] = {}  # node → ``_changes`` at its last change
         # issue 17 §4: admitted nodes by topology domain, with free-GPU counts per domain
         self.topology = TopologyIndex()
         # Bulk load: usage first, then every node is indexed once.
@@ -299,6 +301,8 @@ class ClusterSnapshot:
 
     def _reindex(self, name: str) -> None:
         """Bring every index that depends on node ``name`` up to date."""
+        self._changes += 1
+        self._versions[name] = self._changes
         u = self._usage.get(name, NO_USAGE)
         # tenancy
         owner = u.dedicated_to
@@ -438,6 +442,13 @@ class ClusterSnapshot:
             return None
         found = self._evaluate(name, req)
         return found[1] if found is not None else None
+
+    def version(self, name: str) -> int:
+        """A number that changes whenever anything about node ``name`` changes here (its
+        inventory, state or certifications, an allocation on it), and no other node has: for
+        callers that keep per-node answers between decisions (``schedule.defrag.RegionIndex``).
+        Versions of different snapshots are not comparable; 0 for a node never seen."""
+        return self._versions.get(name, 0)
 
     def idle_mig_nodes(self) -> Set[str]:
         """Admitted nodes with a MIG-enabled GPU that no whole-GPU or MIG allocation holds:
