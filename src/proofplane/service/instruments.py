@@ -97,8 +97,6 @@ WRITE_LOCK = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0, 30.0),
     registry=REGISTRY,
 )
-WRITE_WAIT = WRITE_LOCK.labels("wait")
-WRITE_HELD = WRITE_LOCK.labels("held")
 
 ATTESTATION_VERDICTS = Counter(
     "proofplane_attestation_verdicts",
@@ -138,8 +136,10 @@ def observe_decision(placed: bool, seconds: float) -> None:
 
 def observe_write(wait: float, held: float) -> None:
     """One write transaction: seconds waiting for the write slot, then holding it."""
-    WRITE_WAIT.observe(wait)
-    WRITE_HELD.observe(held)
+    # children made on first use, not at import: in multiprocess mode making one opens its
+    # file in PROMETHEUS_MULTIPROC_DIR, which ``serve`` creates after importing this module
+    WRITE_LOCK.labels("wait").observe(wait)
+    WRITE_LOCK.labels("held").observe(held)
 
 
 def count_verdict(ok: bool, reasons: Iterable[str]) -> None:
