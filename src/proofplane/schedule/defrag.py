@@ -607,14 +607,17 @@ def plan_defrag(
     max_trials: int = DEFAULT_MAX_TRIALS,
     unready: Callable[[Held], AbstractSet[str]] | None = None,
     index: RegionIndex | None = None,
+    prune: bool = True,
 ) -> DefragPlan | DefragRefusal:
     """The fewest moves that let ``job`` (pending: one MIG instance on one node) be placed, or
     why there are none. ``movable(key)``: whether the held workload ``key`` may move (idle or
     restartable). ``budget``: the most moves allowed. ``unready(held)``: nodes that may not take
     that workload now (issue 14: they have not applied its network segment), hidden while it is
     placed again. ``index``: the per-node regions kept from earlier calls on this scheduler
-    (``RegionIndex``; the answer is the same without it). Leaves ``scheduler`` as it found
-    it."""
+    (``RegionIndex``; the answer is the same without it). ``movable`` None: every held
+    workload may move (the trace replays; asked of nothing, and answered per node from the
+    index). ``prune`` False: run every trial, even one ``_Doomed`` shows must fail (the same
+    answer, slower: the tests' reference). Leaves ``scheduler`` as it found it."""
     req = job.request
     g = req.gpus
     if g.mig_profile is None or g.nodes > 1 or g.count != 1:
@@ -653,7 +656,9 @@ def plan_defrag(
             if layout is None:
                 continue
         trials += 1
-        if doomed.fails(region):  # a trial that cannot succeed: counted as one that failed
+        if prune and doomed.fails(
+            region
+        ):  # a trial that cannot succeed: counted as one that failed
             counts[NO_DESTINATION] = counts.get(NO_DESTINATION, 0) + 1
             continue
         plan = _trial(scheduler, job, region, layout, len(found), unready)
@@ -681,17 +686,19 @@ class _Doomed:
     trial puts the scheduler back as it found it).
 
     A trial changes one node, the region's: its movers leave it and the GPU is relaid. Every
-    other node only gains work (the waiting job, the movers placed before, nodes hidden
-    while a mover is placed). Fitting a node (compliance, tenancy, co-residency, GPU model,
-    CPU, memory, a free instance) never gets easier with more work on it, so a request
+    other node only gains work (the waiting job, the movers placed before) or is hidden (the
+    nodes a mover may not take yet). Fitting a node (compliance, tenancy, co-residency, GPU
+    model, CPU, memory, a free instance) never gets easier with more work on it, so a request
     (the job, then each mover) that ``snapshot.find`` places nowhere *now* can, in the trial,
     go only to the region's node; and that node cannot take it when one of these fails: its
     certifications cover the request's tags; its free CPU and memory now plus what the movers
     release hold the request's; it has enough instances of the request's profile that will
-    be free: free now or held by a mover, outside the region on the region's GPU, plus the one
-    instance the region gets. Each is a necessary condition, so a trial this test rejects
-    would have found no place: skipping it gives the same answer. ``find``'s answers are kept
-    per request shape (the workload's name plays no part in the search)."""
+    be free: free now or held by a mover, not overlapping the region on the region's GPU, plus
+    the one instance the region gets. Each is a necessary condition, so a trial this test rejects
+    would have found no place: skipping it gives the same answer. All the requests that can
+    only go there are checked together: each one's tags, and their CPU, memory and instances
+    of each profile summed (each is placed on what the ones before it left). ``find``'s answers
+    are kept per request shape (the workload's name plays no part in the search)."""
 
     __slots__ = ("scheduler", "job", "spots")
 
