@@ -874,7 +874,8 @@ def apply_plan(scheduler: Scheduler, job: Job, plan: DefragPlan) -> Outcome:
 @dataclass(slots=True)
 class Defragmenter:
     """The engine's defragmentation step (``Scheduler.schedule(..., defrag=...)``):
-    ``movable`` and ``budget`` as ``plan_defrag`` takes them. ``refusal`` keeps why the last
+    ``movable`` (None: every held workload may move) and ``budget`` as ``plan_defrag`` takes
+    them. ``refusal`` keeps why the last
     call found no plan (for the waiting workload's explanation); ``budget`` goes down by the
     moves of each plan applied.
 
