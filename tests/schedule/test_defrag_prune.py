@@ -20,6 +20,7 @@ from proofplane.schedule import defrag
 from proofplane.schedule.defrag import DefragPlan, RegionIndex, apply_plan, plan_defrag
 from proofplane.schedule.engine import Held, Scheduler
 from proofplane.schedule.mig import valid_layouts
+from proofplane.schedule.scoring import DEFAULT_SCORER, make_scorer
 
 LAYOUTS = [
     layout for layout in valid_layouts(H100) if not any(i.profile.endswith("+me") for i in layout)
@@ -79,7 +80,8 @@ def clusters(draw: st.DrawFn) -> tuple[Scheduler, set[Hashable]]:
                 work.append(h)
                 if draw(st.integers(0, 3)):
                     movable.add(key)
-    return Scheduler(nodes, work), movable
+    scorer = make_scorer(DEFAULT_SCORER) if draw(st.booleans()) else None  # the server's search
+    return Scheduler(nodes, work, scorer=scorer), movable
 
 
 def _checked_fails(self: defrag._Doomed, region: defrag._Region) -> bool:
