@@ -299,12 +299,19 @@ class _GpuRegions:
         return self.regions
 
 
+#: one node's candidates when every held workload may move (``movable=None``), for one
+#: (pool, allowed GPU models): the candidates of its eligible GPUs, in GPU order, and the
+#: regions refused per code, in the order the codes first came up
+_NodeAnswer = tuple[tuple[_Candidate, ...], tuple[tuple[str, int], ...]]
+_Answers = dict[tuple[Pool, frozenset[str] | None], _NodeAnswer]
+
 _Entry = tuple[
     int,
     Node,
     frozenset[tuple[int, int, Hashable]],
     tuple[tuple[Hashable, Held | None], ...],
     tuple[_GpuRegions, ...],
+    _Answers,
 ]
 
 
@@ -341,6 +348,15 @@ class RegionIndex:
         hit = self._nodes.get(key)
         if hit is not None and hit[1] is node and hit[0] == version:
             return hit[4]
+        return self._entry(scheduler, node, profile, skus, hit)[4]
+
+    def _entry(
+        self, scheduler: Scheduler, node: Node, profile: str, skus: _Skus, hit: _Entry | None
+    ) -> _Entry:
+        """The node's entry made current (``hit``: the one kept, whose version moved)."""
+        snap = scheduler.snapshot
+        version = snap.version(node.name)
+        key = (profile, node.name)
         holders = _holders(snap, node.name)
         held = scheduler.held
         if (
@@ -349,12 +365,91 @@ class RegionIndex:
             and hit[2] == holders
             and all(held.get(k) is h for k, h in hit[3])
         ):  # changed and changed back (a trial): the same regions
-            self._nodes[key] = (version, *hit[1:])
-            return hit[4]
+            entry: _Entry = (version, *hit[1:])
+            self._nodes[key] = entry
+            return entry
         found = _node_gpus(scheduler, node, profile, holders, skus)
         refs = tuple((k, held.get(k)) for k in {k for _g, _s, k in holders})
-        self._nodes[key] = (version, node, holders, refs, found)
+        if hit is not None and hit[1] is node:
+            # the same node, other work on it: a GPU whose holders are the same workloads
+            # (the same ``Held``) on the same instances keeps its regions and eligibility
+            before = {g.gpu.index: g for g in hit[4]}
+            was = dict(hit[3])
+            for g in found:
+                old = before.get(g.gpu.index)
+                if (
+                    old is not None
+                    and old.gpu is g.gpu
+                    and (old.static is not None or old.regions is not None)
+                    and len(old.holders) == len(g.holders)
+                    and set(old.holders) == set(g.holders)
+                    and all(held.get(k) is was.get(k) for _s, k in g.holders)
+                ):
+                    g.static, g.regions = old.static, old.regions
+        entry = (version, node, holders, refs, found, {})
+        self._nodes[key] = entry
+        return entry
+
+    def all_movable(
+        self,
+        scheduler: Scheduler,
+        node: Node,
+        profile: str,
+        skus: _Skus,
+        want: tuple[Pool, frozenset[str] | None],
+        spans: _Spans,
+    ) -> _NodeAnswer:
+        """``node``'s answer when every held workload may move, for a request of pool and
+        allowed models ``want``: kept with the node's entry (so valid exactly as long as its
+        regions are) and worked out once per (pool, models)."""
+        if not self._keep:
+            return _all_movable(
+                _node_gpus(scheduler, node, profile, None, skus), scheduler.held, profile, want,
+                spans,
+            )  # fmt: skip
+        snap = scheduler.snapshot
+        if snap is not self._snapshot:
+            self._snapshot = snap
+            self._nodes.clear()
+        hit = self._nodes.get((profile, node.name))
+        if hit is None or hit[1] is not node or hit[0] != snap.version(node.name):
+            hit = self._entry(scheduler, node, profile, skus, hit)
+        answers = hit[5]
+        found = answers.get(want)
+        if found is None:
+            found = answers[want] = _all_movable(hit[4], scheduler.held, profile, want, spans)
         return found
+
+
+def _all_movable(
+    gpus: tuple[_GpuRegions, ...],
+    held: Mapping[Hashable, Held],
+    profile: str,
+    want: tuple[Pool, frozenset[str] | None],
+    spans: _Spans,
+) -> _NodeAnswer:
+    """``_regions``' work for one node when every held workload may move (see there)."""
+    pool, allowed = want
+    cands: list[_Candidate] = []
+    refused: dict[str, int] = {}
+    for g in gpus:
+        if allowed is not None and g.gpu.model not in allowed:
+            continue
+        worst = _OK
+        if (g.static is not None and g.static[0]) or any(k not in held for _s, k in g.holders):
+            worst = _IMMOVABLE
+        else:
+            fixed, pools = g.eligibility(held)
+            if fixed:
+                worst = _IMMOVABLE
+            elif len(pools) > 1 or (pools and pool not in pools):
+                worst = _OTHER_POOL
+        if worst != _OK:
+            code = NON_RESTARTABLE_WORK if worst == _IMMOVABLE else OTHER_POOL
+            refused[code] = refused.get(code, 0) + len(g.prof.starts)
+            continue
+        cands.extend(g.candidates(held, profile, spans))
+    return tuple(cands), tuple(refused.items())
 
 
 def _holders(snap: ClusterSnapshot, name: str) -> frozenset[tuple[int, int, Hashable]]:
@@ -413,7 +508,7 @@ def _node_gpus(
 def _regions(
     scheduler: Scheduler,
     job: Job,
-    movable: Callable[[Hashable], bool],
+    movable: Callable[[Hashable], bool] | None,
     counts: dict[str, int],
     index: RegionIndex | None = None,
 ) -> list[_Candidate]:
@@ -438,6 +533,17 @@ def _regions(
     skus: _Skus = {}
     spans: _Spans = {}
     out: list[_Candidate] = []
+    if movable is None:  # every held workload may move: per node answers, kept while valid
+        want = (pool, allowed)
+        for node in snap.nodes():
+            if node.state is not admitted or (tags and missing_tags(tags, node.certifications)):
+                continue
+            cands, refused = index.all_movable(scheduler, node, profile, skus, want, spans)
+            if cands:
+                out.extend(cands)
+            for code, n in refused:
+                counts[code] = counts.get(code, 0) + n
+        return out
     for node in snap.nodes():
         if node.state is not admitted or (tags and missing_tags(tags, node.certifications)):
             continue
@@ -495,20 +601,23 @@ def mover_request(scheduler: Scheduler, h: Held) -> Request:
 def plan_defrag(
     scheduler: Scheduler,
     job: Job,
-    movable: Callable[[Hashable], bool],
+    movable: Callable[[Hashable], bool] | None,
     budget: int,
     *,
     max_trials: int = DEFAULT_MAX_TRIALS,
     unready: Callable[[Held], AbstractSet[str]] | None = None,
     index: RegionIndex | None = None,
+    prune: bool = True,
 ) -> DefragPlan | DefragRefusal:
     """The fewest moves that let ``job`` (pending: one MIG instance on one node) be placed, or
     why there are none. ``movable(key)``: whether the held workload ``key`` may move (idle or
     restartable). ``budget``: the most moves allowed. ``unready(held)``: nodes that may not take
     that workload now (issue 14: they have not applied its network segment), hidden while it is
     placed again. ``index``: the per-node regions kept from earlier calls on this scheduler
-    (``RegionIndex``; the answer is the same without it). Leaves ``scheduler`` as it found
-    it."""
+    (``RegionIndex``; the answer is the same without it). ``movable`` None: every held
+    workload may move (the trace replays; asked of nothing, and answered per node from the
+    index). ``prune`` False: run every trial, even one ``_Doomed`` shows must fail (the same
+    answer, slower: the tests' reference). Leaves ``scheduler`` as it found it."""
     req = job.request
     g = req.gpus
     if g.mig_profile is None or g.nodes > 1 or g.count != 1:
@@ -523,6 +632,7 @@ def plan_defrag(
     order = list(found)
     heapq.heapify(order)
     trials = 0
+    doomed = _Doomed(scheduler, job)
     while order:
         cost, node, keys, stay = heapq.heappop(order)
         if cost[0] > budget:
@@ -546,6 +656,11 @@ def plan_defrag(
             if layout is None:
                 continue
         trials += 1
+        if prune and doomed.fails(
+            region
+        ):  # a trial that cannot succeed: counted as one that failed
+            counts[NO_DESTINATION] = counts.get(NO_DESTINATION, 0) + 1
+            continue
         plan = _trial(scheduler, job, region, layout, len(found), unready)
         if plan is not None:
             return plan
@@ -561,6 +676,97 @@ def plan_defrag(
     if counts.get(OTHER_POOL):
         return _refuse(OTHER_POOL, counts, regions=counts[OTHER_POOL])
     return _refuse(NO_REGION, counts, profile=g.mig_profile)
+
+
+_NOT_ASKED = object()
+
+
+class _Doomed:
+    """An exact test that a trial must fail, asked before each trial (one call's state: every
+    trial puts the scheduler back as it found it).
+
+    A trial changes one node, the region's: its movers leave it and the GPU is relaid. Every
+    other node only gains work (the waiting job, the movers placed before) or is hidden (the
+    nodes a mover may not take yet). Fitting a node (compliance, tenancy, co-residency, GPU
+    model, CPU, memory, a free instance) never gets easier with more work on it, so a request
+    (the job, then each mover) that ``snapshot.find`` places nowhere *now* can, in the trial,
+    go only to the region's node; and that node cannot take it when one of these fails: its
+    certifications cover the request's tags; its free CPU and memory now plus what the movers
+    release hold the request's; it has enough instances of the request's profile that will
+    be free: free now or held by a mover, not overlapping the region on the region's GPU, plus
+    the one instance the region gets. Each is a necessary condition, so a trial this test rejects
+    would have found no place: skipping it gives the same answer. All the requests that can
+    only go there are checked together: each one's tags, and their CPU, memory and instances
+    of each profile summed (each is placed on what the ones before it left). ``find``'s answers
+    are kept per request shape (the workload's name plays no part in the search)."""
+
+    __slots__ = ("scheduler", "job", "spots")
+
+    def __init__(self, scheduler: Scheduler, job: Job) -> None:
+        self.scheduler = scheduler
+        self.job = job
+        self.spots: dict[Hashable, str | None] = {}
+
+    def _nowhere_now(self, req: Request) -> bool:
+        shape = (req.tenant, tuple(sorted(req.tags.items())), req.isolation, req.gpus,
+                 req.co_residency, req.cpu_milli, req.memory_mib, req.topology)  # fmt: skip
+        spot = self.spots.get(shape, _NOT_ASKED)
+        if spot is _NOT_ASKED:
+            found = self.scheduler.snapshot.find(req)
+            spot = self.spots[shape] = found.node if found is not None else None
+        return spot is None
+
+    def fails(self, region: _Region) -> bool:
+        there = [self.job.request] if self._nowhere_now(self.job.request) else []
+        for h in region.movers:
+            req = mover_request(self.scheduler, h)
+            if self._nowhere_now(req):
+                there.append(req)
+        return bool(there) and not self._region_takes(region, there)
+
+    def _region_takes(self, region: _Region, reqs: list[Request]) -> bool:
+        """Whether the region's node could take all of ``reqs`` once the movers left it (see
+        above): each one's tags, and their CPU, memory and instances of each profile summed
+        (each is placed on what the ones before it left)."""
+        node = region.node
+        certs = node.certifications
+        if any(r.tags and missing_tags(r.tags, certs) for r in reqs):
+            return False
+        cpu, mem, held_slots = self.scheduler.snapshot.free_on(node.name)
+        movers = region.movers
+        need_cpu = sum(r.cpu_milli for r in reqs)  # none asked: no check (fit's rule)
+        if need_cpu > 0 and cpu is not None and cpu + sum(h.cpu_milli for h in movers) < need_cpu:
+            return False
+        need_mem = sum(r.memory_mib for r in reqs)
+        if need_mem > 0 and mem is not None and mem + sum(h.memory_mib for h in movers) < need_mem:
+            return False
+        need: dict[str | None, int] = {}
+        for r in reqs:
+            need[r.gpus.mig_profile] = need.get(r.gpus.mig_profile, 0) + r.gpus.count
+        wanted = self.job.request.gpus.mig_profile
+        free = dict.fromkeys(need, 0)
+        if wanted in free:
+            free[wanted] = 1  # the region's own instance
+        leaving = {(d.gpu_index, d.mig_start) for h in movers for d in h.placement.devices}
+        for gpu in node.gpus:
+            if not gpu.mig_enabled:
+                continue
+            span: tuple[int, int] | None = None
+            if gpu.index == region.gpu_index:
+                prof = SKUS[gpu.model].profile(wanted) if wanted is not None else None
+                size = prof.mem_slices if prof is not None else MEMORY_SLICES
+                span = (region.start, region.start + size)
+            for inst in gpu.mig_instances:
+                if inst.profile not in free:
+                    continue
+                if span is not None:
+                    lo, hi = _span(SKUS[gpu.model], inst)
+                    if lo < span[1] and span[0] < hi:
+                        continue  # in the region: gone with the new layout, or the job's
+                slot = (gpu.index, inst.start)
+                if slot not in held_slots or slot in leaving:
+                    free[inst.profile] += 1
+        return all(free[p] >= n for p, n in need.items())
 
 
 def _refuse(code: str, counts: dict[str, int], **fields: object) -> DefragRefusal:
@@ -668,7 +874,8 @@ def apply_plan(scheduler: Scheduler, job: Job, plan: DefragPlan) -> Outcome:
 @dataclass(slots=True)
 class Defragmenter:
     """The engine's defragmentation step (``Scheduler.schedule(..., defrag=...)``):
-    ``movable`` and ``budget`` as ``plan_defrag`` takes them. ``refusal`` keeps why the last
+    ``movable`` (None: every held workload may move) and ``budget`` as ``plan_defrag`` takes
+    them. ``refusal`` keeps why the last
     call found no plan (for the waiting workload's explanation); ``budget`` goes down by the
     moves of each plan applied.
 
@@ -677,7 +884,7 @@ class Defragmenter:
     queue of waiting requests alike (the pending retry) then costs one search, not one each.
     At worst a chance is missed until the next transaction; no rule depends on it."""
 
-    movable: Callable[[Hashable], bool]
+    movable: Callable[[Hashable], bool] | None
     budget: int
     max_trials: int = DEFAULT_MAX_TRIALS
     unready: Callable[[Held], AbstractSet[str]] | None = None

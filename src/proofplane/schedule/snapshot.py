@@ -450,6 +450,18 @@ class ClusterSnapshot:
         Versions of different snapshots are not comparable; 0 for a node never seen."""
         return self._versions.get(name, 0)
 
+    def free_on(self, name: str) -> tuple[int | None, int | None, Set[Slot]]:
+        """Node ``name``'s free CPU (milli-cores) and memory (MiB), None for a resource it does
+        not track (or a node not known), and its MIG slots ``(GPU index, start)`` that some
+        allocation holds (a view the caller must not change)."""
+        info = self._info.get(name)
+        u = self._usage.get(name, NO_USAGE)
+        if info is None:
+            return None, None, u.mig.keys()
+        cpu = info.cpu - u.cpu if info.cpu is not None else None
+        mem = info.mem - u.mem if info.mem is not None else None
+        return cpu, mem, u.mig.keys()
+
     def idle_mig_nodes(self) -> Set[str]:
         """Admitted nodes with a MIG-enabled GPU that no whole-GPU or MIG allocation holds:
         every node the repartitioning of idle GPUs could use, kept current by every change

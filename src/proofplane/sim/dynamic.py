@@ -374,9 +374,7 @@ def replay_dynamic(
     mig.check_requests(requests)
     sched, repartition = mig.make_scheduler(stream.as_stream(), DEFRAG_POLICIES.get(policy, policy))
     # one defragmenter for the replay: it remembers refusals while the cluster is unchanged
-    defragmenter = (
-        Defragmenter(movable=lambda _key: True, budget=0) if policy in DEFRAG_POLICIES else None
-    )
+    defragmenter = Defragmenter(movable=None, budget=0) if policy in DEFRAG_POLICIES else None
     capacity = sum(n.gpus for n in stream.nodes) * COMPUTE_SLICES
     res = DynamicResult(policy=policy, capacity_slices=capacity, scheduler=sched)
     res.requests = sum(1 for r in requests if r.profile is not None)
