@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -284,6 +284,78 @@ def make_dynamic(
 _DEPART, _EXPIRE, _TICK, _ARRIVE = 0, 1, 2, 3
 
 
+class _Clock:
+    """A replay's trace time: arrivals, departures, patience expiries and scheduling ticks in
+    one heap (ties in time: departures first, then expiries, ticks, arrivals), the FIFO queue
+    of waiting requests, and the tick rule: a tick ``tick`` seconds after a departure while
+    something waits, which retries the queue only if something left since the last one.
+    Shared by :func:`replay_dynamic` and :func:`replay_pooled`, so both keep one clock."""
+
+    def __init__(self, stream: DynamicStream, tick: float, patience: float) -> None:
+        self.end = stream.end
+        self.tick = tick
+        self.patience = patience
+        self.events = [
+            (t.arrival, _ARRIVE, i)
+            for i, t in enumerate(stream.items)
+            if t.request.profile is not None
+        ]
+        heapq.heapify(self.events)
+        self.queue: dict[int, None] = {}  # waiting requests, FIFO
+        self.dirty = False  # something departed since the last tick
+        self._tick_pending = False
+
+    def due(self) -> Iterator[tuple[float, int, int]]:
+        """The events in time order up to the horizon: there what still runs leaves and what
+        still waits is not served; the last arrivals still see what runs until the end."""
+        while self.events:
+            now, kind, i = heapq.heappop(self.events)
+            if now > self.end:
+                return
+            if now == self.end and kind != _ARRIVE:
+                continue
+            yield now, kind, i
+
+    def runs(self, i: int, now: float, duration: float) -> float:
+        """Request ``i`` placed at ``now``: schedule its departure; the seconds it runs (to
+        the horizon at most)."""
+        run = max(min(duration, self.end - now) if now < self.end else 0.0, 0.0)
+        heapq.heappush(self.events, (now + run, _DEPART, i))
+        return run
+
+    def departed(self, now: float) -> None:
+        self.dirty = True
+        if self.queue:
+            self._schedule_tick(now)
+
+    def expired(self, i: int) -> bool:
+        """Request ``i``'s patience ran out: whether it was still waiting (now rejected)."""
+        if i in self.queue:
+            del self.queue[i]
+            return True
+        return False
+
+    def ticked(self) -> bool:
+        """A tick: whether the queue is to be retried (something left since the last)."""
+        self._tick_pending = False
+        if self.dirty:
+            self.dirty = False
+            return True
+        return False
+
+    def waits(self, i: int, now: float) -> None:
+        """Request ``i`` did not fit on arrival: it joins the queue until its patience."""
+        self.queue[i] = None
+        heapq.heappush(self.events, (now + self.patience, _EXPIRE, i))
+        if self.dirty:
+            self._schedule_tick(now)
+
+    def _schedule_tick(self, now: float) -> None:
+        if not self._tick_pending:
+            heapq.heappush(self.events, (now + self.tick, _TICK, -1))
+            self._tick_pending = True
+
+
 @dataclass
 class DynamicResult:
     policy: str
@@ -383,12 +455,8 @@ def replay_dynamic(
     slices = [request_slices(r) for r in requests]
     jobs = [mig.mig_request(r) for r in requests]
     shapes = [(r.profile, r.count, r.cpu, r.mem) for r in requests]
-    events: list[tuple[float, int, int]] = []
-    for i, t in enumerate(stream.items):
-        if t.request.profile is not None:
-            events.append((t.arrival, _ARRIVE, i))
-    heapq.heapify(events)
-    queue: dict[int, None] = {}  # waiting requests, FIFO
+    clk = _Clock(stream, tick, patience)
+    queue = clk.queue  # waiting requests, FIFO
     failed: set[tuple[Any, ...]] = set()  # shapes that did not fit since the last tick
     held = 0  # compute slices held
     # per GPU the compute slices in use, and how many GPUs have at least k slices not in use
@@ -412,8 +480,6 @@ def replay_dynamic(
                 at_least[k] += 1 if after > before else -1
 
     defrag_tried: dict[int, float] = {}  # per waiting head, when it was last defragmented for
-    dirty = False  # something departed since the last tick
-    tick_pending = False
 
     def attempt(i: int, now: float, defragment: bool = False) -> bool:
         nonlocal held
@@ -450,9 +516,8 @@ def replay_dynamic(
         res.waits.append(now - stream.items[i].arrival)
         held += slices[i]
         account(out.placement, 1)
-        run = min(stream.items[i].duration, stream.end - now) if now < stream.end else 0.0
-        res.compute_hours += slices[i] / COMPUTE_SLICES * max(run, 0.0) / 3600
-        heapq.heappush(events, (now + max(run, 0.0), _DEPART, i))
+        run = clk.runs(i, now, stream.items[i].duration)
+        res.compute_hours += slices[i] / COMPUTE_SLICES * run / 3600
         if record_placements:
             res.placements[i] = out.placement
         return True
@@ -510,39 +575,24 @@ def replay_dynamic(
                     if attempt(i, now):
                         del queue[i]
 
-    while events:
-        now, kind, i = heapq.heappop(events)
-        if now > stream.end:
-            break  # the horizon: what still runs leaves, what still waits is not served
-        if now == stream.end and kind != _ARRIVE:
-            continue  # the last arrivals still see what runs until the end
+    for now, kind, i in clk.due():
         if kind == _DEPART:
             h: Held | None = sched.release(i)
             if h is not None:
                 held -= slices[i]
                 account(h.placement, -1)
-                dirty = True
-                if queue and not tick_pending:
-                    heapq.heappush(events, (now + tick, _TICK, -1))
-                    tick_pending = True
+                clk.departed(now)
         elif kind == _EXPIRE:
-            if i in queue:
-                del queue[i]
+            if clk.expired(i):
                 reject(i)
         elif kind == _TICK:
-            tick_pending = False
-            if dirty:
-                dirty = False
+            if clk.ticked():
                 failed.clear()
                 retry(now)
         elif not attempt(i, now):
-            queue[i] = None
-            heapq.heappush(events, (now + patience, _EXPIRE, i))
+            clk.waits(i, now)
             if len(queue) == 1:
                 defrag_step(now)  # it is the head, and it waits
-            if dirty and not tick_pending:
-                heapq.heappush(events, (now + tick, _TICK, -1))
-                tick_pending = True
     res.waiting_at_end = len(queue)  # still waiting at the horizon
     res.seconds = round((clock() - t_start) if clock else 0.0, 3)
     return res
@@ -575,13 +625,10 @@ def replay_pooled(
     res = DynamicResult(policy=REFERENCE, capacity_slices=capacity)
     res.requests = sum(1 for r in requests if r.profile is not None)
     slices = [request_slices(r) for r in requests]
-    events = [(t.arrival, _ARRIVE, i) for i, t in enumerate(stream.items) if t.request.profile]
-    heapq.heapify(events)
-    queue: dict[int, None] = {}  # waiting requests, FIFO
+    clk = _Clock(stream, tick, patience)
+    queue = clk.queue  # waiting requests, FIFO
     failed: set[int] = set()  # sizes (slices) that did not fit since the last tick
     held = 0
-    dirty = False
-    tick_pending = False
 
     def attempt(i: int, now: float) -> bool:
         nonlocal held
@@ -593,43 +640,27 @@ def replay_pooled(
         res.accepted += 1
         res.placed_instances += requests[i].count
         res.waits.append(now - stream.items[i].arrival)
-        run = min(stream.items[i].duration, stream.end - now) if now < stream.end else 0.0
-        res.compute_hours += need / COMPUTE_SLICES * max(run, 0.0) / 3600
-        heapq.heappush(events, (now + max(run, 0.0), _DEPART, i))
+        run = clk.runs(i, now, stream.items[i].duration)
+        res.compute_hours += need / COMPUTE_SLICES * run / 3600
         return True
 
-    while events:
-        now, kind, i = heapq.heappop(events)
-        if now > stream.end:
-            break
-        if now == stream.end and kind != _ARRIVE:
-            continue
+    for now, kind, i in clk.due():
         if kind == _DEPART:
             held -= slices[i]
-            dirty = True
-            if queue and not tick_pending:
-                heapq.heappush(events, (now + tick, _TICK, -1))
-                tick_pending = True
+            clk.departed(now)
         elif kind == _EXPIRE:
-            if i in queue:
-                del queue[i]
+            if clk.expired(i):
                 res.rejected += 1
                 res.rejected_why["capacity"] += 1
                 res.free_at_rejection.append(capacity - held)
         elif kind == _TICK:
-            tick_pending = False
-            if dirty:
-                dirty = False
+            if clk.ticked():
                 failed.clear()
                 for j in list(queue):
                     if attempt(j, now):
                         del queue[j]
         elif not attempt(i, now):
-            queue[i] = None
-            heapq.heappush(events, (now + patience, _EXPIRE, i))
-            if dirty and not tick_pending:
-                heapq.heappush(events, (now + tick, _TICK, -1))
-                tick_pending = True
+            clk.waits(i, now)
     res.waiting_at_end = len(queue)
     res.seconds = round((clock() - t_start) if clock else 0.0, 3)
     return res
