@@ -35,12 +35,13 @@ NODES = ("gpu-a", "gpu-b", "gpu-c")
 # id, the edge hashes), its event, COMMIT. Then, per step:
 #   create: INSERT the request
 #   vote:   the request, its rule, its votes; UPDATE the request, INSERT the vote
-#   apply:  the request, its votes, its rule; the node with its GPUs and certifications,
-#           UPDATE it, INSERT the certification, its event; the workloads on the node and the
-#           pending ones (to evict, to place); the apply's event; UPDATE the request
+#   apply:  the request, its votes, its rule; the node with its certifications (not its GPUs:
+#           nothing in a grant looks at them), UPDATE it, INSERT the certification, its event;
+#           the workloads on the node and the pending ones (to evict, to place); the apply's
+#           event; UPDATE the request
 # (before this budget: the apply also opened a read transaction to authorize the caller and
-# read the node's network drift for an answer nobody used: 4 more)
-BUDGET = {"create": 7, "vote": 11, "apply": 18}
+# read the node's network drift for an answer nobody used: 4 more; and read the node's GPUs: 1)
+BUDGET = {"create": 7, "vote": 11, "apply": 17}
 
 
 @pytest.fixture

@@ -235,7 +235,8 @@ def _granting(
     authorize(actor, Permission.CERTIFY)
     validate_tags({key: value}, field="certification")
     with store.write(actor) as tx:
-        row = node_row(tx.session, name)
+        # the GPUs are loaded only if the answer renders them (the direct call's)
+        row = node_row(tx.session, name, gpus=False)
         issue_certification(tx, row, key, value)
         return answer(tx.session, row)
 
