@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 
+from hypothesis import strategies as st
+
 from proofplane.hardware.skus import SKUS, layout_errors
 from proofplane.model import (
     Gpu,
@@ -20,9 +22,34 @@ from proofplane.model import (
 )
 from proofplane.schedule.defrag import DefragPlan
 from proofplane.schedule.engine import Held, Job, Scheduler, pool_of
+from proofplane.schedule.mig import valid_layouts
 from proofplane.schedule.values import Request
 
 H100 = "H100-80GB"
+#: every valid H100 layout without media extensions, and the fragmented ones (many instances)
+LAYOUTS = [
+    layout for layout in valid_layouts(H100) if not any(i.profile.endswith("+me") for i in layout)
+]
+HIPAA = {"hipaa": "true"}
+PROFILES = ["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
+
+
+def fragmented(at_least: int) -> list[tuple[MigInstance, ...]]:
+    """The valid layouts with ``at_least`` instances or more."""
+    return [layout for layout in LAYOUTS if len(layout) >= at_least]
+
+
+def draw_layouts(
+    draw: st.DrawFn, small: list[tuple[MigInstance, ...]], gpus: int
+) -> list[tuple[MigInstance, ...]]:
+    """One node's GPU layouts for a hypothesis strategy: 1 to ``gpus`` GPUs, each a layout from
+    ``small`` or any valid one."""
+    return [
+        draw(st.sampled_from(small) | st.sampled_from(LAYOUTS))
+        for _ in range(draw(st.integers(1, gpus)))
+    ]
+
+
 SEVEN_1G = tuple(MigInstance("1g.10gb", s) for s in range(7))
 TWO_3G = (MigInstance("3g.40gb", 0), MigInstance("3g.40gb", 4))
 

@@ -25,8 +25,13 @@ from proofplane.store import migrate
 
 
 @contextmanager
-def one_mig_node(tmp_path: Path, layout: str) -> Iterator[str]:
-    """A server whose cluster is node ``m``: one H100 in MIG mode holding ``layout``."""
+def one_mig_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str, mode: str = "on"
+) -> Iterator[str]:
+    """A server whose cluster is node ``m``: one H100 in MIG mode holding ``layout``, with
+    ``PROOFPLANE_MIG_AUTO_LAYOUT=mode`` and no defragmentation (layouts only)."""
+    monkeypatch.setenv(config.MIG_AUTO_LAYOUT_ENV, mode)
+    monkeypatch.setenv(config.DEFRAG_MAX_MOVES_ENV, "0")
     store = Store(f"sqlite:///{tmp_path / 'mig.db'}")
     migrate.upgrade(store.engine)
     text = f"""cluster: mig
@@ -55,9 +60,7 @@ def submit(url: str, name: str, profile: str) -> dict[str, object]:
 def test_explain_prints_the_carved_instance(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(config.MIG_AUTO_LAYOUT_ENV, "on")
-    monkeypatch.setenv(config.DEFRAG_MAX_MOVES_ENV, "0")
-    with one_mig_node(tmp_path, "3g.40gb@0") as url:
+    with one_mig_node(tmp_path, monkeypatch, "3g.40gb@0") as url:
         assert submit(url, "a", "3g.40gb")["status"] == "placed"
         out = ok(cli(url, "workloads", "explain", "a")).stdout
         assert "MIG layout" not in out  # the free instance took it: nothing carved
@@ -72,9 +75,7 @@ def test_explain_prints_the_carved_instance(
 def test_explain_prints_the_re_laid_idle_gpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(config.MIG_AUTO_LAYOUT_ENV, "on")
-    monkeypatch.setenv(config.DEFRAG_MAX_MOVES_ENV, "0")
-    with one_mig_node(tmp_path, "7g.80gb@0") as url:
+    with one_mig_node(tmp_path, monkeypatch, "7g.80gb@0") as url:
         assert submit(url, "b", "1g.10gb")["status"] == "placed"
         out = ok(cli(url, "workloads", "explain", "b")).stdout
         assert "MIG layout: re-laid idle m GPU 0: 7g.80gb@0 → " in out
@@ -84,9 +85,7 @@ def test_explain_prints_the_re_laid_idle_gpu(
 def test_explain_says_carving_is_off_for_a_waiting_request(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(config.MIG_AUTO_LAYOUT_ENV, "off")
-    monkeypatch.setenv(config.DEFRAG_MAX_MOVES_ENV, "0")
-    with one_mig_node(tmp_path, "3g.40gb@0") as url:
+    with one_mig_node(tmp_path, monkeypatch, "3g.40gb@0", "off") as url:
         submit(url, "a", "3g.40gb")
         assert submit(url, "b", "1g.10gb")["status"] == "pending"
         out = ok(cli(url, "workloads", "explain", "b")).stdout

@@ -11,7 +11,16 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from defrag_cluster import H100, held, mig_job, mig_node
+from defrag_cluster import (
+    HIPAA,
+    LAYOUTS,
+    PROFILES,
+    draw_layouts,
+    fragmented,
+    held,
+    mig_job,
+    mig_node,
+)
 from proofplane.model import NodeState
 from proofplane.schedule.defrag import (
     Defragmenter,
@@ -21,14 +30,8 @@ from proofplane.schedule.defrag import (
     plan_defrag,
 )
 from proofplane.schedule.engine import Held, Scheduler
-from proofplane.schedule.mig import valid_layouts
 
-LAYOUTS = [
-    layout for layout in valid_layouts(H100) if not any(i.profile.endswith("+me") for i in layout)
-]
-SMALL = [layout for layout in LAYOUTS if len(layout) >= 4]
-HIPAA = {"hipaa": "true"}
-PROFILES = ["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
+SMALL = fragmented(4)
 
 
 @st.composite
@@ -38,10 +41,7 @@ def clusters(draw: st.DrawFn) -> tuple[Scheduler, set[Hashable]]:
     movable: set[Hashable] = set()
     for n in range(draw(st.integers(1, 4))):
         certified = draw(st.booleans())
-        layouts = [
-            draw(st.sampled_from(SMALL) | st.sampled_from(LAYOUTS))
-            for _ in range(draw(st.integers(1, 3)))
-        ]
+        layouts = draw_layouts(draw, SMALL, 3)
         name = f"n{n}"
         nodes.append(mig_node(name, layouts, certs=HIPAA if certified else None))
         for g, layout in enumerate(layouts):

@@ -10,18 +10,23 @@ from collections.abc import Hashable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from defrag_cluster import H100, check_plan, held, mig_job, mig_node, state_of
+from defrag_cluster import (
+    H100,
+    HIPAA,
+    check_plan,
+    draw_layouts,
+    fragmented,
+    held,
+    mig_job,
+    mig_node,
+    state_of,
+)
 from proofplane.hardware.skus import SKUS, layout_errors
 from proofplane.model import MigInstance
 from proofplane.schedule.defrag import Defragmenter, DefragPlan, apply_plan, plan_defrag
 from proofplane.schedule.engine import Held, Scheduler
-from proofplane.schedule.mig import valid_layouts
 
-LAYOUTS = [
-    layout for layout in valid_layouts(H100) if not any(i.profile.endswith("+me") for i in layout)
-]
-SMALL = [layout for layout in LAYOUTS if len(layout) >= 4]  # fragmented: many small slices
-HIPAA = {"hipaa": "true"}
+SMALL = fragmented(4)  # fragmented: many small slices
 
 
 @st.composite
@@ -32,10 +37,7 @@ def clusters(draw: st.DrawFn) -> tuple[Scheduler, set[Hashable], dict[str, str],
     movable: set[Hashable] = set()
     for n in range(n_nodes):
         certified = draw(st.booleans())
-        layouts = [
-            draw(st.sampled_from(SMALL) | st.sampled_from(LAYOUTS))
-            for _ in range(draw(st.integers(1, 2)))
-        ]
+        layouts = draw_layouts(draw, SMALL, 2)
         name = f"n{n}"
         nodes.append(mig_node(name, layouts, certs=HIPAA if certified else None))
         for g, layout in enumerate(layouts):

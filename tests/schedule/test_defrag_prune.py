@@ -14,20 +14,22 @@ from unittest import mock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from defrag_cluster import H100, held, mig_job, mig_node
+from defrag_cluster import (
+    HIPAA,
+    PROFILES,
+    draw_layouts,
+    fragmented,
+    held,
+    mig_job,
+    mig_node,
+)
 from proofplane.model import NodeState, PlacedDevice, Placement
 from proofplane.schedule import defrag
 from proofplane.schedule.defrag import DefragPlan, RegionIndex, apply_plan, plan_defrag
 from proofplane.schedule.engine import Held, Scheduler
-from proofplane.schedule.mig import valid_layouts
 from proofplane.schedule.scoring import DEFAULT_SCORER, make_scorer
 
-LAYOUTS = [
-    layout for layout in valid_layouts(H100) if not any(i.profile.endswith("+me") for i in layout)
-]
-SMALL = [layout for layout in LAYOUTS if len(layout) >= 3]
-HIPAA = {"hipaa": "true"}
-PROFILES = ["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
+SMALL = fragmented(3)
 
 
 @st.composite
@@ -37,10 +39,7 @@ def clusters(draw: st.DrawFn) -> tuple[Scheduler, set[Hashable]]:
     movable: set[Hashable] = set()
     for n in range(draw(st.integers(1, 4))):
         certified = draw(st.booleans())
-        layouts = [
-            draw(st.sampled_from(SMALL) | st.sampled_from(LAYOUTS))
-            for _ in range(draw(st.integers(1, 3)))
-        ]
+        layouts = draw_layouts(draw, SMALL, 3)
         name = f"n{n}"
         node = mig_node(name, layouts, certs=HIPAA if certified else None)
         cpu = draw(st.sampled_from([None, 0, 2_000, 4_000, 8_000]))

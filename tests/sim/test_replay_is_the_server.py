@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -268,6 +269,54 @@ def test_batch_submit_carves_as_the_mig_replay(
     assert scheduler_cache(store.engine).loads == 1  # one scheduler decided every batch
 
 
+def repartition_events(client: TestClient) -> list[dict[str, Any]]:
+    r = client.get(f"{API}/events", params={"action": "node.gpu.repartition", "limit": 500})
+    assert r.status_code == 200, r.text
+    return r.json()["items"]  # type: ignore[no-any-return]
+
+
+def serve_stream(
+    client: TestClient,
+    stream: dynamic.DynamicStream,
+    around: Callable[[Callable[[], tuple[Any, ...] | None]], tuple[Any, ...] | None] = (
+        lambda submit: submit()
+    ),
+) -> dict[int, tuple[Any, ...] | None]:
+    """``stream`` through the API: its nodes registered and admitted, its arrivals submitted
+    and its departures (those before the horizon) cancelled, in trace-time order (a departure
+    before an arrival at the same time, as the replay's clock). Where each request was placed
+    (``mig_where``); ``around`` wraps each submit (to look before and after it)."""
+    assert client.post(f"{API}/tenants", json={"name": mig.TENANT}).status_code == 201
+    for node, rank in zip(stream.nodes, stream.rank, strict=True):
+        register_admitted(client, mig_node_body(node, rank))
+    items = stream.items
+    timeline = sorted(
+        [(t.arrival, 1, i) for i, t in enumerate(items)]
+        + [
+            (t.arrival + t.duration, 0, i)
+            for i, t in enumerate(items)
+            if t.arrival + t.duration < stream.end
+        ]  # fmt: skip
+    )
+    served: dict[int, tuple[Any, ...] | None] = {}
+    for _at, kind, i in timeline:
+        q = items[i].request
+        if kind == 0:
+            r = client.post(f"{API}/workloads/{q.name}/cancel", json={})
+            assert r.status_code == 200, r.text
+            continue
+        body = {"name": q.name, "tenant": mig.TENANT, "gpus": {"mig_profile": q.profile},
+                "cpu_milli": q.cpu, "memory_mib": q.mem}  # fmt: skip
+
+        def submit(body: dict[str, Any] = body) -> tuple[Any, ...] | None:
+            r = client.post(f"{API}/workloads", json=body)
+            assert r.status_code == 201, r.text
+            return mig_where(r.json()["placement"])
+
+        served[i] = around(submit)
+    return served
+
+
 def test_submit_and_cancel_carve_and_reuse_as_the_dynamic_replay(
     monkeypatch: pytest.MonkeyPatch, store: Store, client: TestClient
 ) -> None:
@@ -292,41 +341,16 @@ def test_submit_and_cancel_carve_and_reuse_as_the_dynamic_replay(
     replayed = dynamic.replay_dynamic(stream, "proofplane", record_placements=True)
     assert replayed.accepted == len(items) and not any(replayed.waits)  # all at arrival
 
-    assert client.post(f"{API}/tenants", json={"name": mig.TENANT}).status_code == 201
-    for node, rank in zip(stream.nodes, stream.rank, strict=True):
-        register_admitted(client, mig_node_body(node, rank))
-    timeline = sorted(
-        [(t.arrival, 1, i) for i, t in enumerate(items)]
-        + [
-            (t.arrival + t.duration, 0, i)
-            for i, t in enumerate(items)
-            if t.arrival + t.duration < stream.end
-        ]  # fmt: skip
-    )
-    served: dict[int, tuple[Any, ...] | None] = {}
     reused = 0
-    for _at, kind, i in timeline:
-        q = items[i].request
-        if kind == 0:
-            r = client.post(f"{API}/workloads/{q.name}/cancel", json={})
-            assert r.status_code == 200, r.text
-            continue
-        body = {"name": q.name, "tenant": mig.TENANT, "gpus": {"mig_profile": q.profile},
-                "cpu_milli": q.cpu, "memory_mib": q.mem}  # fmt: skip
-        before = len(
-            client.get(
-                f"{API}/events", params={"action": "node.gpu.repartition", "limit": 500}
-            ).json()["items"]
-        )
-        r = client.post(f"{API}/workloads", json=body)
-        assert r.status_code == 201, r.text
-        served[i] = mig_where(r.json()["placement"])
-        after = len(
-            client.get(
-                f"{API}/events", params={"action": "node.gpu.repartition", "limit": 500}
-            ).json()["items"]
-        )
-        reused += after == before
+
+    def count_reused(submit: Callable[[], tuple[Any, ...] | None]) -> tuple[Any, ...] | None:
+        nonlocal reused
+        before = len(repartition_events(client))
+        where = submit()
+        reused += len(repartition_events(client)) == before
+        return where
+
+    served = serve_stream(client, stream, around=count_reused)
     assert [served[i] for i in range(len(items))] == [mig_where(p) for p in replayed.placements]
     assert reused > 0 and replayed.carved < len(items)  # departed instances were reused
 
@@ -369,29 +393,7 @@ def test_submit_and_cancel_relayout_idle_gpus_as_the_relayout_replay(
     carve_only = dynamic.replay_dynamic(stream, "proofplane")
     assert carve_only.accepted < replayed.accepted  # re-laying them is what placed more
 
-    assert client.post(f"{API}/tenants", json={"name": mig.TENANT}).status_code == 201
-    for node, rank in zip(stream.nodes, stream.rank, strict=True):
-        register_admitted(client, mig_node_body(node, rank))
-    timeline = sorted(
-        [(t.arrival, 1, i) for i, t in enumerate(items)]
-        + [
-            (t.arrival + t.duration, 0, i)
-            for i, t in enumerate(items)
-            if t.arrival + t.duration < stream.end
-        ]  # fmt: skip
-    )
-    served: dict[int, tuple[Any, ...] | None] = {}
-    for _at, kind, i in timeline:
-        q = items[i].request
-        if kind == 0:
-            r = client.post(f"{API}/workloads/{q.name}/cancel", json={})
-            assert r.status_code == 200, r.text
-            continue
-        body = {"name": q.name, "tenant": mig.TENANT, "gpus": {"mig_profile": q.profile},
-                "cpu_milli": q.cpu, "memory_mib": q.mem}  # fmt: skip
-        r = client.post(f"{API}/workloads", json=body)
-        assert r.status_code == 201, r.text
-        served[i] = mig_where(r.json()["placement"])
+    served = serve_stream(client, stream)
     assert [served[i] for i in range(len(items))] == [mig_where(p) for p in replayed.placements]
     # the GPUs' layouts the server persisted are the replay's, instance for instance
     assert replayed.scheduler is not None
@@ -402,10 +404,7 @@ def test_submit_and_cancel_relayout_idle_gpus_as_the_relayout_replay(
         assert persisted == {
             g.index: sorted((i.start, i.profile) for i in g.mig_instances) for g in node.gpus
         }
-    changes = client.get(
-        f"{API}/events", params={"action": "node.gpu.repartition", "limit": 500}
-    ).json()["items"]
-    steps = [e["details"]["step"] for e in changes]
+    steps = [e["details"]["step"] for e in repartition_events(client)]
     # the server re-laid idle GPUs (and reclaimed idle instances) as often as the replay
     assert steps.count("repartition") + steps.count("reclaim") == replayed.repartitions
     assert {"carve", "reclaim" if mode == "reclaim" else "repartition"} <= set(steps)

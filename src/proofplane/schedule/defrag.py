@@ -210,8 +210,6 @@ def _new_layout(
         free.pop(0)
 
 
-_OK, _IMMOVABLE, _OTHER_POOL = 0, 1, 2
-
 #: A candidate region as the scan finds it: (cost, node, the movers' keys sorted by ``str``,
 #: starts of the held instances outside the region); built into a ``_Region`` when tried.
 _Candidate = tuple[tuple[int, int, int, str, int, int], Node, tuple[Hashable, ...], frozenset[int]]
@@ -435,21 +433,27 @@ def _all_movable(
     for g in gpus:
         if allowed is not None and g.gpu.model not in allowed:
             continue
-        worst = _OK
-        if (g.static is not None and g.static[0]) or any(k not in held for _s, k in g.holders):
-            worst = _IMMOVABLE
-        else:
-            fixed, pools = g.eligibility(held)
-            if fixed:
-                worst = _IMMOVABLE
-            elif len(pools) > 1 or (pools and pool not in pools):
-                worst = _OTHER_POOL
-        if worst != _OK:
-            code = NON_RESTARTABLE_WORK if worst == _IMMOVABLE else OTHER_POOL
-            refused[code] = refused.get(code, 0) + len(g.prof.starts)
+        stuck = any(k not in held for _s, k in g.holders)
+        why = _refusal(g, held, pool, stuck)
+        if why is not None:
+            refused[why] = refused.get(why, 0) + len(g.prof.starts)
             continue
         cands.extend(g.candidates(held, profile, spans))
     return tuple(cands), tuple(refused.items())
+
+
+def _refusal(g: _GpuRegions, held: Mapping[Hashable, Held], pool: Pool, stuck: bool) -> str | None:
+    """Why GPU ``g``'s regions cannot be freed for a request of ``pool`` (None: they can):
+    a holder that may not move (``stuck``, or not MIG work of one profile: ``g.static``)
+    refuses it first, then holders of another pool."""
+    if stuck or (g.static is not None and g.static[0]):
+        return NON_RESTARTABLE_WORK
+    fixed, pools = g.eligibility(held)
+    if fixed:
+        return NON_RESTARTABLE_WORK
+    if len(pools) > 1 or (pools and pool not in pools):
+        return OTHER_POOL
+    return None
 
 
 def _holders(snap: ClusterSnapshot, name: str) -> frozenset[tuple[int, int, Hashable]]:
@@ -552,26 +556,18 @@ def _regions(
                 continue
             # a holder not movable (not held, ``movable`` says no, or not MIG work of one
             # profile) refuses the GPU; else a holder of another pool does
-            worst = _OK
-            if g.static is not None and g.static[0]:
-                worst = _IMMOVABLE
-            else:
+            stuck = False
+            if not (g.static is not None and g.static[0]):
                 for _s, k in g.holders:
                     v = verdict.get(k)
                     if v is None:
                         v = verdict[k] = k in held and bool(movable(k))
                     if not v:
-                        worst = _IMMOVABLE
+                        stuck = True
                         break
-            if worst == _OK:
-                fixed, pools = g.eligibility(held)
-                if fixed:
-                    worst = _IMMOVABLE
-                elif len(pools) > 1 or (pools and pool not in pools):
-                    worst = _OTHER_POOL
-            if worst != _OK:
-                code = NON_RESTARTABLE_WORK if worst == _IMMOVABLE else OTHER_POOL
-                counts[code] = counts.get(code, 0) + len(g.prof.starts)
+            why = _refusal(g, held, pool, stuck)
+            if why is not None:
+                counts[why] = counts.get(why, 0) + len(g.prof.starts)
                 continue
             out.extend(g.candidates(held, profile, spans))
     return out
