@@ -392,6 +392,34 @@ def test_revoking_a_certification_evicts_work_that_needs_it(client: TestClient) 
     assert client.get("/api/v1/workloads/nb").json()["placement"]["node"] == "h1"
 
 
+def test_a_new_certification_value_evicts_work_that_needed_the_old_one(
+    client: TestClient,
+) -> None:
+    """Granting a key the node already holds with another value replaces it: work that needed
+    the old value leaves (issue 12's grant path); a new key takes nothing away and places
+    pending work that was waiting for it."""
+    tenant(client, "clinic", required_tags={"hipaa": "true"})
+    tenant(client, "lab", required_tags={"gxp": "yes"})
+    admitted_node(client, "h1", certs={"hipaa": "true"}, gpus=4)
+    submit(client, "scan", "clinic", gpus={"count": 1})
+    submit(client, "assay", "lab", gpus={"count": 1})
+    assert client.get("/api/v1/workloads/assay").json()["reason"] == "no_compliant_capacity"
+    grant = client.post("/api/v1/nodes/h1/certifications", json={"key": "gxp", "value": "yes"})
+    assert grant.status_code == 200, grant.text
+    assert grant.json()["certifications"] == {"hipaa": "true", "gxp": "yes"}
+    assert client.get("/api/v1/workloads/scan").json()["placement"]["node"] == "h1"
+    assert client.get("/api/v1/workloads/assay").json()["placement"]["node"] == "h1"
+    again = client.post("/api/v1/nodes/h1/certifications", json={"key": "hipaa", "value": "no"})
+    assert again.json()["certifications"] == {"hipaa": "no", "gxp": "yes"}
+    assert client.get("/api/v1/workloads/scan").json()["reason"] == "no_compliant_capacity"
+    assert client.get("/api/v1/workloads/assay").json()["placement"]["node"] == "h1"
+    grants = client.get("/api/v1/events", params={"action": "node.certification.grant"})
+    assert [
+        (e["target_id"], e["details"]["key"], e["details"]["value"], e["details"]["previous"])
+        for e in grants.json()["items"]
+    ] == [("h1", "hipaa", "true", None), ("h1", "gxp", "yes", None), ("h1", "hipaa", "no", "true")]
+
+
 # --- events and atomicity ----------------------------------------------------------------------
 
 

@@ -68,9 +68,10 @@ def change_node_state(tx: Tx, row: NodeRow, state: NodeState, reason: str | None
     execution.dispatch_new(tx, view)
 
 
-def workloads_on(tx: Tx, row: NodeRow) -> list[WorkloadRow]:
-    """Workloads holding capacity on the node, gang members included."""
-    return list(tx.session.scalars(_ON_NODE, {"node": row.id}))
+def workloads_on(tx: Tx, node: NodeRow | int) -> list[WorkloadRow]:
+    """Workloads holding capacity on the node (its row or id), gang members included."""
+    node_id = node if isinstance(node, int) else node.id
+    return list(tx.session.scalars(_ON_NODE, {"node": node_id}))
 
 
 # Built once (its cache key too): building the statement cost more than running it.

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from proofplane.access import Actor, Permission, authorize
@@ -214,14 +214,16 @@ def grant_certification(store: Store, actor: Actor, name: str, key: str, value: 
     """Issue ``key=value`` to an admitted (or cordoned) node. Re-granting the same value is a
     no-op; a new value replaces the old one and evicts work that relied on the old one.
     Answers the node as it now stands."""
-    return _granting(store, actor, name, key, value, _out)
+    return _granting(
+        store, actor, name, key, value, lambda session, n: _out(session, node_row(session, n))
+    )
 
 
 def certify(store: Store, actor: Actor, name: str, key: str, value: str) -> None:
     """``grant_certification`` but for its answer: the same checks, writes and events. An
     approved ``certification.grant`` change applies this; rendering the node is the direct
     call's answer, not part of the change."""
-    _granting(store, actor, name, key, value, lambda _session, _row: None)
+    _granting(store, actor, name, key, value, lambda _session, _name: None)
 
 
 def _granting(
@@ -230,45 +232,72 @@ def _granting(
     name: str,
     key: str,
     value: str,
-    answer: Callable[[Session, NodeRow], T],
+    answer: Callable[[Session, str], T],
 ) -> T:
+    """Grant ``key=value`` on ``name`` and answer ``answer(session, name)`` (the direct call
+    renders the node, read after the writes; a change's apply renders nothing)."""
     authorize(actor, Permission.CERTIFY)
     validate_tags({key: value}, field="certification")
     with store.write(actor) as tx:
-        # the GPUs are loaded only if the answer renders them (the direct call's)
-        row = node_row(tx.session, name, gpus=False)
-        issue_certification(tx, row, key, value)
-        return answer(tx.session, row)
+        node = tx.session.connection().execute(_NODE_STATE_BY_NAME, {"name": name}).first()
+        if node is None:
+            raise NotFound(f"node {name!r} not found", details={"node": name})
+        grant(tx, node.id, name, node.state, key, value)
+        return answer(tx.session, name)
+
+
+# Granting reads and writes with prebuilt Core statements: an approved certification.grant
+# change applies it while holding the one write slot (issue 12), and loading the node and its
+# certifications as ORM objects and flushing them cost most of that time.
+_NODES = NodeRow.__table__
+_CERTS = CertificationRow.__table__
+_NODE_STATE_BY_NAME = select(_NODES.c.id, _NODES.c.state).where(_NODES.c.name == bindparam("name"))
+_CERTS_OF = select(_CERTS.c.key, _CERTS.c.value).where(_CERTS.c.node_id == bindparam("node"))
+_INSERT_CERT = insert(_CERTS)
+_UPDATE_CERT = update(_CERTS).where(
+    _CERTS.c.node_id == bindparam("node"), _CERTS.c.key == bindparam("cert_key")
+)
+_TOUCH_NODE = update(_NODES).where(_NODES.c.id == bindparam("node"))
 
 
 def issue_certification(tx: Tx, row: NodeRow, key: str, value: str) -> None:
-    if NodeState(row.state) not in CERTIFIABLE_STATES:
-        raise InvalidState(
-            f"node {row.name!r} is {row.state}: only admitted nodes can be certified",
-            code="node_not_admitted",
-            details={"node": row.name, "state": row.state},
-        )
-    existing = next((c for c in row.certifications if c.key == key), None)
-    if existing is not None and existing.value == value:
-        return
-    before = existing.value if existing is not None else None
-    if existing is not None:
-        existing.value = value
-        existing.issued_by = tx.actor.name
-        existing.issued_at = tx.now
-    else:
-        row.certifications.append(
-            CertificationRow(key=key, value=value, issued_by=tx.actor.name, issued_at=tx.now)
-        )
-    row.updated_at = tx.now
+    """``grant`` for a node the transaction holds as an ORM row (the row's certifications are
+    read again on their next use)."""
     tx.session.flush()
+    grant(tx, row.id, row.name, row.state, key, value)
+    tx.session.expire(row, ["certifications", "updated_at"])
+
+
+def grant(tx: Tx, node_id: int, name: str, state: str, key: str, value: str) -> None:
+    """Certify the node ``key=value`` (an admitted or cordoned node): a new value replaces the
+    old one, and work that relied on the old one leaves the node; the same value is a no-op."""
+    if NodeState(state) not in CERTIFIABLE_STATES:
+        raise InvalidState(
+            f"node {name!r} is {state}: only admitted nodes can be certified",
+            code="node_not_admitted",
+            details={"node": name, "state": state},
+        )
+    conn = tx.session.connection()
+    held: dict[str, str] = {k: v for k, v in conn.execute(_CERTS_OF, {"node": node_id})}
+    before = held.get(key)
+    if before == value:
+        return
+    issued = {"value": value, "issued_by": tx.actor.name, "issued_at": tx.now}
+    if before is not None:
+        conn.execute(_UPDATE_CERT, {"node": node_id, "cert_key": key, **issued})
+    else:
+        conn.execute(_INSERT_CERT, {"node_id": node_id, "key": key, **issued})
+    conn.execute(_TOUCH_NODE, {"node": node_id, "updated_at": tx.now})
+    held[key] = value
     tx.record(
         "node.certification.grant",
         "node",
-        row.name,
+        name,
         details={"key": key, "value": value, "previous": before},
     )
-    _recheck_workloads(tx, row)
+    # a new key takes nothing away: no workload on the node can lose a tag it had, so only a
+    # changed value looks for work to evict; pending work may fit now either way
+    _recheck_workloads(tx, node_id, name, held, evict_lost=before is not None)
 
 
 def revoke_certification(store: Store, actor: Actor, name: str, key: str) -> Node:
@@ -291,17 +320,19 @@ def revoke_certification(store: Store, actor: Actor, name: str, key: str) -> Nod
             name,
             details={"key": key, "value": existing.value},
         )
-        _recheck_workloads(tx, row)
+        _recheck_workloads(tx, row.id, name, {c.key: c.value for c in row.certifications})
         return _out(tx.session, row)
 
 
-def _recheck_workloads(tx: Tx, row: NodeRow) -> None:
-    """Evict every workload on the node whose tags the node no longer satisfies. Placement,
-    if any is needed, starts from the process's cached scheduler, caught up from the events
-    (this transaction's certification event included): one node is read, not the cluster."""
-    held = {c.key: c.value for c in row.certifications}
+def _recheck_workloads(
+    tx: Tx, node_id: int, name: str, held: dict[str, str], *, evict_lost: bool = True
+) -> None:
+    """Evict (``evict_lost``) every workload on the node whose tags the node's certifications
+    (``held``) no longer satisfy, then offer capacity to pending work. Placement, if any is
+    needed, starts from the process's cached scheduler, caught up from the events (this
+    transaction's certification event included): one node is read, not the cluster."""
     view = ClusterView(tx.session, from_cache=True)
-    for wl in workloads_on(tx, row):
+    for wl in workloads_on(tx, node_id) if evict_lost else ():
         lost = missing_tags(wl.tags, held)
         if lost:
             evict(
@@ -309,7 +340,7 @@ def _recheck_workloads(tx: Tx, row: NodeRow) -> None:
                 wl,
                 view,
                 CERTIFICATION_REVOKED,
-                render(CERTIFICATION_REVOKED, node=row.name, lost=lost),
+                render(CERTIFICATION_REVOKED, node=name, lost=lost),
             )
     reschedule_pending(tx, view)
     execution.dispatch_new(tx, view)

@@ -373,18 +373,9 @@ def tenant_row(session: Session, name: str) -> TenantRow:
 _NODE_BY_NAME = select(NodeRow).where(NodeRow.name == bindparam("name")).options(*NODE_LOAD)
 
 
-_NODE_CERTS_BY_NAME = (
-    select(NodeRow)
-    .where(NodeRow.name == bindparam("name"))
-    .options(selectinload(NodeRow.certifications))
-)
-
-
-def node_row(session: Session, name: str, *, gpus: bool = True) -> NodeRow:
-    """The node called ``name`` with its certifications and (``gpus``) its GPUs loaded; a
-    caller that never looks at the GPUs (granting a certification) saves their query, and one
-    that does after all loads them then."""
-    row = session.scalar(_NODE_BY_NAME if gpus else _NODE_CERTS_BY_NAME, {"name": name})
+def node_row(session: Session, name: str) -> NodeRow:
+    """The node called ``name`` with its certifications and GPUs loaded."""
+    row = session.scalar(_NODE_BY_NAME, {"name": name})
     if row is None:
         raise NotFound(f"node {name!r} not found", details={"node": name})
     return row
