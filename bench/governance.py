@@ -27,6 +27,10 @@ the supervisor and its worker processes together) and this load generator's
 machine could. On a shared machine the wall-clock figure follows the load; the CPU per change
 much less.
 
+``in_process``: the same four steps as service calls in this process, one at a time, no HTTP
+(``--in-process`` changes, default 200; 0: skipped): what each step's transaction costs, nearly
+all of it under the write slot, p50/p99 per step.
+
     .venv/bin/python bench/governance.py --json [--quick] [--concurrency 1] [--workers 1]
 """
 
@@ -251,6 +255,47 @@ class Requester:
         self.conn.close()
 
 
+def in_process(db: Path, changes: int, warmup: int) -> dict[str, Any]:
+    """The same four steps as service calls in this process (no HTTP, one at a time), on a
+    database of ``changes`` admitted nodes: what each step's transaction costs, nearly all of
+    it under the write slot. Per step p50/p99 in ms."""
+    from proofplane.service import changes as svc
+
+    total = changes + warmup
+    prepare(db, total)
+    store = Store(f"sqlite:///{db}")
+    alice, bob, sec = (Actor(name, frozenset({role})) for name, role in PEOPLE.items())
+    times: dict[str, list[float]] = {step: [] for step in STEPS}
+    try:
+        for i in range(total):
+            payload = {"node": f"gpu-{i:04d}", "key": "hipaa", "value": "true"}
+            t = time.perf_counter()
+            change = svc.create_change(store, alice, "certification.grant", payload)
+            marks = [t, time.perf_counter()]
+            svc.vote(store, bob, change["id"], "approve")
+            marks.append(time.perf_counter())
+            svc.vote(store, sec, change["id"], "approve")
+            marks.append(time.perf_counter())
+            applied = svc.apply_change(store, alice, change["id"])
+            marks.append(time.perf_counter())
+            if applied["state"] != "applied":
+                raise SystemExit(f"in process: change {change['id']} ended {applied['state']}")
+            if i >= warmup:
+                for k, step in enumerate(STEPS):
+                    times[step].append((marks[k + 1] - marks[k]) * 1000)
+    finally:
+        store.dispose()
+    per_change = [sum(t) for t in zip(*times.values(), strict=True)]
+    return {
+        "changes": changes,
+        "changes_per_s": round(1000 / statistics.mean(per_change), 1),
+        "step_ms": {
+            s: {"p50": round(pct(v, 0.5), 3), "p99": round(pct(v, 0.99), 3)}
+            for s, v in times.items()
+        },  # fmt: skip
+    }
+
+
 def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
@@ -276,9 +321,15 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="serve --workers (default: serve's, one per core)",
     )
+    ap.add_argument(
+        "--in-process",
+        type=int,
+        default=200,
+        help="changes run as service calls in this process, no HTTP (0: none)",
+    )
     args = ap.parse_args(argv)
     if args.quick:
-        args.nodes, args.runs, args.warmup = 100, 1, 5
+        args.nodes, args.runs, args.warmup, args.in_process = 100, 1, 5, 20
 
     runs = []
     for _ in range(args.runs):
@@ -286,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(one_run(Path(tmp), args.nodes, args.warmup, args.concurrency, args.workers))
 
     workers = args.workers if args.workers is not None else os.cpu_count() or 1
+    steps = None
+    if args.in_process:
+        with tempfile.TemporaryDirectory(prefix="proofplane-bench-governance-") as tmp:
+            steps = in_process(Path(tmp) / "steps.db", args.in_process, args.warmup)
 
     def med(key: str) -> float:
         return round(statistics.median(r[key] for r in runs), 2)
@@ -325,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
             step: {"p50": med(f"{step}_p50_ms"), "p99": med(f"{step}_p99_ms")}
             for step in (*STEPS, "change")
         },
+        # the service calls alone, one at a time in this process (no HTTP, no other writer)
+        "in_process": steps,
         "target_changes_per_s": TARGET_CHANGES_PER_S,
         "meets_target": med("changes_per_s") >= TARGET_CHANGES_PER_S,
         "note": "closed loop: each requester one change at a time (--concurrency of them side "
@@ -345,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{out['cpu_bound_changes_per_s_machine']:.1f} the machine)")  # fmt: skip
         for step, f in out["latency_ms"].items():
             print(f"  {step:>10}: p50 {f['p50']:.2f} ms  p99 {f['p99']:.2f} ms")
+        if steps is not None:
+            each = ", ".join(f"{k} p50 {v['p50']:.2f} ms" for k, v in steps["step_ms"].items())
+            print(f"  in process, no HTTP: {steps['changes_per_s']:.1f} changes/s; {each}")
     return 0
 
 
