@@ -41,7 +41,9 @@ def test_bench_replicas_quick(tmp_path: Path) -> None:
     (one,) = data["one"]["runs"]
     total_ms = sum(one["cpu_ms_per_submit"].values())
     assert data["cores"] >= 1
-    assert data["cpu_bound_submits_per_s"] == pytest.approx(data["cores"] * 1000 / total_ms, 0.01)
+    # printed to one decimal: a small figure (a quick run on a busy box) moves by more than 1 %
+    ceiling = data["cores"] * 1000 / total_ms
+    assert data["cpu_bound_submits_per_s"] == pytest.approx(ceiling, rel=0.01, abs=0.05)
     speedup = data["two"]["submits_per_s"] / data["one"]["submits_per_s"]
     assert data["speedup"] == round(speedup, 2)
     assert data["target_speedup"] == 1.5 and data["meets"] is (speedup >= 1.5)
