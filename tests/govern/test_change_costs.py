@@ -6,6 +6,7 @@ that gains a sync dependency (a thread hop each), fails here first."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,9 +22,10 @@ from proofplane.api import routes_changes
 from proofplane.model import Gpu, Node, NodeState
 from proofplane.service import changes as svc
 from proofplane.service.context import Store
-from proofplane.service.nodes import get_node, register_node, set_node_state
+from proofplane.service.nodes import get_node, issue_certification, register_node, set_node_state
 from proofplane.store import migrate
-from proofplane.store.tables import Base, NodeRow
+from proofplane.store.repo import node_row
+from proofplane.store.tables import Base, ChangeRequestRow, ChangeVoteRow, NodeRow
 
 REQUESTER = Actor("alice", frozenset({Role.ADMIN}))
 APPROVERS = (
@@ -96,6 +98,7 @@ def test_each_step_of_a_governed_change_stays_within_its_statements(store: Store
         assert get_node(store, SYSTEM, node).certifications == {"hipaa": "true"}
 
 
+@contextmanager
 def _orm_objects(calls: list[str]) -> Iterator[None]:
     """Collect, into ``calls``, every ORM object loaded, inserted or updated meanwhile."""
 
@@ -118,12 +121,13 @@ def _orm_objects(calls: list[str]) -> Iterator[None]:
 
 def test_the_steps_of_a_grant_change_build_no_orm_objects(store: Store) -> None:
     """Every step holds the one write slot for its whole transaction, and the ORM's identity
-    map and flush were most of that time (a vote 3.1 -> 1.7 ms, the grant's apply 7.0 -> 3.6
-    ms in process on the 2-core box, 2026-11-28): the request, its votes, the node's state and
-    certifications are read and written by Core statements. This fails when one of them goes
-    back to ORM objects (the ORM code below proves the hooks see them)."""
+    map and flush were most of that time (``bench/governance.py``'s ``in_process`` steps, the
+    old code against the new, 2026-11-28: a vote 3.3-3.4 -> 1.1-1.8 ms, the grant's apply
+    7.4-7.6 -> 2.1-3.3 ms): the request, its votes, the node's state and certifications are
+    read and written by Core statements. This fails when one of them goes back to ORM objects
+    (the ORM code below proves the hooks see them)."""
     calls: list[str] = []
-    with contextmanager(_orm_objects)(calls):
+    with _orm_objects(calls):
         payload = {"node": "gpu-a", "key": "hipaa", "value": "true"}
         change = svc.create_change(store, REQUESTER, "certification.grant", payload)
         for approver in APPROVERS:
@@ -135,6 +139,30 @@ def test_the_steps_of_a_grant_change_build_no_orm_objects(store: Store) -> None:
             row = tx.session.scalars(select(NodeRow).where(NodeRow.name == "gpu-a")).one()
             row.region = "r2"
     assert calls == ["load", "update nodes"]
+
+
+def test_a_change_record_holds_exactly_the_columns_of_a_change_request() -> None:
+    """``ChangeRecord(**row)`` is built from every column a Core read returns: a column added
+    without its field would fail every change step, so it fails here first."""
+    columns = {c.name for c in ChangeRequestRow.__table__.c}
+    assert {f.name for f in dataclasses.fields(svc.ChangeRecord)} == columns
+    votes = {c.name for c in ChangeVoteRow.__table__.c} - {"id", "change_id"}
+    assert {f.name for f in dataclasses.fields(svc.VoteRecord)} == votes
+
+
+def test_granting_through_an_orm_row_reads_the_new_value_back(store: Store) -> None:
+    """``issue_certification`` (the cluster file's path, which holds the node as an ORM row)
+    writes with Core: the row's certifications, already loaded, show the new value after it
+    in the same transaction, not the one the session loaded first."""
+    with store.write(SYSTEM) as tx:
+        row = node_row(tx.session, "gpu-a")
+        issue_certification(tx, row, "hipaa", "true")
+        (held,) = row.certifications  # an object the transaction still holds
+        assert (held.key, held.value) == ("hipaa", "true")
+        issue_certification(tx, row, "hipaa", "no")
+        assert {c.key: c.value for c in row.certifications} == {"hipaa": "no"}
+        assert held.value == "no"
+    assert get_node(store, SYSTEM, "gpu-a").certifications == {"hipaa": "no"}
 
 
 PER_CHANGE = {

@@ -434,11 +434,16 @@ _PAYLOAD_FIELDS = ("payload", "payload_sha256", "tenant", "last_edited_by")
 _SAVE = update(_CHANGES).where(_CHANGES.c.id == bindparam("change_id"))
 
 
-def _load(tx: Tx, change_id: int) -> ChangeRecord:
-    row = tx.session.connection().execute(_CHANGE_BY_ID, {"change_id": change_id}).first()
-    if row is None:
+def _find(session: Any, change_id: int) -> ChangeRecord | None:
+    row = session.connection().execute(_CHANGE_BY_ID, {"change_id": change_id}).first()
+    return None if row is None else ChangeRecord(**row._mapping)
+
+
+def _load(session: Any, change_id: int) -> ChangeRecord:
+    rec = _find(session, change_id)
+    if rec is None:
         raise NotFound(f"change {change_id} not found", details={"change": change_id})
-    return ChangeRecord(**row._mapping)
+    return rec
 
 
 def _save(tx: Tx, rec: ChangeRecord, *, payload: bool = False) -> None:
@@ -468,8 +473,10 @@ def _pure(row: ChangeRecord, votes: list[VoteRecord]) -> rules.Change:
     )  # fmt: skip
 
 
-def view(row: ChangeRecord | ChangeRequestRow, votes: list[Any]) -> dict[str, Any]:
-    """The change resource (a ``ChangeRecord`` or the ORM row, with its votes)."""
+def view(
+    row: ChangeRecord | ChangeRequestRow, votes: list[VoteRecord] | list[ChangeVoteRow]
+) -> dict[str, Any]:
+    """The change resource (the register's export passes the ORM rows it pages through)."""
 
     def entries(decision: str) -> list[dict[str, Any]]:
         return [{"by": v.by, "at": v.at.isoformat(), "comment": v.comment,
@@ -726,10 +733,7 @@ def create_change(
 def get_change(store: Store, actor: Actor, change_id: int) -> dict[str, Any]:
     _can_read(actor)
     with store.read() as session:
-        row = session.connection().execute(_CHANGE_BY_ID, {"change_id": change_id}).first()
-        if row is None:
-            raise NotFound(f"change {change_id} not found", details={"change": change_id})
-        return view(ChangeRecord(**row._mapping), _votes(session, change_id))
+        return view(_load(session, change_id), _votes(session, change_id))
 
 
 def list_changes(
@@ -740,12 +744,13 @@ def list_changes(
     if state is not None and state not in rules.STATES:
         raise ValidationFailed(f"state is one of {', '.join(rules.STATES)}", code="invalid_state")
     with store.read() as session:
-        query = select(ChangeRequestRow).order_by(ChangeRequestRow.id.desc()).limit(limit)
+        query = select(_CHANGES).order_by(_CHANGES.c.id.desc()).limit(limit)
         if state is not None:
-            query = query.where(ChangeRequestRow.state == state)
+            query = query.where(_CHANGES.c.state == state)
         if change_type is not None:
-            query = query.where(ChangeRequestRow.type == change_type)
-        return [view(r, _votes(session, r.id)) for r in session.scalars(query)]
+            query = query.where(_CHANGES.c.type == change_type)
+        found = [ChangeRecord(**r._mapping) for r in session.connection().execute(query)]
+        return [view(r, _votes(session, r.id)) for r in found]
 
 
 def edit_change(
@@ -754,7 +759,7 @@ def edit_change(
     """Replace the payload of an open request (its requester, or whoever may ask for it):
     every earlier approval is void, and the editor may not approve it."""
     with store.write(actor, now) as tx:
-        row = _load(tx, change_id)
+        row = _load(tx.session, change_id)
         ct = _change_type(row.type)
         parsed = _parse(ct, payload)
         scope = ct.scope(parsed)
@@ -794,7 +799,7 @@ def vote(
     roles = sorted(r.value for r in actor.roles)
     tenants = sorted(actor.tenants)
     with store.write(actor, now) as tx:
-        row = _load(tx, change_id)
+        row = _load(tx.session, change_id)
         if _expire(tx, row):
             return view(row, _votes(tx.session, row.id))  # committed: it expired
         rule = rule_for(tx.session, row.type)
@@ -830,7 +835,7 @@ def apply_change(
         with store.write(actor, now) as tx:
             # One transaction: who may, the request's state, its approvals and the change
             # itself all read and written under the writer lock, the payload parsed once.
-            row = _load(tx, change_id)
+            row = _load(tx.session, change_id)
             ct = _change_type(row.type)
             parsed = _parse(ct, row.payload)
             _authorize(actor, ct, ct.scope(parsed))
@@ -875,11 +880,9 @@ _NOT_APPLY_FAILURES = frozenset({"change_not_approved", "unavailable"})
 def _record_failure(store: Store, actor: Actor, change_id: int, exc: ProofplaneError) -> None:
     message = exc.message
     with store.write(actor) as tx:
-        found = tx.session.connection().execute(_CHANGE_BY_ID, {"change_id": change_id})
-        first = found.first()
-        if first is None or first.state != rules.APPROVED:
+        row = _find(tx.session, change_id)
+        if row is None or row.state != rules.APPROVED:
             return  # nothing to record it on (a request that is not approved did not apply)
-        row = ChangeRecord(**first._mapping)
         row.error, row.updated_at = f"{exc.code}: {message}"[:2000], tx.now
         _save(tx, row)
         tx.record("change.apply", "change", str(row.id), outcome=_failure(),
@@ -898,7 +901,7 @@ def cancel_change(
 ) -> dict[str, Any]:
     """The requester (or an admin) withdraws an open request."""
     with store.write(actor, now) as tx:
-        row = _load(tx, change_id)
+        row = _load(tx.session, change_id)
         if actor.name != row.requested_by and Role.ADMIN not in actor.roles:
             raise Forbidden("only the requester or an admin cancels a change", code="forbidden")
         if _expire(tx, row) or row.state not in rules.OPEN:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import bindparam, insert, inspect, select, update
 from sqlalchemy.orm import Session
 
 from proofplane.access import Actor, Permission, authorize
@@ -261,10 +261,13 @@ _TOUCH_NODE = update(_NODES).where(_NODES.c.id == bindparam("node"))
 
 
 def issue_certification(tx: Tx, row: NodeRow, key: str, value: str) -> None:
-    """``grant`` for a node the transaction holds as an ORM row (the row's certifications are
-    read again on their next use)."""
+    """``grant`` for a node the transaction holds as an ORM row: the row's certifications, and
+    any certification object already loaded (a replaced value), are read again on next use."""
     tx.session.flush()
+    loaded = inspect(row).attrs.certifications.loaded_value
     grant(tx, row.id, row.name, row.state, key, value)
+    for cert in loaded if isinstance(loaded, list) else ():
+        tx.session.expire(cert)
     tx.session.expire(row, ["certifications", "updated_at"])
 
 
