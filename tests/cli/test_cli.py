@@ -895,6 +895,46 @@ def test_serve_starts_worker_processes(
     assert os.environ.pop("PROOFPLANE_SERVE_URL") == url
 
 
+@pytest.mark.parametrize(
+    ("args", "env", "want"),
+    [
+        ([], {}, False),
+        (["--access-log"], {}, True),
+        (["--no-access-log"], {"PROOFPLANE_ACCESS_LOG": "1"}, False),
+        ([], {"PROOFPLANE_ACCESS_LOG": "true"}, True),
+        (["--workers", "2"], {}, False),
+        (["--workers", "2", "--access-log"], {}, True),
+    ],
+)
+def test_serve_access_log_is_off_unless_asked(
+    tmp_path: Path,
+    no_serving: list[dict[str, Any]],
+    args: list[str],
+    env: dict[str, str],
+    want: bool,
+) -> None:
+    """uvicorn's line per request costs every request CPU (issue 12's profile: 7 % of a
+    worker) and repeats what the audit log records: off unless ``--access-log`` (or
+    ``PROOFPLANE_ACCESS_LOG``) asks for it, in one process and in worker processes alike."""
+    url = f"sqlite:///{tmp_path / 'serve.db'}"
+    ok(runner.invoke(app, ["serve", "--db", url, "--port", str(free_port()), *args], env=env))
+    (call,) = no_serving
+    assert call["access_log"] is want
+    if "--workers" in args:
+        assert call["workers"] == 2
+        os.environ.pop("PROOFPLANE_SERVE_URL")
+
+
+def test_serve_refuses_a_bad_access_log_setting(
+    tmp_path: Path, no_serving: list[dict[str, Any]]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'serve.db'}"
+    result = runner.invoke(app, ["serve", "--db", url], env={"PROOFPLANE_ACCESS_LOG": "maybe"})
+    assert result.exit_code == 2 and no_serving == []
+    assert "PROOFPLANE_ACCESS_LOG" in result.output or "access-log" in result.output
+    no_traceback(result)
+
+
 @pytest.mark.parametrize("bad", ["0", "65", "two"])
 def test_serve_refuses_a_bad_worker_count(
     tmp_path: Path, no_serving: list[dict[str, Any]], bad: str

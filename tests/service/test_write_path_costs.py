@@ -29,13 +29,15 @@ TENANT = "research-lab"  # a demo tenant without compliance tags, on nodes with 
 #           the tenant's segment, the addresses in use, INSERT), the nodes' desired rows,
 #           UPDATE them, the network events
 #   cancel: the workload (its tenant, placement, node joined), UPDATE it, DELETE the placement
-#           (its node links by ON DELETE CASCADE), its event; the pending work (their empty
-#           placements joined) and tenants, readiness, the scheduler's catch-up (its own
+#           (its node links by ON DELETE CASCADE), its event; whether any work is pending
+#           (LIMIT 1: the demo has some), the pending work (their empty placements joined) and
+#           tenants, readiness, the scheduler's catch-up (its own
 #           events, the workload); the endpoint (workload row, endpoints, own segment, DELETE),
 #           the nodes' desired rows, UPDATE them, the network events
 # SQLite's count also has BEGIN IMMEDIATE and COMMIT (and no advisory lock).
-# (before this budget, issue 20: 60 on PostgreSQL, 65 on SQLite)
-BUDGET = {"postgresql": 41, "sqlite": 50}
+# (before this budget, issue 20: 60 on PostgreSQL, 65 on SQLite; the "any pending?" read, one
+# more here, spares a write that frees capacity with nothing pending the eager query: issue 12)
+BUDGET = {"postgresql": 42, "sqlite": 51}
 
 
 def _counter(store: Store) -> tuple[list[str], Callable[[], int]]:

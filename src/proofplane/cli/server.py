@@ -131,6 +131,13 @@ WorkersOpt = typer.Option(
     "them (a leader lease on the database); the others serve requests.",
     show_default=False,
 )
+AccessLogOpt = typer.Option(
+    False,
+    "--access-log/--no-access-log",
+    envvar="PROOFPLANE_ACCESS_LOG",
+    help="Print one line per HTTP request (uvicorn's access log). Off by default: every "
+    "decision is already in the audit log, and the line costs each request CPU.",
+)
 InsecureHttpOpt = typer.Option(
     False,
     "--insecure-http",
@@ -580,11 +587,13 @@ def _serve(
     tls: pki_tls.ServerTls | None = None,
     workers: int = 1,
     telemetry: DemoTelemetry | None = None,
+    access_log: bool = False,
 ) -> None:
     """Serve until stopped; ``stop_jobs`` (``up``): then cancel the engine jobs still live;
     ``attester`` (``up``): the demo's simulated agents keep attesting while it serves;
     ``tls``: serve HTTPS on these files; ``workers`` > 1: that many worker processes, each
-    building its application from the environment (``cli/worker_app.py``)."""
+    building its application from the environment (``cli/worker_app.py``); ``access_log``:
+    uvicorn prints a line per request."""
     previous = _exit_on_sigterm()
     try:
         if attester is not None:
@@ -613,6 +622,7 @@ def _serve(
                     timeout_worker_healthcheck=60,
                     host=host,
                     port=port,
+                    access_log=access_log,
                     **uvicorn_tls(tls),
                     **protocol,  # type: ignore[arg-type]
                 )
@@ -625,6 +635,7 @@ def _serve(
             application,
             host=host,
             port=port,
+            access_log=access_log,
             **uvicorn_tls(tls),
             **protocol,  # type: ignore[arg-type]
         )
@@ -710,6 +721,7 @@ def serve(
     tls_client_optional: bool = TlsClientOptionalOpt,
     insecure_http: bool = InsecureHttpOpt,
     workers: int | None = WorkersOpt,
+    access_log: bool = AccessLogOpt,
 ) -> None:
     """Run the control plane API on an existing database (migrated on start).
 
@@ -747,7 +759,9 @@ def serve(
         render.print_line(
             f"{processes} worker processes; background work runs in the one holding the lease"
         )
-    _serve(store, host, port, settings, execution, tls=tls, workers=processes)
+    _serve(
+        store, host, port, settings, execution, tls=tls, workers=processes, access_log=access_log
+    )
 
 
 def _swtpm_nodes(spec: ClusterSpec) -> tuple[demo_swtpm.SwtpmFleet | None, str]:
@@ -798,6 +812,7 @@ def up(
         "directory (the CA's path is printed: pass it as --ca-file / curl --cacert).",
     ),
     insecure_http: bool = InsecureHttpOpt,
+    access_log: bool = AccessLogOpt,
 ) -> None:
     """Start the control plane with a demo cluster, on a fresh database, with a demo admin
     token (PROOFPLANE_ADMIN_TOKEN, or a fresh random one) stored for the CLI.
@@ -901,6 +916,7 @@ def up(
         attester=attester,
         tls=server_files,
         telemetry=telemetry,
+        access_log=access_log,
     )
 
 

@@ -825,8 +825,22 @@ _PENDING = (
 )
 
 
+# Whether any work is pending at all: one indexed Core read. Most writes that free or add
+# capacity (a cancel, a certification grant) find nothing pending, and the eager-loading ORM
+# query above costs far more to run empty than this, under the one write slot (issue 12).
+_ANY_PENDING = (
+    select(WorkloadRow.__table__.c.id)
+    .where(WorkloadRow.__table__.c.status == WorkloadStatus.PENDING.value)
+    .limit(1)
+)
+
+
 def reschedule_pending(tx: Tx, view: ClusterView | None = None) -> None:
     """Offer capacity to every pending workload, highest priority first, oldest first."""
+    session = tx.session
+    session.flush()  # work added in this transaction and not yet flushed counts too
+    if session.connection().execute(_ANY_PENDING).first() is None:
+        return
     view = view or ClusterView(tx.session)
     pending = tx.session.scalars(_PENDING)
     for row in list(pending):
