@@ -14,13 +14,14 @@ Timed:
    ``/api/v1/nodes?limit=100``, ``/api/v1/workloads``, ``/api/v1/events?limit=50``, with the
    bearer token. p50/p99 per endpoint per run; the figures are medians over ``--runs`` runs.
 2. **mixed** — open loop: request i is due at ``t0 + i/rate`` whatever the answers before it
-   (asyncio + httpx.AsyncClient with a connection pool, in ``--clients`` processes each taking
-   every K-th request). 70 % reads (node, node list, workloads, events), 30 % writes (workload
-   submits, and cancels of workloads this client submitted). Latency from the moment a
-   request is sent; ``late`` is how far behind its due time the generator sent it (a saturated
-   client, or requests queued behind ``--pool`` busy connections, show there, not as server
-   latency; one more than 10 s late is not sent: ``not_sent_late``). Per class p50/p95/p99,
-   status counts (429/503 included), timeouts, achieved rate.
+   (asyncio keep-alive connections sending prebuilt requests, at most ``--pool`` at once, in
+   ``--clients`` processes each taking every K-th request). 70 % reads (node, node list,
+   workloads, events), 30 % writes (workload submits, and cancels of workloads this client
+   submitted). Latency from the moment a request is sent; ``late`` is how far behind its due
+   time the generator sent it (a saturated client, or requests queued behind ``--pool`` busy
+   connections, show there, not as server latency; one more than 10 s late is not sent:
+   ``not_sent_late``). Per class p50/p95/p99, status counts (429/503 included), timeouts,
+   achieved rate.
 3. **overload** — the same mix at 5× the rate for ``--overload-seconds``: how many 429s and how
    fast they come back (p50/p99 of a 429's latency; none: the server queues instead of shedding).
 
@@ -42,6 +43,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -116,6 +118,53 @@ def _plan(n: int, seed: int) -> list[str]:
     ]
 
 
+class _Conn:
+    """One keep-alive HTTP/1.1 connection that sends prebuilt request bytes and reads the
+    answer by its ``Content-Length``: a few microseconds of the generator's CPU a request, where
+    httpx's asyncio client took about as much CPU as the server spent answering (issue 20: the
+    generator shares the two cores with the server, so what it saves the server gets)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, host: str, port: int) -> _Conn:
+        reader, writer = await asyncio.open_connection(host, port)
+        return cls(reader, writer)
+
+    async def request(self, head: bytes, body: bytes = b"") -> tuple[int, bytes, bool]:
+        """The status, the body and whether the server closes the connection after it."""
+        self.writer.write(head + body)
+        status_line = await self.reader.readline()
+        if not status_line:
+            raise ConnectionResetError("the server closed the connection")
+        status = int(status_line.split(b" ", 2)[1])
+        length, close = 0, False
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"connection":
+                close = value.strip().lower() == b"close"
+            elif name == b"transfer-encoding":
+                raise ValueError("a chunked answer: not what these endpoints send")
+        return status, await self.reader.readexactly(length), close
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _head(method: str, path: str, host: str, body: bytes | None = None) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", f"Authorization: Bearer {TOKEN}"]
+    if body is not None:
+        lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
 async def _client(
     base: str, rate: float, seconds: float, k: int, clients: int, tag: str, pool: int
 ) -> list[tuple[str, int, float, float]]:
@@ -123,60 +172,84 @@ async def _client(
     latency ms, late ms)."""
     n = int(rate * seconds)
     plan = _plan(n, seed=hash(tag) & 0xFFFF)
-    paths = {r[0]: r[1] for r in READS}
+    url = urlsplit(base)
+    host, port = url.hostname or "127.0.0.1", url.port or 80
+    netloc = url.netloc
+    heads = {r[0]: _head("GET", r[1], netloc) for r in READS}
     rnd = random.Random(k)
     mine: list[str] = []  # workloads this client submitted and may cancel
     out: list[tuple[str, int, float, float]] = []
-    limits = httpx.Limits(max_connections=pool, max_keepalive_connections=pool)
-    headers = {"Authorization": f"Bearer {TOKEN}"}
-    async with httpx.AsyncClient(base_url=base, timeout=10, limits=limits, headers=headers) as c:
-        for _ in range(min(pool, 8)):
-            await c.get("/healthz")
-        loop = asyncio.get_running_loop()
-        t0 = loop.time() + 0.2
-        tasks = []
-        sem = asyncio.Semaphore(pool)  # waiting here (FIFO) is cheap; in httpx's pool it is not
+    idle: asyncio.Queue[_Conn] = asyncio.Queue()
+    for _ in range(min(pool, 8)):
+        conn = await _Conn.open(host, port)
+        await conn.request(_head("GET", "/healthz", netloc))
+        idle.put_nowait(conn)
+    opened = idle.qsize()
+    loop = asyncio.get_running_loop()
+    t0 = loop.time() + 0.2
+    tasks = []
+    sem = asyncio.Semaphore(pool)  # at most ``pool`` requests (and connections) at once
 
-        async def one(i: int, cls: str, due: float) -> None:
-            async with sem:
-                await send(i, cls, due)
+    async def one(i: int, cls: str, due: float) -> None:
+        async with sem:
+            await send(i, cls, due)
 
-        async def send(i: int, cls: str, due: float) -> None:
-            sent = loop.time()
-            if sent - due > DROP_LATE_S:  # a backlog a saturated server cannot drain in time
-                out.append((cls if cls != "write" else "submit", -3, 0.0, (sent - due) * 1000))
-                return
-            if cls == "write":
-                if mine and rnd.random() < CANCEL_SHARE:
-                    cls = "cancel"
-                    req = c.post(f"/api/v1/workloads/{mine.pop(0)}/cancel", json={})
-                else:
-                    cls = "submit"
-                    name = f"b{tag}-{k}-{i}"
-                    body = {"name": name, "tenant": "research-lab", "gpus": {"count": 1},
-                            "priority": -10}  # fmt: skip
-                    req = c.post("/api/v1/workloads", json=body)
+    async def send(i: int, cls: str, due: float) -> None:
+        nonlocal opened
+        sent = loop.time()
+        if sent - due > DROP_LATE_S:  # a backlog a saturated server cannot drain in time
+            out.append((cls if cls != "write" else "submit", -3, 0.0, (sent - due) * 1000))
+            return
+        body = b""
+        if cls == "write":
+            if mine and rnd.random() < CANCEL_SHARE:
+                cls, body = "cancel", b"{}"
+                head = _head("POST", f"/api/v1/workloads/{mine.pop(0)}/cancel", netloc, body)
             else:
-                req = c.get(paths[cls])
-            try:
-                r = await req
-                code = r.status_code
-                if cls == "submit" and code == 201:
-                    mine.append(name)
-            except httpx.TimeoutException:
-                code = -1
-            except httpx.HTTPError:
-                code = -2
-            done = loop.time()
-            out.append((cls, code, (done - sent) * 1000, max(0.0, sent - due) * 1000))
+                cls = "submit"
+                name = f"b{tag}-{k}-{i}"
+                body = json.dumps({"name": name, "tenant": "research-lab", "gpus": {"count": 1},
+                                   "priority": -10}).encode()  # fmt: skip
+                head = _head("POST", "/api/v1/workloads", netloc, body)
+        else:
+            head = heads[cls]
+        conn: _Conn | None = None
+        counted = False  # this sender counted a connection in ``opened``
+        try:
+            if idle.empty() and opened < pool:
+                opened += 1
+                counted = True
+                conn = await asyncio.wait_for(_Conn.open(host, port), 10)
+            else:
+                conn = idle.get_nowait()  # the semaphore leaves one for every sender
+            code, _, close = await asyncio.wait_for(conn.request(head, body), 10)
+            if close:
+                conn.close()
+                opened -= 1
+            else:
+                idle.put_nowait(conn)
+            if cls == "submit" and code == 201:
+                mine.append(name)
+        except TimeoutError:
+            code = -1
+        except (OSError, ValueError, IndexError, asyncio.IncompleteReadError, asyncio.QueueEmpty):
+            code = -2
+        if code < 0 and (conn is not None or counted):  # one in an unknown state: not reused
+            if conn is not None:
+                conn.close()
+            opened -= 1
+        done = loop.time()
+        out.append((cls, code, (done - sent) * 1000, max(0.0, sent - due) * 1000))
 
-        for i in range(k, n, clients):
-            due = t0 + i / rate
-            wait = due - loop.time()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            tasks.append(asyncio.create_task(one(i, plan[i], due)))
-        await asyncio.gather(*tasks)
+    for i in range(k, n, clients):
+        due = t0 + i / rate
+        wait = due - loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        tasks.append(asyncio.create_task(one(i, plan[i], due)))
+    await asyncio.gather(*tasks)
+    while not idle.empty():
+        idle.get_nowait().close()
     return out
 
 
