@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any, NoReturn
 
 import pytest
@@ -38,3 +39,15 @@ def bench_json(script: str, *args: str, timeout: float = 120) -> dict[str, Any]:
     )
     doc: dict[str, Any] = json.loads(out.stdout)
     return doc
+
+
+def load_script(relative: str, name: str) -> ModuleType:
+    """A repository script that is not a package module (``bench/api.py``,
+    ``scripts/nvml_check.py``), imported from its file as module ``name``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / relative)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

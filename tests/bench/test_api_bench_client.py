@@ -6,20 +6,15 @@ counting it as answered."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from types import ModuleType
 
 import pytest
 
-from ci import REPO
+from ci import load_script
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_api", REPO / "bench" / "api.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/api.py", "bench_api")
 
 
 ANSWERS = [

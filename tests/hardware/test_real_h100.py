@@ -4,13 +4,12 @@ rule 6, hardware facts come from hardware."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ci import REPO
+from ci import load_script
 from proofplane.hardware import nvml
 from proofplane.hardware.skus import SKUS
 
@@ -18,11 +17,7 @@ READOUT = json.loads((Path(__file__).parent / "data" / "h100_80gb_hbm3_nvml.json
 
 
 def _check_module() -> Any:
-    spec = importlib.util.spec_from_file_location("nvml_check", REPO / "scripts" / "nvml_check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/nvml_check.py", "nvml_check")
 
 
 def test_the_h100_table_is_what_a_real_h100_reports() -> None:
