@@ -841,8 +841,8 @@ def reschedule_pending(tx: Tx, view: ClusterView | None = None) -> None:
     session.flush()  # work added in this transaction and not yet flushed counts too
     if session.connection().execute(_ANY_PENDING).first() is None:
         return
-    view = view or ClusterView(tx.session)
-    pending = tx.session.scalars(_PENDING)
+    view = view or ClusterView(session)
+    pending = session.scalars(_PENDING)
     for row in list(pending):
         if row.status == WorkloadStatus.PENDING.value:  # a preemption chain may have placed it
             schedule(tx, row, view)
