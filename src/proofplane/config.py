@@ -33,10 +33,15 @@ class OidcSettings:
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: PROOFPLANE_MAX_BODY_BYTES
 MAX_EVIDENCE_BYTES = 16 << 20  # 16 MiB: PROOFPLANE_MAX_EVIDENCE_BYTES
-# Requests in flight per worker process (issue 20, §4): PROOFPLANE_MAX_INFLIGHT_<LEVEL>.
-MAX_INFLIGHT = {"attestation": 32, "read": 32, "write": 16}
+# Requests in flight per worker process (issue 20, §4): PROOFPLANE_MAX_INFLIGHT_<LEVEL>. A
+# worker runs Python under one interpreter lock, so a request in flight beyond a few per core
+# only waits for the CPU, and makes every other one wait longer: a handful per level. Writes
+# also queue for the database's one write slot, so theirs is small, with a longer queue and
+# wait (PROOFPLANE_MAX_QUEUE_<LEVEL>, PROOFPLANE_MAX_QUEUE_WAIT_MS[_<LEVEL>]).
+MAX_INFLIGHT = {"attestation": 16, "read": 6, "write": 16}
 MAX_INFLIGHT_CLIENT_SHARE = 0.5  # PROOFPLANE_MAX_INFLIGHT_CLIENT_SHARE
-MAX_QUEUE_WAIT_MS = 50  # PROOFPLANE_MAX_QUEUE_WAIT_MS
+MAX_QUEUE = {"attestation": 8, "read": 3, "write": 8}
+MAX_QUEUE_WAIT_MS = {"attestation": 50.0, "read": 50.0, "write": 500.0}
 
 
 DEFRAG_MAX_MOVES_ENV = "PROOFPLANE_DEFRAG_MAX_MOVES_PER_HOUR"
@@ -92,10 +97,12 @@ class Settings:
     # Overload (issue 20, §4): per worker process, at most ``max_inflight[level]`` requests in
     # flight per priority level ("attestation": the agents' routes, "read", "write"), at most
     # ``max_inflight_client_share`` of a level's slots to one client; a request that finds none
-    # waits at most ``max_queue_wait_ms`` in a small queue, then is refused: 429 + Retry-After.
+    # waits in a queue of ``max_queue[level]`` at most ``max_queue_wait_ms[level]`` (refused at
+    # once when its expected wait is longer), then is refused: 429 + Retry-After.
     max_inflight: dict[str, int] = field(default_factory=lambda: dict(MAX_INFLIGHT))
     max_inflight_client_share: float = MAX_INFLIGHT_CLIENT_SHARE
-    max_queue_wait_ms: float = MAX_QUEUE_WAIT_MS
+    max_queue: dict[str, int] = field(default_factory=lambda: dict(MAX_QUEUE))
+    max_queue_wait_ms: dict[str, float] = field(default_factory=lambda: dict(MAX_QUEUE_WAIT_MS))
     # Telemetry (issue 15): raw readings are kept ``telemetry_raw_hours``
     # (PROOFPLANE_TELEMETRY_RAW_HOURS, 1..8760, default 48; hourly rollups 400 days); the
     # server rolls up, applies retention and judges idle workloads every
@@ -155,6 +162,26 @@ def _max_inflight(env: dict[str, str]) -> dict[str, int]:
         level: _count(env, f"PROOFPLANE_MAX_INFLIGHT_{level.upper()}", default, 1, 1024)
         for level, default in MAX_INFLIGHT.items()
     }
+
+
+def _max_queue(env: dict[str, str]) -> dict[str, int]:
+    """PROOFPLANE_MAX_QUEUE_ATTESTATION, _READ, _WRITE: 1..1024 each."""
+    return {
+        level: _count(env, f"PROOFPLANE_MAX_QUEUE_{level.upper()}", default, 1, 1024)
+        for level, default in MAX_QUEUE.items()
+    }
+
+
+def _max_queue_wait_ms(env: dict[str, str]) -> dict[str, float]:
+    """PROOFPLANE_MAX_QUEUE_WAIT_MS (every level), then PROOFPLANE_MAX_QUEUE_WAIT_MS_<LEVEL>
+    (that one): 0..1000 each."""
+    name = "PROOFPLANE_MAX_QUEUE_WAIT_MS"
+    every = env.get(name)
+    out = {}
+    for level, default in MAX_QUEUE_WAIT_MS.items():
+        out[level] = _seconds(env, name, str(default), 0, 1000) if every is not None else default
+        out[level] = _seconds(env, f"{name}_{level.upper()}", str(out[level]), 0, 1000)
+    return out
 
 
 def _flag(env: dict[str, str], name: str) -> bool:
@@ -255,9 +282,8 @@ def from_env(env: dict[str, str] | None = None) -> Settings:
         max_inflight_client_share=_seconds(
             env, "PROOFPLANE_MAX_INFLIGHT_CLIENT_SHARE", str(MAX_INFLIGHT_CLIENT_SHARE), 0.01, 1
         ),
-        max_queue_wait_ms=_seconds(
-            env, "PROOFPLANE_MAX_QUEUE_WAIT_MS", str(MAX_QUEUE_WAIT_MS), 0, 1000
-        ),
+        max_queue=_max_queue(env),
+        max_queue_wait_ms=_max_queue_wait_ms(env),
         telemetry_raw_hours=_seconds(env, "PROOFPLANE_TELEMETRY_RAW_HOURS", "48", 1, 8760),
         telemetry_interval_s=_seconds(env, "PROOFPLANE_TELEMETRY_INTERVAL_SECONDS", "60", 0, 3600)
         or None,

@@ -27,6 +27,7 @@ from proofplane.api.overload import (
     ATTESTATION,
     CLIENT_SHARE,
     LEVEL_FULL,
+    QUEUE_WAIT,
     READ,
     WRITE,
     Budget,
@@ -35,7 +36,7 @@ from proofplane.api.overload import (
     Ticket,
     classify,
 )
-from proofplane.config import MAX_INFLIGHT, Settings, from_env
+from proofplane.config import MAX_INFLIGHT, MAX_QUEUE, MAX_QUEUE_WAIT_MS, Settings, from_env
 from proofplane.errors import ValidationFailed
 from proofplane.service.access import bootstrap_admin
 from proofplane.service.context import Store
@@ -115,6 +116,58 @@ def test_budget_shares() -> None:
         Budget.of(4, 0)
     with pytest.raises(ValueError):
         Limiter({READ: Budget.of(1, 1)})
+    # a queue and a wait of its own: the write level's (few slots, a longer queue and wait)
+    assert Budget.of(4, 0.5, 16, 0.25) == Budget(4, 2, 16, 8, 0.25)
+    assert Budget.of(4, 0.5).max_wait_s == 0.05
+    for queue, wait in ((0, 0.05), (4, -0.001), (4, 61.0)):
+        with pytest.raises(ValueError):
+            Budget.of(4, 0.5, queue, wait)
+
+
+def test_a_request_whose_wait_would_run_out_is_refused_at_once() -> None:
+    """The expected wait is the place in the queue times a request's hold time (a moving
+    average of what the requests measured) over the level's slots."""
+    lim = limiter_for({ATTESTATION: 4, READ: 2, WRITE: 2}, 1.0, {ATTESTATION: 2, READ: 8,
+                      WRITE: 2}, {ATTESTATION: 0.05, READ: 0.05, WRITE: 0.05})  # fmt: skip
+    assert lim.snapshot()[READ]["hold_ms"] is None
+    assert lim.acquire(READ, "a", nothing) is True
+    lim.release(READ, "a", 0.04)  # 40 ms a request: two slots free up every 40 ms
+    assert lim.snapshot()[READ]["hold_ms"] == 40.0
+    assert lim.acquire(READ, "a", nothing) is True and lim.acquire(READ, "b", nothing) is True
+    first = lim.acquire(READ, "c", nothing)  # 1 x 40 / 2 = 20 ms: it waits
+    second = lim.acquire(READ, "d", nothing)  # 2 x 40 / 2 = 40 ms: it waits
+    assert isinstance(first, Ticket) and isinstance(second, Ticket)
+    assert lim.acquire(READ, "e", nothing) == Refused(READ, QUEUE_WAIT, 2)  # 60 ms: no
+    snap = lim.snapshot()[READ]
+    assert snap["queued"] == 2 and snap["refused"][QUEUE_WAIT] == 1
+    # the average follows what requests take now (weight 0.2 for the newest)
+    lim.release(READ, "a", 0.0)
+    assert lim.snapshot()[READ]["hold_ms"] == 32.0
+    assert first.granted
+    lim.release(READ, "b", 0.0)
+    lim.release(READ, "c", 0.0)
+    assert lim.snapshot()[READ]["hold_ms"] == 20.48 and second.granted
+    assert lim.acquire(READ, "a", nothing) is True  # d holds the other slot
+    assert isinstance(lim.acquire(READ, "e", nothing), Ticket)  # 1 x 20.48 / 2 ms
+    # a release without a measured time (a request given up) leaves the average alone
+    lim.release(READ, "d")
+    assert lim.snapshot()[READ]["hold_ms"] == 20.48
+    # the other levels know nothing of it
+    assert lim.snapshot()[WRITE]["hold_ms"] is None
+
+
+def test_a_client_at_its_share_queues_behind_itself_whatever_the_hold_time() -> None:
+    """The expected wait refuses only when every slot of the level is taken: a client that
+    holds its share of a level with free slots waits for its own requests (as a burst from
+    one client into an idle server does), and one very slow request counts at most as the
+    level's slots times its wait (here 4 x 50 ms)."""
+    lim = limiter(read=4, share=0.5)
+    assert lim.acquire(READ, "a", nothing) is True
+    lim.release(READ, "a", 30.0)  # a worker's first request, say
+    assert lim.snapshot()[READ]["hold_ms"] == 200.0
+    assert lim.acquire(READ, "a", nothing) is True and lim.acquire(READ, "a", nothing) is True
+    assert isinstance(lim.acquire(READ, "a", nothing), Ticket)
+    assert lim.snapshot()[READ]["refused"][QUEUE_WAIT] == 0
 
 
 def test_levels_are_separate_budgets() -> None:
@@ -142,7 +195,7 @@ def test_a_client_gets_its_share_and_no_more() -> None:
     assert lim.give_up(waiting) == Refused(READ, CLIENT_SHARE, 2)
     snap = lim.snapshot()[READ]
     assert snap["in_flight"] == 3 and snap["clients"] == 2 and snap["queued"] == 0
-    assert snap["refused"] == {CLIENT_SHARE: 2, LEVEL_FULL: 0}
+    assert snap["refused"] == {CLIENT_SHARE: 2, LEVEL_FULL: 0, QUEUE_WAIT: 0}
 
 
 def test_a_freed_slot_goes_to_the_first_waiter_under_its_share() -> None:
@@ -204,7 +257,7 @@ def run(
 ) -> None:
     lim = lim or limiter()
     app = SlowApp()
-    transport = httpx.ASGITransport(app=Overload(app, lim, MAX_WAIT_S))
+    transport = httpx.ASGITransport(app=Overload(app, lim))
 
     async def main() -> None:
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
@@ -304,9 +357,41 @@ def test_a_waiter_gets_a_slot_freed_within_the_wait() -> None:
         await asyncio.gather(*hung)
         snap = lim.snapshot()[WRITE]
         assert snap["admitted_after_wait"] == 1 and snap["in_flight"] == 0
-        assert snap["refused"] == {CLIENT_SHARE: 0, LEVEL_FULL: 0}
+        assert snap["refused"] == {CLIENT_SHARE: 0, LEVEL_FULL: 0, QUEUE_WAIT: 0}
 
     run(body, limiter(write=2, share=1.0))
+
+
+def test_the_middleware_times_each_request_and_refuses_a_wait_that_would_run_out() -> None:
+    """Requests that held their slots 300 ms each (counted as 200 ms: a slow request counts at
+    most as four slots times the 50 ms wait): with every slot taken, the first in the queue
+    would wait 50 ms, which it may; the second 100 ms, longer than the level queues a request:
+    429 at once, with the reason, not after the wait."""
+
+    async def body(c: httpx.AsyncClient, app: SlowApp, lim: Limiter) -> None:
+        slow = await hang(c, app, 4, "GET", "/api/v1/nodes/slow", kw=lambda i: {
+            "headers": as_client(i)})  # fmt: skip
+        await asyncio.sleep(0.3)
+        app.finish()
+        await asyncio.gather(*slow)
+        assert lim.snapshot()[READ]["hold_ms"] == 200.0
+        app.gate = asyncio.Event()
+        hung = await hang(c, app, 4, "GET", "/api/v1/nodes/slow", kw=lambda i: {
+            "headers": as_client(i)})  # fmt: skip
+        first = asyncio.create_task(c.get("/api/v1/nodes", headers=as_client("first")))
+        while lim.snapshot()[READ]["queued"] == 0:
+            await asyncio.sleep(0.001)
+        t = time.perf_counter()
+        r = await c.get("/api/v1/nodes", headers=as_client("late"))
+        assert time.perf_counter() - t < REFUSAL_BOUND_S
+        refused(r, READ, QUEUE_WAIT)
+        assert "would be longer" in r.json()["error"]["message"]
+        assert lim.snapshot()[READ]["refused"][QUEUE_WAIT] == 1
+        app.finish()
+        await asyncio.gather(*hung)
+        assert (await first).status_code in (200, 429)  # served, or its 50 ms ran out first
+
+    run(body, limiter(read=4, share=1.0))
 
 
 def test_slots_are_freed_after_an_exception_and_a_client_going_away() -> None:
@@ -334,7 +419,7 @@ def test_the_thread_pool_is_larger_than_the_slots() -> None:
     lim = limiter_for(MAX_INFLIGHT, 0.5)
 
     async def main() -> float:
-        app = Overload(SlowApp(), lim, MAX_WAIT_S)
+        app = Overload(SlowApp(), lim)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
             assert (await c.get("/api/v1/nodes")).status_code == 200
@@ -347,7 +432,10 @@ def test_the_thread_pool_is_larger_than_the_slots() -> None:
 
 
 def test_the_api_refuses_in_its_error_shape_with_its_security_headers(store: Store) -> None:
-    settings = Settings(max_inflight={ATTESTATION: 2, READ: 2, WRITE: 1})
+    settings = Settings(
+        max_inflight={ATTESTATION: 2, READ: 2, WRITE: 1},
+        max_queue={ATTESTATION: 1, READ: 1, WRITE: 1},
+    )
     app = create_app(store, settings)
     lim: Limiter = app.state.overload
     assert lim.budget(READ) == Budget(2, 1, 1, 1)
@@ -375,19 +463,28 @@ def test_the_api_refuses_in_its_error_shape_with_its_security_headers(store: Sto
 
 def test_settings_from_the_environment() -> None:
     s = from_env({})
-    assert s.max_inflight == {ATTESTATION: 32, READ: 32, WRITE: 16}
-    assert s.max_inflight_client_share == 0.5 and s.max_queue_wait_ms == 50
+    assert s.max_inflight == MAX_INFLIGHT == {ATTESTATION: 16, READ: 6, WRITE: 16}
+    assert s.max_queue == MAX_QUEUE == {ATTESTATION: 8, READ: 3, WRITE: 8}
+    assert s.max_queue_wait_ms == MAX_QUEUE_WAIT_MS == {ATTESTATION: 50, READ: 50, WRITE: 500}
+    assert s.max_inflight_client_share == 0.5
     s = from_env(
         {
             "PROOFPLANE_MAX_INFLIGHT_ATTESTATION": "64",
             "PROOFPLANE_MAX_INFLIGHT_READ": "8",
             "PROOFPLANE_MAX_INFLIGHT_WRITE": "4",
             "PROOFPLANE_MAX_INFLIGHT_CLIENT_SHARE": "0.25",
-            "PROOFPLANE_MAX_QUEUE_WAIT_MS": "0",
+            "PROOFPLANE_MAX_QUEUE_READ": "1",
+            "PROOFPLANE_MAX_QUEUE_WRITE": "1024",
+            "PROOFPLANE_MAX_QUEUE_WAIT_MS": "0",  # every level...
+            "PROOFPLANE_MAX_QUEUE_WAIT_MS_WRITE": "1000",  # ...but this one
         }
     )
     assert s.max_inflight == {ATTESTATION: 64, READ: 8, WRITE: 4}
-    assert s.max_inflight_client_share == 0.25 and s.max_queue_wait_ms == 0
+    assert s.max_queue == {ATTESTATION: 8, READ: 1, WRITE: 1024}
+    assert s.max_queue_wait_ms == {ATTESTATION: 0, READ: 0, WRITE: 1000}
+    assert s.max_inflight_client_share == 0.25
+    s = from_env({"PROOFPLANE_MAX_QUEUE_WAIT_MS_READ": "10"})
+    assert s.max_queue_wait_ms == {ATTESTATION: 50, READ: 10, WRITE: 500}
 
 
 @pytest.mark.parametrize(
@@ -401,6 +498,10 @@ def test_settings_from_the_environment() -> None:
         ("PROOFPLANE_MAX_INFLIGHT_CLIENT_SHARE", "1.5"),
         ("PROOFPLANE_MAX_QUEUE_WAIT_MS", "5000"),
         ("PROOFPLANE_MAX_QUEUE_WAIT_MS", "nan"),
+        ("PROOFPLANE_MAX_QUEUE_WAIT_MS_WRITE", "-1"),
+        ("PROOFPLANE_MAX_QUEUE_WAIT_MS_ATTESTATION", "1001"),
+        ("PROOFPLANE_MAX_QUEUE_READ", "0"),
+        ("PROOFPLANE_MAX_QUEUE_WRITE", "2000"),
     ],
 )
 def test_bad_settings_are_refused_by_name(name: str, value: str) -> None:

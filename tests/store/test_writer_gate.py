@@ -163,3 +163,64 @@ def test_a_write_an_after_commit_hook_makes_in_the_same_thread_does_not_wait_for
             session.scalars(select(EventRow.target_id).where(EventRow.action == "test.gate"))
         )
     assert ids == ["outer", "after-commit"]
+
+
+def test_a_read_waits_while_another_thread_of_the_process_holds_the_write_slot(
+    tmp_path: Path,
+) -> None:
+    """Issue 20: the slot holder runs alone in its process. A read starting in another thread
+    waits until the holder commits (here well under ``READ_YIELD_S``), or at most that long;
+    the holder's own reads never wait; with no write in progress nothing waits."""
+    store = _store(tmp_path / "prio.db")
+    taken, release, read_done = threading.Event(), threading.Event(), threading.Event()
+    finished: dict[str, float] = {}
+
+    def writer() -> None:
+        with store.write(SYSTEM) as tx:
+            taken.set()
+            t = time.perf_counter()
+            with store.read() as session:  # its own read: no wait
+                session.scalar(select(func.count()).select_from(EventRow))
+            finished["own_read_s"] = time.perf_counter() - t
+            release.wait(5)
+            tx.record("test.prio", "writer", "w")
+            finished["committing"] = time.perf_counter()
+
+    def reader() -> None:
+        with store.read() as session:
+            session.scalar(select(func.count()).select_from(EventRow))
+        finished["read"] = time.perf_counter()
+        read_done.set()
+
+    try:
+        w = threading.Thread(target=writer)
+        w.start()
+        assert taken.wait(5)
+        r = threading.Thread(target=reader)
+        r.start()
+        assert not read_done.wait(0.02)  # held back while the slot is held
+        release.set()
+        w.join(5)
+        r.join(5)
+        assert finished["read"] >= finished["committing"]
+        assert finished["own_read_s"] < store_db.READ_YIELD_S
+        # no holder: a read goes at once
+        t = time.perf_counter()
+        store_db.yield_to_writer(5.0)
+        assert time.perf_counter() - t < 1.0
+        # a holder that keeps the slot longer holds a read back at most READ_YIELD_S
+        release.clear()
+        taken.clear()
+        read_done.clear()
+        w = threading.Thread(target=writer)
+        w.start()
+        assert taken.wait(5)
+        t = time.perf_counter()
+        store_db.yield_to_writer(0.1)
+        waited = time.perf_counter() - t
+        assert 0.09 <= waited < 2.0, waited
+        release.set()
+        w.join(5)
+    finally:
+        release.set()
+        store.dispose()

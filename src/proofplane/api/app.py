@@ -188,7 +188,10 @@ def create_app(
     # but the security headers, so a refusal costs nothing and still carries them; its counters
     # are app.state.overload.snapshot() (this worker process's), also on /readyz.
     overload = app.state.overload = limiter_for(
-        settings.max_inflight, settings.max_inflight_client_share
+        settings.max_inflight,
+        settings.max_inflight_client_share,
+        settings.max_queue,
+        {level: ms / 1000 for level, ms in settings.max_queue_wait_ms.items()},
     )
     known = (
         None
@@ -199,7 +202,7 @@ def create_app(
     # HTTP latency by route template (issue 15, §3), refusals included: inside the headers,
     # outside the limiter
     app.build_middleware_stack = lambda: SecurityHeaders(  # type: ignore[method-assign]
-        HttpMetrics(Overload(build_stack(), overload, settings.max_queue_wait_ms / 1000, known)),
+        HttpMetrics(Overload(build_stack(), overload, known)),
         docs_csp,
     )
 

@@ -5,8 +5,10 @@ Without it a flood of console reads, or ten thousand agents at once, queued in u
 pool and then in the database pool until every request, attestation included, took seconds and
 the agents' rounds timed out. Now each level (attestation, reads, writes: :mod:`.overload`) has
 its own slots, one client at most its share of them, and a request that finds none waits at
-most a few milliseconds before it is answered 429 ``too_many_requests`` with ``Retry-After``,
-in the API's error shape, at once. ``/healthz`` and ``/readyz`` are exempt.
+most its level's short wait (or not at all, when the wait it would have is longer) before it
+is answered 429 ``too_many_requests`` with ``Retry-After``, in the API's error shape.
+``/healthz`` and ``/readyz`` are exempt. The time each request held its slot is measured here
+and feeds the level's estimate of the wait.
 
 The thread pool that runs the synchronous endpoints (anyio's default limiter, 40 threads) is
 raised to the slots of all levels plus :data:`THREAD_HEADROOM`, so an admitted request never
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import time
 from collections.abc import Callable, Mapping
 
 import anyio.to_thread
@@ -31,6 +34,7 @@ from proofplane.api import deps
 from proofplane.api.overload import (
     CLIENT_SHARE,
     LEVELS,
+    QUEUE_WAIT,
     Budget,
     Limiter,
     Refused,
@@ -45,9 +49,26 @@ RETRY_AFTER_S = 1
 SESSION_COOKIE = deps.SESSION_COOKIE.encode()
 
 
-def limiter_for(limits: Mapping[str, int], client_share: float) -> Limiter:
-    """A limiter with ``limits[level]`` slots per level, ``client_share`` of each to a client."""
-    return Limiter({level: Budget.of(limits[level], client_share) for level in LEVELS})
+def limiter_for(
+    limits: Mapping[str, int],
+    client_share: float,
+    queues: Mapping[str, int] | None = None,
+    waits_s: Mapping[str, float] | None = None,
+) -> Limiter:
+    """A limiter with ``limits[level]`` slots per level, ``client_share`` of each to a client,
+    ``queues[level]`` places in its queue (default: half its slots) and ``waits_s[level]`` the
+    longest wait there (default 50 ms)."""
+    return Limiter(
+        {
+            level: Budget.of(
+                limits[level],
+                client_share,
+                None if queues is None else queues[level],
+                0.05 if waits_s is None else waits_s[level],
+            )
+            for level in LEVELS
+        }
+    )
 
 
 def client_key(scope: Scope, known: Callable[[str], bool] | None = None) -> str:
@@ -84,6 +105,11 @@ def refusal(refused: Refused) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
             f"too many {refused.level} requests in flight from this client (at most "
             f"{refused.limit} at once); retry after {RETRY_AFTER_S} s"
         )
+    elif refused.reason == QUEUE_WAIT:
+        message = (
+            f"the server's {refused.limit} {refused.level} slots are taken and the wait for "
+            f"one would be longer than it queues requests; retry after {RETRY_AFTER_S} s"
+        )
     else:
         message = (
             f"the server is at its limit of {refused.limit} {refused.level} requests in "
@@ -113,12 +139,10 @@ class Overload:
         self,
         app: ASGIApp,
         limiter: Limiter,
-        max_wait_s: float,
         known: Callable[[str], bool] | None = None,
     ) -> None:
         self.app = app
         self.limiter = limiter
-        self.max_wait_s = max_wait_s
         self.known = known
         self.threads = limiter.total + THREAD_HEADROOM
 
@@ -144,14 +168,15 @@ class Overload:
         if isinstance(got, Refused):
             await _answer(send, got)
             return
+        admitted = time.perf_counter()
         try:
             await self.app(scope, receive, send)
         finally:  # the answer is complete, failed or abandoned: the slot is free
-            self.limiter.release(level, client)
+            self.limiter.release(level, client, time.perf_counter() - admitted)
 
     async def _wait(self, ticket: Ticket, woken: asyncio.Event) -> bool | Refused:
         try:
-            await asyncio.wait_for(woken.wait(), self.max_wait_s)
+            await asyncio.wait_for(woken.wait(), self.limiter.budget(ticket.level).max_wait_s)
         except TimeoutError:
             pass
         except BaseException:  # cancelled (the client went away): give the slot back

@@ -6,11 +6,18 @@ traffic, the reads (the console, ``GET``), and the writes. A flood of one level 
 slots of another. Inside a level no single client (a bearer token, else an address) holds more
 than its *share* of the slots, so one client flooding cannot take the whole level either.
 
-A request that finds no slot may wait a short while (``max_wait_s``, milliseconds, never
-seconds) in a small per-level queue; a slot freed while it waits is handed to the first waiter
-whose client is under its share. Past that, or with the queue full, the request is refused at
-once: the middleware (:mod:`proofplane.api.middleware_overload`) answers 429 with
-``Retry-After``. The request is counted in flight until its response is complete.
+A request that finds no slot may wait a short while (its level's ``max_wait_s``, a fraction
+of a second, never seconds) in a small per-level queue; a slot freed while it waits is handed
+to the first waiter whose client is under its share. Past that, with the queue full, or when
+every slot is taken and the wait it would have is already longer than the level allows, the
+request is refused at once: the middleware (:mod:`proofplane.api.middleware_overload`)
+answers 429 with ``Retry-After``. The request is counted in flight until its response is
+complete.
+
+The expected wait is the place the request would take in the queue times the time a request
+of its level holds a slot (a moving average of what the middleware measured, one slow request
+counted at most as ``limit * max_wait_s``), over the level's slots: a request that could not
+be served within its level's wait is told so at once, instead of after waiting it out.
 
 :class:`Limiter` is plain data under a lock: no event loop, no clock. The middleware may call
 it from several event loops in several threads (``up``'s in-process agents run one loop per
@@ -46,6 +53,9 @@ _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 #: Why a request was refused (the reply's ``details.reason``).
 CLIENT_SHARE = "client_share"  # this client holds its share of the level already
 LEVEL_FULL = "level_full"  # every slot taken and the wait queue full, or the wait ran out
+QUEUE_WAIT = "queue_wait"  # the wait for a slot would be longer than the level allows
+#: Weight of the newest hold time in a level's moving average.
+HOLD_WEIGHT = 0.2
 
 
 def classify(method: str, path: str) -> str | None:
@@ -63,24 +73,34 @@ def classify(method: str, path: str) -> str | None:
 @dataclass(frozen=True, slots=True)
 class Budget:
     """One level's budget: ``limit`` requests in flight, at most ``client_limit`` of them from
-    one client; at most ``queue`` waiting, ``client_queue`` of them from one client."""
+    one client; at most ``queue`` waiting, ``client_queue`` of them from one client, each for
+    at most ``max_wait_s``."""
 
     limit: int
     client_limit: int
     queue: int
     client_queue: int
+    max_wait_s: float = 0.05
 
     @classmethod
-    def of(cls, limit: int, client_share: float) -> Budget:
-        """A level of ``limit`` slots: one client gets ``client_share`` of them (at least one),
-        the queue holds half as many as the level (at least one), a client half of that."""
+    def of(
+        cls, limit: int, client_share: float, queue: int | None = None, max_wait_s: float = 0.05
+    ) -> Budget:
+        """A level of ``limit`` slots: one client gets ``client_share`` of them (at least one);
+        the queue holds ``queue`` (default: half as many as the level, at least one), a client
+        ``client_share`` of that (at least one)."""
         if limit < 1:
             raise ValueError("a level needs at least one slot")
         if not 0 < client_share <= 1:
             raise ValueError("a client's share is more than 0 and at most 1")
+        if queue is not None and queue < 1:
+            raise ValueError("a level's queue holds at least one request")
+        if not 0 <= max_wait_s <= 60:
+            raise ValueError("a wait in the queue is 0 to 60 seconds")
         client_limit = max(1, min(limit, math.floor(limit * client_share)))
-        queue = max(1, limit // 2)
-        return cls(limit, client_limit, queue, max(1, math.floor(queue * client_share)))
+        queue = max(1, limit // 2) if queue is None else queue
+        client_queue = max(1, math.floor(queue * client_share))
+        return cls(limit, client_limit, queue, client_queue, max_wait_s)
 
 
 @dataclass(eq=False, slots=True)
@@ -104,14 +124,17 @@ class _Level:
     queued_clients: dict[str, int] = field(default_factory=dict)
     admitted: int = 0
     waited: int = 0  # admitted after a wait in the queue
-    refused: dict[str, int] = field(default_factory=lambda: {CLIENT_SHARE: 0, LEVEL_FULL: 0})
+    refused: dict[str, int] = field(
+        default_factory=lambda: {CLIENT_SHARE: 0, LEVEL_FULL: 0, QUEUE_WAIT: 0}
+    )
     peak: int = 0
+    hold_s: float | None = None  # moving average of how long a request held a slot
 
 
 @dataclass(frozen=True, slots=True)
 class Refused:
     level: str
-    reason: str  # CLIENT_SHARE or LEVEL_FULL
+    reason: str  # CLIENT_SHARE, LEVEL_FULL or QUEUE_WAIT
     limit: int  # the level's slots, or the client's share of them
 
 
@@ -151,6 +174,10 @@ class Limiter:
                 return True
             if lv.queued_clients.get(client, 0) >= b.client_queue or len(lv.queued) >= b.queue:
                 return self._refuse(lv, level, client)
+            full = lv.in_flight >= b.limit  # (else only this client's share is taken)
+            if full and self._expected_wait(lv, len(lv.queued) + 1) > b.max_wait_s:
+                lv.refused[QUEUE_WAIT] += 1
+                return Refused(level, QUEUE_WAIT, b.limit)
             ticket = Ticket(level, client, wake)
             lv.queued.append(ticket)
             lv.queued_clients[client] = lv.queued_clients.get(client, 0) + 1
@@ -169,11 +196,19 @@ class Limiter:
                 self._unqueue(lv, ticket.client)
             return self._refuse(lv, ticket.level, ticket.client)
 
-    def release(self, level: str, client: str) -> None:
-        """A request of ``client`` at ``level`` is done: its slot goes to the first waiter whose
-        client is under its share (woken here, outside the lock)."""
+    def release(self, level: str, client: str, held_s: float | None = None) -> None:
+        """A request of ``client`` at ``level`` is done, after holding its slot ``held_s``
+        seconds (None: not measured, e.g. a request given up): its slot goes to the first
+        waiter whose client is under its share (woken here, outside the lock)."""
         with self._lock:
             lv = self._levels[level]
+            if held_s is not None and held_s >= 0:
+                # One slow request (a worker's first, an export) counts at most as long as
+                # the hold that would keep even the first in the queue waiting past the wait.
+                held_s = min(held_s, lv.budget.limit * lv.budget.max_wait_s)
+                lv.hold_s = (
+                    held_s if lv.hold_s is None else lv.hold_s + HOLD_WEIGHT * (held_s - lv.hold_s)
+                )
             lv.in_flight -= 1
             left = lv.clients[client] - 1
             if left:
@@ -186,7 +221,8 @@ class Limiter:
 
     def snapshot(self) -> dict[str, Any]:
         """Per level: slots, in flight, waiting, admitted, admitted after a wait, refused (by
-        reason), the most in flight at once, and how many clients hold slots now."""
+        reason), the most in flight at once, how many clients hold slots now, and the moving
+        average of how long a request held a slot (ms; None before the first)."""
         with self._lock:
             return {
                 name: {
@@ -199,11 +235,19 @@ class Limiter:
                     "admitted": lv.admitted,
                     "admitted_after_wait": lv.waited,
                     "refused": dict(lv.refused),
+                    "hold_ms": None if lv.hold_s is None else round(lv.hold_s * 1000, 3),
                 }
                 for name, lv in self._levels.items()
             }
 
     # -- under the lock --------------------------------------------------------------------
+
+    def _expected_wait(self, lv: _Level, place: int) -> float:
+        """Seconds until the request at ``place`` in the queue (1: first) gets a slot, if slots
+        keep freeing at the rate they have been: 0 before any hold time is known."""
+        if lv.hold_s is None:
+            return 0.0
+        return place * lv.hold_s / lv.budget.limit
 
     def _take(self, lv: _Level, client: str) -> None:
         lv.in_flight += 1

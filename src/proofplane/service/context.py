@@ -26,7 +26,13 @@ from proofplane.errors import Conflict, Unavailable, ValidationFailed
 from proofplane.model import Outcome
 from proofplane.service import instruments
 from proofplane.store.audit_log import Appender, sqlite_connection
-from proofplane.store.db import make_engine, read_session, write_session, writer_gate
+from proofplane.store.db import (
+    make_engine,
+    read_session,
+    write_session,
+    writer_gate,
+    yield_to_writer,
+)
 from proofplane.store.tables import EventRow
 
 if TYPE_CHECKING:
@@ -311,6 +317,7 @@ class Store:
 
     @contextmanager
     def read(self) -> Iterator[Session]:
+        yield_to_writer()  # a SQLite write slot held in this process goes first
         session = read_session(self.engine)
         try:
             with session.begin():

@@ -188,6 +188,59 @@ def _writing(engine: Engine) -> Engine:
     return writing
 
 
+# How long a read starting in one thread waits while another thread of the same process holds
+# the SQLite write slot (``yield_to_writer``).
+READ_YIELD_S = 0.05
+
+
+class _Writing:
+    """Whether a thread of this process holds a SQLite database's write slot, and which.
+
+    Python runs one thread of a process at a time. A thread holding the write slot, which
+    every other process's writers wait for, gives the interpreter up at every SQLite call and
+    then has to win it back from every other busy thread of its process: with a few requests
+    of reads in flight it held the slot several times as long as its work took, and a worker
+    under a flood of reads passed a handful of writes a second (issue 20). So a read that
+    starts while another thread of this process holds the slot waits for it to let go (at
+    most ``READ_YIELD_S``): the writer runs alone, and the reads, which no lock holds up,
+    follow. The holder's own reads, and reads of a process holding no slot, never wait."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._idle = threading.Event()
+        self._idle.set()
+        self._mine = threading.local()
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        with self._lock:
+            self._holders += 1
+            self._idle.clear()
+        self._mine.depth = getattr(self._mine, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._mine.depth -= 1
+            with self._lock:
+                self._holders -= 1
+                if not self._holders:
+                    self._idle.set()
+
+    def wait(self, timeout: float) -> None:
+        if not self._idle.is_set() and not getattr(self._mine, "depth", 0):
+            self._idle.wait(timeout)
+
+
+_WRITING = _Writing()
+
+
+def yield_to_writer(timeout: float = READ_YIELD_S) -> None:
+    """Before a read: while another thread of this process holds a SQLite write slot, wait
+    (at most ``timeout`` seconds) for it to let go (``_Writing``)."""
+    _WRITING.wait(timeout)
+
+
 class _Gate:
     """One SQLite database's writer queue in this process: a thread lock (threads share the
     process's open file, and a ``flock`` already held by it would not block them) and an
@@ -218,7 +271,8 @@ class _Gate:
                 fcntl.flock(self.fd, fcntl.LOCK_EX)
             self.depth += 1
             try:
-                yield
+                with _WRITING.holding():
+                    yield
             finally:
                 self.depth -= 1
                 if self.depth == 0 and self.fd is not None:
