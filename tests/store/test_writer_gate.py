@@ -170,7 +170,8 @@ def test_a_read_waits_while_another_thread_of_the_process_holds_the_write_slot(
 ) -> None:
     """Issue 20: the slot holder runs alone in its process. A read starting in another thread
     waits until the holder commits (here well under ``READ_YIELD_S``), or at most that long;
-    the holder's own reads never wait; with no write in progress nothing waits."""
+    the holder's own reads never wait; with no write in progress, or on another database,
+    nothing waits."""
     store = _store(tmp_path / "prio.db")
     taken, release, read_done = threading.Event(), threading.Event(), threading.Event()
     finished: dict[str, float] = {}
@@ -206,7 +207,7 @@ def test_a_read_waits_while_another_thread_of_the_process_holds_the_write_slot(
         assert finished["own_read_s"] < store_db.READ_YIELD_S
         # no holder: a read goes at once
         t = time.perf_counter()
-        store_db.yield_to_writer(5.0)
+        store_db.yield_to_writer(store.engine, 5.0)
         assert time.perf_counter() - t < 1.0
         # a holder that keeps the slot longer holds a read back at most READ_YIELD_S
         release.clear()
@@ -216,9 +217,19 @@ def test_a_read_waits_while_another_thread_of_the_process_holds_the_write_slot(
         w.start()
         assert taken.wait(5)
         t = time.perf_counter()
-        store_db.yield_to_writer(0.1)
+        store_db.yield_to_writer(store.engine, 0.1)
         waited = time.perf_counter() - t
         assert 0.09 <= waited < 2.0, waited
+        # a read of another database (another file) does not wait for this one's writer
+        other = _store(tmp_path / "other.db")
+        try:
+            with other.write(SYSTEM) as tx:  # it has a gate of its own now
+                tx.record("test.prio", "writer", "other")
+            t = time.perf_counter()
+            store_db.yield_to_writer(other.engine, 5.0)
+            assert time.perf_counter() - t < 1.0
+        finally:
+            other.dispose()
         release.set()
         w.join(5)
     finally:

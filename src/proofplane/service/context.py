@@ -317,7 +317,7 @@ class Store:
 
     @contextmanager
     def read(self) -> Iterator[Session]:
-        yield_to_writer()  # a SQLite write slot held in this process goes first
+        yield_to_writer(self.engine)  # this database's write slot, held in this process, first
         session = read_session(self.engine)
         try:
             with session.begin():

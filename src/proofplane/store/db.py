@@ -194,7 +194,7 @@ READ_YIELD_S = 0.05
 
 
 class _Writing:
-    """Whether a thread of this process holds a SQLite database's write slot, and which.
+    """Whether a thread of this process holds one SQLite database's write slot, and which.
 
     Python runs one thread of a process at a time. A thread holding the write slot, which
     every other process's writers wait for, gives the interpreter up at every SQLite call and
@@ -203,7 +203,8 @@ class _Writing:
     under a flood of reads passed a handful of writes a second (issue 20). So a read that
     starts while another thread of this process holds the slot waits for it to let go (at
     most ``READ_YIELD_S``): the writer runs alone, and the reads, which no lock holds up,
-    follow. The holder's own reads, and reads of a process holding no slot, never wait."""
+    follow. The holder's own reads, reads of another database, and reads of a process holding
+    no slot never wait."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -232,13 +233,12 @@ class _Writing:
             self._idle.wait(timeout)
 
 
-_WRITING = _Writing()
-
-
-def yield_to_writer(timeout: float = READ_YIELD_S) -> None:
-    """Before a read: while another thread of this process holds a SQLite write slot, wait
-    (at most ``timeout`` seconds) for it to let go (``_Writing``)."""
-    _WRITING.wait(timeout)
+def yield_to_writer(engine: Engine, timeout: float = READ_YIELD_S) -> None:
+    """Before a read on ``engine``: while another thread of this process holds its SQLite
+    database's write slot, wait (at most ``timeout`` seconds) for it to let go (``_Writing``)."""
+    gate = _gate_for(engine, create=False)
+    if gate is not None:
+        gate.writing.wait(timeout)
 
 
 class _Gate:
@@ -255,6 +255,7 @@ class _Gate:
         self.depth = 0  # changed only by the thread holding ``lock``
         self.fd: int | None = None
         self.pid = 0
+        self.writing = _Writing()
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -271,7 +272,7 @@ class _Gate:
                 fcntl.flock(self.fd, fcntl.LOCK_EX)
             self.depth += 1
             try:
-                with _WRITING.holding():
+                with self.writing.holding():
                     yield
             finally:
                 self.depth -= 1
@@ -290,15 +291,28 @@ def writer_gate(engine: Engine) -> contextlib.AbstractContextManager[None]:
     commit or rollback): on a SQLite file, the writers of every process queue here instead of in
     SQLite's sleeping busy handler; anything else (PostgreSQL, whose advisory lock already queues
     in the server) passes at once."""
+    gate = _gate_for(engine, create=True)
+    return contextlib.nullcontext() if gate is None else gate.held()
+
+
+def _gate_for(engine: Engine, *, create: bool) -> _Gate | None:
+    """The writer gate of ``engine``'s SQLite file (made if ``create``), or None: not a file
+    (PostgreSQL, an in-memory or URI database), or no writer of this process made it yet."""
+    gate: _Gate | None = engine.__dict__.get("_proofplane_gate")
+    if gate is not None:
+        return gate
     database = engine.url.database if engine.dialect.name == "sqlite" else None
     if not database or database.startswith("file:") or database == ":memory:":
-        return contextlib.nullcontext()
+        return None
     path = f"{os.path.abspath(database)}.writer"
     gate = _GATES.get(path)
     if gate is None:
+        if not create:
+            return None
         with _GATES_LOCK:
             gate = _GATES.setdefault(path, _Gate(path))
-    return gate.held()
+    engine.__dict__["_proofplane_gate"] = gate
+    return gate
 
 
 def read_session(engine: Engine) -> Session:
