@@ -176,12 +176,13 @@ def _max_queue_wait_ms(env: dict[str, str]) -> dict[str, float]:
     """PROOFPLANE_MAX_QUEUE_WAIT_MS (every level), then PROOFPLANE_MAX_QUEUE_WAIT_MS_<LEVEL>
     (that one): 0..1000 each."""
     name = "PROOFPLANE_MAX_QUEUE_WAIT_MS"
-    every = env.get(name)
-    out = {}
-    for level, default in MAX_QUEUE_WAIT_MS.items():
-        out[level] = _seconds(env, name, str(default), 0, 1000) if every is not None else default
-        out[level] = _seconds(env, f"{name}_{level.upper()}", str(out[level]), 0, 1000)
-    return out
+    every = _seconds(env, name, "0", 0, 1000) if name in env else None
+    return {
+        level: _seconds(
+            env, f"{name}_{level.upper()}", str(default if every is None else every), 0, 1000
+        )
+        for level, default in MAX_QUEUE_WAIT_MS.items()
+    }
 
 
 def _flag(env: dict[str, str], name: str) -> bool:

@@ -166,12 +166,13 @@ def test_a_write_an_after_commit_hook_makes_in_the_same_thread_does_not_wait_for
 
 
 def test_a_read_waits_while_another_thread_of_the_process_holds_the_write_slot(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 20: the slot holder runs alone in its process. A read starting in another thread
-    waits until the holder commits (here well under ``READ_YIELD_S``), or at most that long;
-    the holder's own reads never wait; with no write in progress, or on another database,
-    nothing waits."""
+    waits until the holder commits, or at most ``READ_YIELD_S`` (5 s here, so that a slow box
+    cannot end the wait before the commit); the holder's own reads never wait; with no write
+    in progress, or on another database, nothing waits."""
+    monkeypatch.setattr(store_db, "READ_YIELD_S", 5.0)
     store = _store(tmp_path / "prio.db")
     taken, release, read_done = threading.Event(), threading.Event(), threading.Event()
     finished: dict[str, float] = {}
@@ -204,12 +205,12 @@ def test_a_read_waits_while_another_thread_of_the_process_holds_the_write_slot(
         w.join(5)
         r.join(5)
         assert finished["read"] >= finished["committing"]
-        assert finished["own_read_s"] < store_db.READ_YIELD_S
+        assert finished["own_read_s"] < 1.0  # it would have waited 5 s for itself
         # no holder: a read goes at once
         t = time.perf_counter()
         store_db.yield_to_writer(store.engine, 5.0)
         assert time.perf_counter() - t < 1.0
-        # a holder that keeps the slot longer holds a read back at most READ_YIELD_S
+        # a holder that keeps the slot longer holds a read back at most the timeout
         release.clear()
         taken.clear()
         read_done.clear()

@@ -34,6 +34,7 @@ from proofplane.api import deps
 from proofplane.api.overload import (
     CLIENT_SHARE,
     LEVELS,
+    MAX_WAIT_S,
     QUEUE_WAIT,
     Budget,
     Limiter,
@@ -57,14 +58,14 @@ def limiter_for(
 ) -> Limiter:
     """A limiter with ``limits[level]`` slots per level, ``client_share`` of each to a client,
     ``queues[level]`` places in its queue (default: half its slots) and ``waits_s[level]`` the
-    longest wait there (default 50 ms)."""
+    longest wait there (default ``MAX_WAIT_S``)."""
     return Limiter(
         {
             level: Budget.of(
                 limits[level],
                 client_share,
                 None if queues is None else queues[level],
-                0.05 if waits_s is None else waits_s[level],
+                MAX_WAIT_S if waits_s is None else waits_s[level],
             )
             for level in LEVELS
         }

@@ -56,6 +56,8 @@ LEVEL_FULL = "level_full"  # every slot taken and the wait queue full, or the wa
 QUEUE_WAIT = "queue_wait"  # the wait for a slot would be longer than the level allows
 #: Weight of the newest hold time in a level's moving average.
 HOLD_WEIGHT = 0.2
+#: A level's longest wait in its queue unless said otherwise.
+MAX_WAIT_S = 0.05
 
 
 def classify(method: str, path: str) -> str | None:
@@ -80,11 +82,15 @@ class Budget:
     client_limit: int
     queue: int
     client_queue: int
-    max_wait_s: float = 0.05
+    max_wait_s: float = MAX_WAIT_S
 
     @classmethod
     def of(
-        cls, limit: int, client_share: float, queue: int | None = None, max_wait_s: float = 0.05
+        cls,
+        limit: int,
+        client_share: float,
+        queue: int | None = None,
+        max_wait_s: float = MAX_WAIT_S,
     ) -> Budget:
         """A level of ``limit`` slots: one client gets ``client_share`` of them (at least one);
         the queue holds ``queue`` (default: half as many as the level, at least one), a client

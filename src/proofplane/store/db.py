@@ -189,56 +189,25 @@ def _writing(engine: Engine) -> Engine:
 
 
 # How long a read starting in one thread waits while another thread of the same process holds
-# the SQLite write slot (``yield_to_writer``).
+# the database's SQLite write slot (``yield_to_writer``).
 READ_YIELD_S = 0.05
 
 
-class _Writing:
-    """Whether a thread of this process holds one SQLite database's write slot, and which.
+def yield_to_writer(engine: Engine, timeout: float | None = None) -> None:
+    """Before a read on ``engine``: while another thread of this process holds its SQLite
+    database's write slot, wait for it to let go, at most ``timeout`` seconds (default
+    ``READ_YIELD_S``).
 
     Python runs one thread of a process at a time. A thread holding the write slot, which
     every other process's writers wait for, gives the interpreter up at every SQLite call and
-    then has to win it back from every other busy thread of its process: with a few requests
-    of reads in flight it held the slot several times as long as its work took, and a worker
-    under a flood of reads passed a handful of writes a second (issue 20). So a read that
-    starts while another thread of this process holds the slot waits for it to let go (at
-    most ``READ_YIELD_S``): the writer runs alone, and the reads, which no lock holds up,
-    follow. The holder's own reads, reads of another database, and reads of a process holding
-    no slot never wait."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._holders = 0
-        self._idle = threading.Event()
-        self._idle.set()
-        self._mine = threading.local()
-
-    @contextlib.contextmanager
-    def holding(self) -> Iterator[None]:
-        with self._lock:
-            self._holders += 1
-            self._idle.clear()
-        self._mine.depth = getattr(self._mine, "depth", 0) + 1
-        try:
-            yield
-        finally:
-            self._mine.depth -= 1
-            with self._lock:
-                self._holders -= 1
-                if not self._holders:
-                    self._idle.set()
-
-    def wait(self, timeout: float) -> None:
-        if not self._idle.is_set() and not getattr(self._mine, "depth", 0):
-            self._idle.wait(timeout)
-
-
-def yield_to_writer(engine: Engine, timeout: float = READ_YIELD_S) -> None:
-    """Before a read on ``engine``: while another thread of this process holds its SQLite
-    database's write slot, wait (at most ``timeout`` seconds) for it to let go (``_Writing``)."""
+    then has to win it back from every other busy thread of its process: under a flood of reads
+    it held the slot several times as long as its work took, and a worker passed a handful of
+    writes a second (issue 20). So a read waits while the slot is held: the writer runs alone,
+    and the reads, which no lock holds up, follow. The holder's own reads, reads of another
+    database, and reads while no thread of this process holds the slot never wait."""
     gate = _gate_for(engine, create=False)
-    if gate is not None:
-        gate.writing.wait(timeout)
+    if gate is not None and not gate.idle.is_set() and gate.owner != threading.get_ident():
+        gate.idle.wait(READ_YIELD_S if timeout is None else timeout)
 
 
 class _Gate:
@@ -255,7 +224,10 @@ class _Gate:
         self.depth = 0  # changed only by the thread holding ``lock``
         self.fd: int | None = None
         self.pid = 0
-        self.writing = _Writing()
+        # the thread holding the slot (None: none), and set while none does (yield_to_writer)
+        self.owner: int | None = None
+        self.idle = threading.Event()
+        self.idle.set()
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -270,14 +242,18 @@ class _Gate:
                     )
                     self.pid = os.getpid()
                 fcntl.flock(self.fd, fcntl.LOCK_EX)
+                self.owner = threading.get_ident()
+                self.idle.clear()
             self.depth += 1
             try:
-                with self.writing.holding():
-                    yield
+                yield
             finally:
                 self.depth -= 1
-                if self.depth == 0 and self.fd is not None:
-                    fcntl.flock(self.fd, fcntl.LOCK_UN)
+                if self.depth == 0:
+                    self.owner = None
+                    self.idle.set()
+                    if self.fd is not None:
+                        fcntl.flock(self.fd, fcntl.LOCK_UN)
         finally:
             self.lock.release()
 
