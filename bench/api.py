@@ -21,7 +21,9 @@ Timed:
    time the generator sent it (a saturated client, or requests queued behind ``--pool`` busy
    connections, show there, not as server latency; one more than 10 s late is not sent:
    ``not_sent_late``). Per class p50/p95/p99, status counts (429/503 included), timeouts,
-   achieved rate.
+   achieved rate; ``write_lock``: the server's write slot over the phase (from its
+   ``/metrics``: ms held and waited for per write, the share of the time it was held, writes
+   answered per second), the one resource every worker's writes queue for.
 3. **overload** — the same mix at 5× the rate for ``--overload-seconds``: how many 429s and how
    fast they come back (p50/p99 of a 429's latency; none: the server queues instead of shedding).
 
@@ -55,6 +57,8 @@ from _server import (
     pct,
     serve_supports_workers,
     throwaway_postgres,
+    write_lock,
+    write_lock_delta,
 )
 from proofplane.machine import machine
 
@@ -322,15 +326,35 @@ def _own_cpu() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def _write_slot(base: str) -> dict[str, float]:
+    """The server's write-slot counters (``proofplane_db_write_lock_seconds`` on
+    ``/metrics``, summed over its workers)."""
+    r = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+    if r.status_code != 200:
+        raise SystemExit(f"GET /metrics: {r.status_code} {r.text[:300]}")
+    return write_lock(r.text)
+
+
 def _with_cpu(server: Server, phase: Any, *args: Any) -> dict[str, Any]:
-    """A load phase, with the CPU seconds the server and the generator spent in it: on a
-    two-core box the generator's share is the capacity the server did not have."""
-    before, own = server.cpu_seconds(), _own_cpu()
+    """A load phase, with the CPU seconds the server and the generator spent in it (on a
+    two-core box the generator's share is the capacity the server did not have) and what the
+    write slot did meanwhile: ms held and waited for per write, and the share of the phase's
+    wall time it was held (writes of every worker queue for that one slot)."""
+    slot0, before, own = _write_slot(server.base), server.cpu_seconds(), _own_cpu()
+    t0 = time.perf_counter()
     out: dict[str, Any] = phase(*args)
+    elapsed = time.perf_counter() - t0
     out["cpu_s"] = {
         "server": cpu_delta(before, server.cpu_seconds())["total"],
         "generator": round(_own_cpu() - own, 2),
     }
+    slot = write_lock_delta(slot0, _write_slot(server.base), elapsed, 1)
+    slot.pop("writes_per_unit")
+    slot["writes_per_s"] = round(
+        sum(out["classes"].get(c, {}).get("status", {}).get(ok, 0)
+            for c, ok in (("submit", "201"), ("cancel", "200"))) / elapsed, 1
+    )  # fmt: skip
+    out["write_lock"] = slot
     return out
 
 

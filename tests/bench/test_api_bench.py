@@ -1,6 +1,7 @@
 """bench/api.py --quick --json runs against a real ``proofplane serve`` and prints the figures
 issue 20 asks for: sequential p50/p99 per endpoint, the open-loop mix per class with status
-counts, the overload run, targets, meets and the machine; nothing answered 5xx."""
+counts and the write slot's figures, the overload run, targets, meets and the machine;
+nothing answered 5xx."""
 
 from __future__ import annotations
 
@@ -41,6 +42,11 @@ def test_bench_api_quick(tmp_path: Path) -> None:
         assert 0 <= late["p50"] <= late["p99"] <= late["max"], late
         assert m["cpu_s"]["server"] > 0 and m["cpu_s"]["generator"] > 0, m["cpu_s"]
         assert {"read_node", "read_nodes", "submit"} <= set(m["classes"]), m["classes"]
+        slot = m["write_lock"]  # the server's own write-slot counters over the phase
+        written = sum(m["classes"][c]["status"].get(ok, 0) for c, ok in (("submit", "201"),))
+        assert written > 0 and slot["writes_per_s"] > 0, (written, slot)
+        assert slot["held_ms_per_write"] > 0 and 0 < slot["busy_share"] <= 1.05, slot
+        assert slot["wait_ms_per_write"] >= 0, slot
         for cls, f in m["classes"].items():
             assert f["requests"] > 0 and f["p50_ms"] >= 0, (cls, f)
             assert not [s for s in f["status"] if s.startswith("5")], (cls, f)
