@@ -1,16 +1,20 @@
 """Shared by the HTTP benchmarks (bench/api.py, bench/fleet.py, bench/api_tls.py,
 bench/governance.py): a real ``proofplane serve`` subprocess on a fresh database, the demo
-cluster loaded into it, a throwaway PostgreSQL database, percentiles, and the CPU time of a
-server's processes from /proc. Not a benchmark itself."""
+cluster loaded into it, a throwaway PostgreSQL database, percentiles, the CPU time of a
+server's processes from /proc, and the load generators' lean keep-alive connection
+(``RawConn``). Not a benchmark itself."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import os
 import socket
+import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy import create_engine, text
 
 from proofplane.access import SYSTEM
 from proofplane.hardware.cluster_file import parse_cluster
@@ -27,8 +32,61 @@ from proofplane.service.access import bootstrap_admin
 from proofplane.service.cluster import load_cluster
 from proofplane.service.context import Store
 from proofplane.store import migrate
+from proofplane.store.db import WRITE_LOCK_KEY
 
 SERVE = [sys.executable, "-m", "proofplane.cli.main", "serve"]
+
+
+class RawConn:
+    """One keep-alive HTTP/1.1 connection that sends prebuilt request bytes and reads the
+    answer by its ``Content-Length``: a few microseconds of the generator's CPU a request, where
+    httpx's asyncio client took about as much CPU as the server spent answering (issue 20: the
+    generator shares the two cores with the server, so what it saves the server gets).
+    ``retry_after``: the last answer's ``Retry-After`` in seconds (None: it had none)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.retry_after: float | None = None
+
+    @classmethod
+    async def open(cls, host: str, port: int) -> RawConn:
+        reader, writer = await asyncio.open_connection(host, port)
+        return cls(reader, writer)
+
+    async def request(self, head: bytes, body: bytes = b"") -> tuple[int, bytes, bool]:
+        """The status, the body and whether the server closes the connection after it."""
+        self.writer.write(head + body)
+        status_line = await self.reader.readline()
+        if not status_line:
+            raise ConnectionResetError("the server closed the connection")
+        status = int(status_line.split(b" ", 2)[1])
+        length, close, self.retry_after = 0, False, None
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"connection":
+                close = value.strip().lower() == b"close"
+            elif name == b"retry-after":
+                self.retry_after = float(value)
+            elif name == b"transfer-encoding":
+                raise ValueError("a chunked answer: not what these endpoints send")
+        return status, await self.reader.readexactly(length), close
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def http_head(method: str, path: str, host: str, token: str, body: bytes | None = None) -> bytes:
+    """A request's line and headers (bearer ``token``; a JSON ``body``'s type and length)."""
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", f"Authorization: Bearer {token}"]
+    if body is not None:
+        lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
 def free_port() -> int:
@@ -196,6 +254,53 @@ def pid_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
+def engine_url(url: str) -> str:
+    return url.replace("postgresql://", "postgresql+psycopg://", 1)
+
+
+class LockSampler:
+    """Samples ``pg_stat_activity`` of one database: backends waiting on the write lock
+    (an advisory lock with the write lock's key) and whether anyone holds it."""
+
+    def __init__(self, url: str, interval: float = 0.02) -> None:
+        self.engine = create_engine(engine_url(url), isolation_level="AUTOCOMMIT")
+        self.interval = interval
+        self.waiting: list[int] = []
+        self.busy: list[bool] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        query = text(
+            "SELECT count(*) FILTER (WHERE NOT l.granted), count(*) FILTER (WHERE l.granted) "
+            "FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+            "WHERE l.locktype = 'advisory' AND d.datname = current_database() "
+            "AND l.objid = :key"
+        )
+        with self.engine.connect() as conn:
+            while not self._stop.wait(self.interval):
+                waiting, held = conn.execute(query, {"key": WRITE_LOCK_KEY}).one()
+                self.waiting.append(int(waiting))
+                self.busy.append(bool(waiting or held))
+
+    def __enter__(self) -> LockSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.engine.dispose()
+
+    def summary(self) -> dict[str, Any]:
+        n = len(self.waiting)
+        return {
+            "samples": n,
+            "write_lock_waiters": round(statistics.fmean(self.waiting), 2) if n else None,
+            "write_lock_busy": round(sum(self.busy) / n, 3) if n else None,
+        }
+
+
 def write_lock(metrics_text: str) -> dict[str, float]:
     """From a ``/metrics`` exposition: ``proofplane_db_write_lock_seconds``' count and sum per
     phase (``wait_count``, ``wait_sum``, ``held_count``, ``held_sum``), summed over workers."""
@@ -211,6 +316,14 @@ def write_lock(metrics_text: str) -> dict[str, float]:
                 if s.name.endswith(f"_{k}") and phase in ("wait", "held"):
                     out[f"{phase}_{k}"] += s.value
     return out
+
+
+def write_slot(base: str, token: str) -> dict[str, float]:
+    """:func:`write_lock` of the server at ``base`` now (its ``/metrics``, read with ``token``)."""
+    r = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    if r.status_code != 200:
+        raise SystemExit(f"GET /metrics: {r.status_code} {r.text[:300]}")
+    return write_lock(r.text)
 
 
 def write_lock_delta(

@@ -51,14 +51,16 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _server import (
+    RawConn,
     Server,
     cpu_delta,
+    http_head,
     load_demo,
     pct,
     serve_supports_workers,
     throwaway_postgres,
-    write_lock,
     write_lock_delta,
+    write_slot,
 )
 from proofplane.machine import machine
 
@@ -122,51 +124,8 @@ def _plan(n: int, seed: int) -> list[str]:
     ]
 
 
-class _Conn:
-    """One keep-alive HTTP/1.1 connection that sends prebuilt request bytes and reads the
-    answer by its ``Content-Length``: a few microseconds of the generator's CPU a request, where
-    httpx's asyncio client took about as much CPU as the server spent answering (issue 20: the
-    generator shares the two cores with the server, so what it saves the server gets)."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-
-    @classmethod
-    async def open(cls, host: str, port: int) -> _Conn:
-        reader, writer = await asyncio.open_connection(host, port)
-        return cls(reader, writer)
-
-    async def request(self, head: bytes, body: bytes = b"") -> tuple[int, bytes, bool]:
-        """The status, the body and whether the server closes the connection after it."""
-        self.writer.write(head + body)
-        status_line = await self.reader.readline()
-        if not status_line:
-            raise ConnectionResetError("the server closed the connection")
-        status = int(status_line.split(b" ", 2)[1])
-        length, close = 0, False
-        while True:
-            line = await self.reader.readline()
-            if line in (b"\r\n", b""):
-                break
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"connection":
-                close = value.strip().lower() == b"close"
-            elif name == b"transfer-encoding":
-                raise ValueError("a chunked answer: not what these endpoints send")
-        return status, await self.reader.readexactly(length), close
-
-    def close(self) -> None:
-        self.writer.close()
-
-
 def _head(method: str, path: str, host: str, body: bytes | None = None) -> bytes:
-    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", f"Authorization: Bearer {TOKEN}"]
-    if body is not None:
-        lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+    return http_head(method, path, host, TOKEN, body)
 
 
 async def _client(
@@ -183,9 +142,9 @@ async def _client(
     rnd = random.Random(k)
     mine: list[str] = []  # workloads this client submitted and may cancel
     out: list[tuple[str, int, float, float]] = []
-    idle: asyncio.Queue[_Conn] = asyncio.Queue()
+    idle: asyncio.Queue[RawConn] = asyncio.Queue()
     for _ in range(min(pool, 8)):
-        conn = await _Conn.open(host, port)
+        conn = await RawConn.open(host, port)
         await conn.request(_head("GET", "/healthz", netloc))
         idle.put_nowait(conn)
     opened = idle.qsize()
@@ -217,13 +176,13 @@ async def _client(
                 head = _head("POST", "/api/v1/workloads", netloc, body)
         else:
             head = heads[cls]
-        conn: _Conn | None = None
+        conn: RawConn | None = None
         counted = False  # this sender counted a connection in ``opened``
         try:
             if idle.empty() and opened < pool:
                 opened += 1
                 counted = True
-                conn = await asyncio.wait_for(_Conn.open(host, port), 10)
+                conn = await asyncio.wait_for(RawConn.open(host, port), 10)
             else:
                 conn = idle.get_nowait()  # the semaphore leaves one for every sender
             code, _, close = await asyncio.wait_for(conn.request(head, body), 10)
@@ -326,21 +285,12 @@ def _own_cpu() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def _write_slot(base: str) -> dict[str, float]:
-    """The server's write-slot counters (``proofplane_db_write_lock_seconds`` on
-    ``/metrics``, summed over its workers)."""
-    r = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
-    if r.status_code != 200:
-        raise SystemExit(f"GET /metrics: {r.status_code} {r.text[:300]}")
-    return write_lock(r.text)
-
-
 def _with_cpu(server: Server, phase: Any, *args: Any) -> dict[str, Any]:
     """A load phase, with the CPU seconds the server and the generator spent in it (on a
     two-core box the generator's share is the capacity the server did not have) and what the
     write slot did meanwhile: ms held and waited for per write, and the share of the phase's
     wall time it was held (writes of every worker queue for that one slot)."""
-    slot0, before, own = _write_slot(server.base), server.cpu_seconds(), _own_cpu()
+    slot0, before, own = write_slot(server.base, TOKEN), server.cpu_seconds(), _own_cpu()
     t0 = time.perf_counter()
     out: dict[str, Any] = phase(*args)
     elapsed = time.perf_counter() - t0
@@ -348,7 +298,7 @@ def _with_cpu(server: Server, phase: Any, *args: Any) -> dict[str, Any]:
         "server": cpu_delta(before, server.cpu_seconds())["total"],
         "generator": round(_own_cpu() - own, 2),
     }
-    slot = write_lock_delta(slot0, _write_slot(server.base), elapsed, 1)
+    slot = write_lock_delta(slot0, write_slot(server.base, TOKEN), elapsed, 1)
     slot.pop("writes_per_unit")
     slot["writes_per_s"] = round(
         sum(out["classes"].get(c, {}).get("status", {}).get(ok, 0)

@@ -4,11 +4,16 @@ PostgreSQL (issue 20), with console reads and a trickle of workload submissions 
 Setup (not timed; ``setup_s``): a throwaway PostgreSQL database (on ``--db``, default the test
 server) with ``--agents`` registered nodes (one H100 each) loaded in bulk through the cluster
 loader (``service.cluster.load_cluster``, what ``proofplane cluster load`` runs), the demo's
-enforcing measured-boot policy, and an admin token. Each agent is a software TPM (ECC P-256 EK
+enforcing measured-boot policy, an admin token and, for each node, the agent credential its
+agent presents (``service.access.issue_agent_credential``, what ``proofplane nodes
+agent-credential`` runs; all in one transaction). Each agent is a software TPM (ECC P-256 EK
 and AK, PCRs from the demo's synthetic boot log): ECC keys take microseconds to make, where
 10,000 RSA-2048 EKs would take minutes; the server's work per enrollment is one ECDH instead of
-one RSA encryption. Agents authenticate with one operator token (nodes:write), not per-node
-agent credentials. One ``proofplane serve`` (``--workers`` when serve takes it), access logs to
+one RSA encryption. Each agent authenticates with its own node's credential, as a real agent
+does, so the server's per-client fairness (a client: a credential) sees a fleet of clients and
+its token cache a fleet of tokens; ``--auth operator`` sends every agent's requests with the
+one admin token instead (one client for the whole fleet, held to its share of the attestation
+slots). One ``proofplane serve`` (``--workers`` when serve takes it), access logs to
 /dev/null, the staleness check every ``--stale-check`` s with a grace of ``--grace`` s.
 
 Timed, over HTTP with the server's real verifier:
@@ -22,7 +27,13 @@ Timed, over HTTP with the server's real verifier:
    events) and ``--submit-rate`` workload submissions/s, open loop. Rounds answered vs due,
    evidence submissions/s, per request type p50/p95/p99, errors and 429s, the generator's
    lateness, nodes quarantined (for staleness: their rounds came too late), and CPU seconds of
-   each server process (/proc/<pid>/stat) during each phase.
+   each server process (/proc/<pid>/stat) and of this load generator (``generator_cpu_s``:
+   it shares the machine, so what it spends the server does not have) during each phase;
+   ``write_lock``: the database's one write lock over the steady phase, sampled from
+   ``pg_locks`` (the share of samples it was held or waited for, backends waiting on average)
+   and from the server's ``/metrics`` (write transactions per answered round, their mean ms
+   from the write path's start to the commit, the wait for the lock included, and how many
+   were in progress on average).
 
     .venv/bin/python bench/fleet.py --json [--quick] [--agents 10000]
 """
@@ -35,6 +46,7 @@ import base64
 import hmac
 import json
 import random
+import resource
 import struct
 import sys
 import tempfile
@@ -42,13 +54,24 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-import httpx
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _server import Server, cpu_delta, pct, serve_supports_workers, throwaway_postgres
+from _server import (
+    LockSampler,
+    RawConn,
+    Server,
+    cpu_delta,
+    http_head,
+    pct,
+    serve_supports_workers,
+    throwaway_postgres,
+    write_lock_delta,
+    write_slot,
+)
 from proofplane.access import SYSTEM
 from proofplane.attest import eventlog as el
 from proofplane.attest import tpm
@@ -58,7 +81,7 @@ from proofplane.demo.attester import BOOTLOADERS, DEMO_POLICY, GOOD_KERNEL
 from proofplane.hardware.cluster_file import ClusterSpec, NodeSpec, gpu_uuid
 from proofplane.machine import machine
 from proofplane.model import Gpu, Node, NodeState, Tenant
-from proofplane.service.access import bootstrap_admin
+from proofplane.service.access import bootstrap_admin, issue_agent_credential
 from proofplane.service.attestation import set_policy
 from proofplane.service.cluster import load_cluster
 from proofplane.service.context import Store
@@ -89,8 +112,11 @@ class EccAgent:
     """One node's attester in software: ECC P-256 EK (L-2 template attributes, AES-128-CFB)
     and AK, PCRs extended from the demo boot log (computed once, shared)."""
 
-    def __init__(self, name: str, pcrs: dict[str, list[bytes]], eventlog: bytes) -> None:
+    def __init__(
+        self, name: str, pcrs: dict[str, list[bytes]], eventlog: bytes, token: str | None
+    ) -> None:
         self.name = name
+        self.token = token  # what this agent presents: its credential (None: the admin token)
         self.ek = ec.generate_private_key(ec.SECP256R1())
         self.soft = SoftTpm(ec.generate_private_key(ec.SECP256R1()))
         self.soft.pcrs = {b: list(v) for b, v in pcrs.items()}
@@ -165,7 +191,8 @@ def boot_state() -> tuple[dict[str, list[bytes]], bytes]:
 # --- setup ---------------------------------------------------------------------------------
 
 
-def prepare(url: str, agents: int) -> None:
+def prepare(url: str, agents: int) -> list[str]:
+    """The cluster, the policy, the admin token; each node's agent credential, in order."""
     store = Store(url)
     try:
         migrate.upgrade(store.engine)
@@ -186,6 +213,11 @@ def prepare(url: str, agents: int) -> None:
         load_cluster(store, SYSTEM, ClusterSpec("fleet", (Tenant(TENANT),), nodes, ()))
         set_policy(store, SYSTEM, DEMO_POLICY, enforce=True)
         bootstrap_admin(store, TOKEN)
+        with store.write(SYSTEM) as tx, store.joined(tx):  # the service call, one transaction
+            return [
+                issue_agent_credential(store, SYSTEM, node_name(i), ttl_days=1).token
+                for i in range(agents)
+            ]
     finally:
         store.dispose()
 
@@ -213,9 +245,74 @@ def node_states(url: str) -> dict[str, Any]:
 # --- the load ------------------------------------------------------------------------------
 
 
+class Answer:
+    """A status, its body and its ``Retry-After`` (seconds, None: none)."""
+
+    __slots__ = ("status_code", "body", "retry_after")
+
+    def __init__(self, status_code: int, body: bytes, retry_after: float | None) -> None:
+        self.status_code, self.body, self.retry_after = status_code, body, retry_after
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class Client:
+    """Keep-alive connections to the server (``RawConn``: prebuilt bytes, answers read by
+    length), opened as needed and reused; the caller bounds how many requests run at once
+    (``Recorder.sem``), so that bounds the connections too. The load generator shares the
+    machine with the server: httpx's client spent about 15 ms of CPU a round here (nonce +
+    evidence), more than the server did, and the generator, not the server, was saturated."""
+
+    def __init__(self, base: str) -> None:
+        url = urlsplit(base)
+        self.host, self.port, self.netloc = url.hostname or "127.0.0.1", url.port or 80, url.netloc
+        self.idle: list[RawConn] = []
+
+    async def request(
+        self, method: str, path: str, body: Any = None, token: str | None = None
+    ) -> Answer:
+        data = json.dumps(body).encode() if body is not None else None
+        head = http_head(method, path, self.netloc, token or TOKEN, data)
+        conn = self.idle.pop() if self.idle else None
+        reused = conn is not None
+        if conn is None:
+            conn = await asyncio.wait_for(RawConn.open(self.host, self.port), 10)
+        try:
+            status, raw, close = await asyncio.wait_for(conn.request(head, data or b""), 30)
+        except (ConnectionResetError, BrokenPipeError):  # no answer began: nothing was done
+            conn.close()
+            if not reused:
+                raise
+            # the server closed a connection left idle past its keep-alive timeout before
+            # this request reached it (as httpx does: send it again on a new connection)
+            conn = await asyncio.wait_for(RawConn.open(self.host, self.port), 10)
+            try:
+                status, raw, close = await asyncio.wait_for(conn.request(head, data or b""), 30)
+            except BaseException:
+                conn.close()
+                raise
+        except BaseException:
+            conn.close()  # in an unknown state: never reused
+            raise
+        if close:
+            conn.close()
+        else:
+            self.idle.append(conn)
+        return Answer(status, raw, conn.retry_after)
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        for conn in self.idle:
+            conn.close()
+        self.idle.clear()
+
+
 class Recorder:
     def __init__(self, connections: int) -> None:
-        # requests wait here (FIFO, cheap) for one of the connections, not in httpx's pool
+        # requests wait here (FIFO, cheap) for one of the connections
         self.sem = asyncio.Semaphore(connections)
         self.stop_at = float("inf")  # time.monotonic() after which queued requests are dropped
         self.lat: dict[str, list[float]] = {}
@@ -242,34 +339,36 @@ class Recorder:
         return out
 
 
-async def call(c: httpx.AsyncClient, rec: Recorder, kind: str, method: str, path: str,
-               body: Any = None) -> httpx.Response | None:  # fmt: skip
+async def call(c: Client, rec: Recorder, kind: str, method: str, path: str,
+               body: Any = None,
+               agent: EccAgent | None = None) -> Answer | None:  # fmt: skip
+    """One request, as ``agent`` (its credential) or as the admin (the client's default)."""
     async with rec.sem:
         if time.monotonic() > rec.stop_at:  # queued past the run's end: not sent
             rec.add(kind, "not_sent_after_end", 0.0)
             return None
-        return await _call(c, rec, kind, method, path, body)
+        return await _call(c, rec, kind, method, path, body, agent)
 
 
-async def _call(c: httpx.AsyncClient, rec: Recorder, kind: str, method: str, path: str,
-                body: Any) -> httpx.Response | None:  # fmt: skip
+async def _call(c: Client, rec: Recorder, kind: str, method: str, path: str,
+                body: Any, agent: EccAgent | None) -> Answer | None:  # fmt: skip
     t = time.perf_counter()
     try:
-        r = await c.request(method, path, json=body)
-    except httpx.TimeoutException:
+        r = await c.request(method, path, body, agent.token if agent is not None else None)
+    except TimeoutError:
         rec.add(kind, "timeout", 0.0)
         return None
-    except httpx.HTTPError:
+    except (OSError, ValueError, IndexError, asyncio.IncompleteReadError):
         rec.add(kind, "error", 0.0)
         return None
     rec.add(kind, r.status_code, (time.perf_counter() - t) * 1000)
     return r
 
 
-async def attest_round(c: httpx.AsyncClient, rec: Recorder, a: EccAgent) -> bool | None:
+async def attest_round(c: Client, rec: Recorder, a: EccAgent) -> bool | None:
     """One round: passed (True), failed (False), or refused with 429 (None, after waiting
     its Retry-After)."""
-    r = await call(c, rec, "nonce", "POST", f"{API}/nodes/{a.name}/attestation/nonce")
+    r = await call(c, rec, "nonce", "POST", f"{API}/nodes/{a.name}/attestation/nonce", None, a)
     if r is not None and r.status_code == 429:
         await asyncio.sleep(_retry_after(r))
         return None
@@ -278,7 +377,7 @@ async def attest_round(c: httpx.AsyncClient, rec: Recorder, a: EccAgent) -> bool
     n = r.json()
     ev = a.evidence(bytes.fromhex(n["nonce"]), n["pcrs"], n["pcr_bank"])
     r = await call(c, rec, "evidence", "POST", f"{API}/nodes/{a.name}/attestation/evidence",
-                   {"nonce": n["nonce"], "evidence": ev})  # fmt: skip
+                   {"nonce": n["nonce"], "evidence": ev}, a)  # fmt: skip
     if r is not None and r.status_code == 429:
         await asyncio.sleep(_retry_after(r))
         return None
@@ -287,7 +386,7 @@ async def attest_round(c: httpx.AsyncClient, rec: Recorder, a: EccAgent) -> bool
     return bool(r.json()["verdict"].get("ok"))
 
 
-async def enroll(c: httpx.AsyncClient, rec: Recorder, a: EccAgent) -> bool:
+async def enroll(c: Client, rec: Recorder, a: EccAgent) -> bool:
     """Enroll, activate, first round; an answer of 429 is retried after its Retry-After (an
     agent's backoff), up to ``ENROLL_TRIES`` times."""
     for _ in range(ENROLL_TRIES):
@@ -297,10 +396,10 @@ async def enroll(c: httpx.AsyncClient, rec: Recorder, a: EccAgent) -> bool:
     return False
 
 
-async def _enroll(c: httpx.AsyncClient, rec: Recorder, a: EccAgent) -> bool | None:
+async def _enroll(c: Client, rec: Recorder, a: EccAgent) -> bool | None:
     b64 = base64.b64encode
     body = {"ek_public": b64(a.ek_public).decode(), "ak_public": b64(a.ak_public).decode()}
-    r = await call(c, rec, "enroll", "POST", f"{API}/nodes/{a.name}/attestation/enroll", body)
+    r = await call(c, rec, "enroll", "POST", f"{API}/nodes/{a.name}/attestation/enroll", body, a)
     if r is not None and r.status_code == 429:
         await asyncio.sleep(_retry_after(r))
         return None
@@ -308,7 +407,7 @@ async def _enroll(c: httpx.AsyncClient, rec: Recorder, a: EccAgent) -> bool | No
         return False
     secret = a.activate(base64.b64decode(r.json()["credential"]))
     r = await call(c, rec, "activate", "POST", f"{API}/nodes/{a.name}/attestation/activate",
-                   {"secret": b64(secret).decode()})  # fmt: skip
+                   {"secret": b64(secret).decode()}, a)  # fmt: skip
     if r is not None and r.status_code == 429:
         await asyncio.sleep(_retry_after(r))
         return None
@@ -321,24 +420,15 @@ async def _enroll(c: httpx.AsyncClient, rec: Recorder, a: EccAgent) -> bool | No
     return False
 
 
-def _retry_after(r: httpx.Response) -> float:
-    try:
-        return min(30.0, max(0.05, float(r.headers.get("retry-after", "1"))))
-    except ValueError:
-        return 1.0
-
-
-def client(base: str, pool: int) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=pool, max_keepalive_connections=pool)
-    return httpx.AsyncClient(base_url=base, timeout=30, limits=limits,
-                             headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+def _retry_after(r: Answer) -> float:
+    return min(30.0, max(0.05, 1.0 if r.retry_after is None else r.retry_after))
 
 
 async def enroll_all(base: str, agents: list[EccAgent], concurrency: int) -> dict[str, Any]:
     rec = Recorder(concurrency)
     queue = list(agents)
     ok = 0
-    async with client(base, concurrency) as c:
+    async with Client(base) as c:
         t = time.perf_counter()
 
         async def worker() -> None:
@@ -359,7 +449,7 @@ async def steady(base: str, agents: list[EccAgent], args: argparse.Namespace) ->
     rnd = random.Random(7)
     due = passed = 0
     loop = asyncio.get_running_loop()
-    async with client(base, args.pool) as c:
+    async with Client(base) as c:
         t0 = loop.time() + 0.5
         end = t0 + args.duration
         rec.stop_at = time.monotonic() + 0.5 + args.duration + LATE_S
@@ -440,6 +530,12 @@ async def steady(base: str, agents: list[EccAgent], args: argparse.Namespace) ->
     }
 
 
+def _own_cpu() -> float:
+    """user+system CPU seconds of this process (the agents and the console generator)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -457,6 +553,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grace", type=float, default=None, help="default: 3 intervals, >= 10 s")
     ap.add_argument("--stale-check", type=float, default=None, help="default: interval / 2")
     ap.add_argument("--workers", type=int, default=1, help="serve --workers (when serve takes it)")
+    ap.add_argument(
+        "--auth",
+        choices=("agent", "operator"),
+        default="agent",
+        help="agents present their node's credential (default), or all the one admin token",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.agents, args.duration, args.interval = 50, 10.0, 5.0
@@ -472,9 +574,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         url = stack.enter_context(throwaway_postgres(args.db))
         t = time.perf_counter()
-        prepare(url, args.agents)
+        tokens = prepare(url, args.agents)
         pcrs, log = boot_state()
-        agents = [EccAgent(node_name(i), pcrs, log) for i in range(args.agents)]
+        agents = [
+            EccAgent(node_name(i), pcrs, log, tokens[i] if args.auth == "agent" else None)
+            for i in range(args.agents)
+        ]
         setup_s = time.perf_counter() - t
         env = {
             "PROOFPLANE_ATTEST_GRACE_SECONDS": str(int(grace)),
@@ -483,11 +588,12 @@ def main(argv: list[str] | None = None) -> int:
         server = Server(url, tmp, workers=workers, env=env)
         try:
             server.wait_ready()
-            cpu0 = server.cpu_seconds()
+            cpu0, own0 = server.cpu_seconds(), _own_cpu()
             enrolled = asyncio.run(enroll_all(server.base, agents, args.enroll_concurrency))
-            cpu1 = server.cpu_seconds()
-            run = asyncio.run(steady(server.base, agents, args))
-            cpu2 = server.cpu_seconds()
+            cpu1, own1, slot1 = server.cpu_seconds(), _own_cpu(), write_slot(server.base, TOKEN)
+            with LockSampler(url) as sampler:
+                run = asyncio.run(steady(server.base, agents, args))
+            cpu2, own2, slot2 = server.cpu_seconds(), _own_cpu(), write_slot(server.base, TOKEN)
             if server.proc.poll() is not None:
                 raise SystemExit(f"the server died:\n{server.errors_tail()}")
         finally:
@@ -496,6 +602,18 @@ def main(argv: list[str] | None = None) -> int:
 
     enrolled["server_cpu_s"] = cpu_delta(cpu0, cpu1)
     run["server_cpu_s"] = cpu_delta(cpu1, cpu2)
+    enrolled["generator_cpu_s"] = round(own1 - own0, 2)
+    run["generator_cpu_s"] = round(own2 - own1, 2)
+    # the one write lock every worker's writes take (a round: the nonce's and the evidence's)
+    tx = write_lock_delta(slot1, slot2, run["seconds"], run["rounds_answered"])
+    run["write_lock"] = {
+        **sampler.summary(),  # sampled from pg_locks: share of samples held or waited for
+        "writes_per_round": tx["writes_per_unit"],
+        # the server's own timing of a write transaction, from taking the write path to its
+        # commit: on PostgreSQL that includes the wait for the advisory lock (taken at BEGIN)
+        "write_tx_ms": round(tx["held_ms_per_write"], 2),
+        "write_tx_in_progress": tx["busy_share"],  # their mean number at any moment
+    }
     run["server_cpu_per_evidence_ms"] = (
         round(1000 * run["server_cpu_s"]["total"] / run["rounds_answered"], 2)
         if run["rounds_answered"]
@@ -513,6 +631,7 @@ def main(argv: list[str] | None = None) -> int:
         "stale_check_s": stale_check,
         "workers": workers or 1,
         "serve_supports_workers": supports,
+        "auth": args.auth,
         "setup_s": round(setup_s, 2),
         "enrollment": enrolled,
         "steady": run,

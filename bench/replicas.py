@@ -55,67 +55,21 @@ from sqlalchemy import create_engine, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _server import (
+    LockSampler,
     Server,
     cpu_delta,
+    engine_url,
     load_demo,
     pct,
     process_cpu_seconds,
     throwaway_postgres,
 )
 from proofplane.machine import machine
-from proofplane.store.db import WRITE_LOCK_KEY
 
 TOKEN = "ppt_bench-replicas-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 TENANT = "research-lab"  # a demo tenant with no compliance tags
 TARGET_SPEEDUP = 1.5
-
-
-def engine_url(url: str) -> str:
-    return url.replace("postgresql://", "postgresql+psycopg://", 1)
-
-
-class LockSampler:
-    """Samples ``pg_stat_activity`` of one database: backends waiting on the write lock
-    (an advisory lock with the write lock's key) and whether anyone holds it."""
-
-    def __init__(self, url: str, interval: float = 0.02) -> None:
-        self.engine = create_engine(engine_url(url), isolation_level="AUTOCOMMIT")
-        self.interval = interval
-        self.waiting: list[int] = []
-        self.busy: list[bool] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        query = text(
-            "SELECT count(*) FILTER (WHERE NOT l.granted), count(*) FILTER (WHERE l.granted) "
-            "FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
-            "WHERE l.locktype = 'advisory' AND d.datname = current_database() "
-            "AND l.objid = :key"
-        )
-        with self.engine.connect() as conn:
-            while not self._stop.wait(self.interval):
-                waiting, held = conn.execute(query, {"key": WRITE_LOCK_KEY}).one()
-                self.waiting.append(int(waiting))
-                self.busy.append(bool(waiting or held))
-
-    def __enter__(self) -> LockSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.engine.dispose()
-
-    def summary(self) -> dict[str, Any]:
-        n = len(self.waiting)
-        return {
-            "samples": n,
-            "write_lock_waiters": round(statistics.fmean(self.waiting), 2) if n else None,
-            "write_lock_busy": round(sum(self.busy) / n, 3) if n else None,
-        }
 
 
 def no_device_twice(base: str) -> tuple[int, int]:

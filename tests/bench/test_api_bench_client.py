@@ -1,7 +1,8 @@
-"""bench/api.py's load-generator connection (``_Conn``): it sends the prebuilt request bytes and
-reads each answer by its ``Content-Length`` on one keep-alive connection, says when the server
-closes it, and refuses what it cannot read (a chunked answer, a closed connection) instead of
-counting it as answered."""
+"""The load generators' connection (``RawConn`` in bench/_server.py, as bench/api.py and
+bench/fleet.py use it): it sends the prebuilt request bytes and reads each answer by its
+``Content-Length`` on one keep-alive connection, says when the server closes it and what its
+``Retry-After`` was, and refuses what it cannot read (a chunked answer, a closed connection)
+instead of counting it as answered."""
 
 from __future__ import annotations
 
@@ -24,9 +25,12 @@ ANSWERS = [
 ]
 
 
-def _run(answers: list[bytes], requests: int) -> tuple[list[object], list[bytes]]:
+def _run(
+    answers: list[bytes], requests: int, retry: list[float | None] | None = None
+) -> tuple[list[object], list[bytes]]:
     bench = _bench()
     got: list[bytes] = []
+    retry = [] if retry is None else retry
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         for answer in answers:
@@ -42,7 +46,7 @@ def _run(answers: list[bytes], requests: int) -> tuple[list[object], list[bytes]
     async def main() -> list[object]:
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        conn = await bench._Conn.open("127.0.0.1", port)
+        conn = await bench.RawConn.open("127.0.0.1", port)
         out: list[object] = []
         try:
             for i in range(requests):
@@ -51,6 +55,7 @@ def _run(answers: list[bytes], requests: int) -> tuple[list[object], list[bytes]
                 head = bench._head(method, f"/x/{i}", f"127.0.0.1:{port}", body or None)
                 try:
                     out.append(await conn.request(head, body))
+                    retry.append(conn.retry_after)
                 except (ValueError, ConnectionResetError, asyncio.IncompleteReadError) as exc:
                     out.append(type(exc))
         finally:
@@ -63,8 +68,10 @@ def _run(answers: list[bytes], requests: int) -> tuple[list[object], list[bytes]
 
 
 def test_answers_are_read_by_length_on_one_connection() -> None:
-    out, got = _run(ANSWERS, 2)
+    retry: list[float | None] = []
+    out, got = _run(ANSWERS, 2, retry)
     assert out == [(200, b"{}", False), (429, b"busy!", True)]
+    assert retry == [None, 1.0]  # each answer's own Retry-After, none on the first
     token = _bench().TOKEN
     assert got[0].startswith(b"GET /x/0 HTTP/1.1\r\nHost: 127.0.0.1:")
     assert f"Authorization: Bearer {token}".encode() in got[0]

@@ -1,7 +1,8 @@
 """bench/fleet.py --quick --json: software-TPM agents enroll and attest against a real
 ``proofplane serve`` on PostgreSQL (its real verifier), with console reads and submissions
-beside them; every node is admitted by a passing round, rounds are answered, nothing 5xx, and
-the server's CPU time is counted."""
+beside them, each agent with its own node's credential; every node is admitted by a passing
+round, rounds are answered, nothing 5xx, the server's and the generator's CPU time are counted
+and the write lock is sampled."""
 
 from __future__ import annotations
 
@@ -40,3 +41,8 @@ def test_bench_fleet_quick(tmp_path: Path) -> None:
         f = s["requests"][kind]
         assert f["requests"] > 0 and 0 < f["p50_ms"] <= f["p99_ms"], (kind, f)
     assert data["nodes_after"].get("admitted", 0) + data["quarantined"] == 50
+    assert data["auth"] == "agent"  # each agent presented its own node's credential
+    assert e["generator_cpu_s"] > 0 and s["generator_cpu_s"] > 0
+    lock = s["write_lock"]  # a round writes twice (nonce, evidence), under the one lock
+    assert lock["samples"] > 0 and 0 <= lock["write_lock_busy"] <= 1, lock
+    assert lock["writes_per_round"] >= 1 and lock["write_tx_ms"] > 0, lock
