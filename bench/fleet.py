@@ -23,17 +23,19 @@ Timed, over HTTP with the server's real verifier:
    ``--enroll-concurrency`` at a time: nodes/s and per-request latency.
 2. **steady** — for ``--duration`` s each agent attests every ``--interval`` s ± ``--jitter``
    (its first round at a random offset: a fleet, not a thundering herd), each round ``nonce`` +
-   ``evidence``; beside it ``--console-rate`` req/s of console reads (nodes, a node, workloads,
-   events) and ``--submit-rate`` workload submissions/s, open loop. Rounds answered vs due,
-   evidence submissions/s, per request type p50/p95/p99, errors and 429s, the generator's
-   lateness, nodes quarantined (for staleness: their rounds came too late), and CPU seconds of
-   each server process (/proc/<pid>/stat) and of this load generator (``generator_cpu_s``:
-   it shares the machine, so what it spends the server does not have) during each phase;
-   ``write_lock``: the database's one write lock over the steady phase, sampled from
-   ``pg_locks`` (the share of samples it was held or waited for, backends waiting on average)
-   and from the server's ``/metrics`` (write transactions per answered round, their mean ms
-   from the write path's start to the commit, the wait for the lock included, and how many
-   were in progress on average).
+   ``evidence``, a request refused for overload sent again as ``proofplane agent``'s API client
+   does (Retry-After, doubling, jitter, within its retry budget; ``rounds_given_up``: rounds
+   still refused when it ran out); beside it ``--console-rate`` req/s of console reads (nodes, a
+   node, workloads, events) and ``--submit-rate`` workload submissions/s, open loop. Rounds
+   answered vs due, evidence submissions/s, per request type p50/p95/p99, errors and 429s, the
+   generator's lateness, nodes quarantined (for staleness: their rounds came too late), and CPU
+   seconds of each server process (/proc/<pid>/stat) and of this load generator
+   (``generator_cpu_s``: it shares the machine, so what it spends the server does not have)
+   during each phase; ``write_lock``: the database's one write lock over the steady phase,
+   sampled from ``pg_locks`` (the share of samples it was held or waited for, backends waiting
+   on average) and from the server's ``/metrics`` (write transactions per answered round, their
+   mean ms from the write path's start to the commit, the wait for the lock included, and how
+   many were in progress on average).
 
     .venv/bin/python bench/fleet.py --json [--quick] [--agents 10000]
 """
@@ -77,6 +79,7 @@ from proofplane.attest import eventlog as el
 from proofplane.attest import tpm
 from proofplane.attest.credential import CFB, TOOLS_MAGIC, kdfa, kdfe
 from proofplane.attest.simulate import SoftTpm, demo_boot_log
+from proofplane.cli.client import RETRY_BASE_S, RETRY_BUDGET_S, RETRY_TRIES
 from proofplane.demo.attester import BOOTLOADERS, DEMO_POLICY, GOOD_KERNEL
 from proofplane.hardware.cluster_file import ClusterSpec, NodeSpec, gpu_uuid
 from proofplane.machine import machine
@@ -366,24 +369,46 @@ async def _call(c: Client, rec: Recorder, kind: str, method: str, path: str,
 
 
 async def attest_round(c: Client, rec: Recorder, a: EccAgent) -> bool | None:
-    """One round: passed (True), failed (False), or refused with 429 (None, after waiting
-    its Retry-After)."""
-    r = await call(c, rec, "nonce", "POST", f"{API}/nodes/{a.name}/attestation/nonce", None, a)
+    """One round as ``proofplane agent`` runs it: passed (True), failed (False), or None when
+    the server kept refusing it with 429 past the agent's retry budget."""
+    path = f"{API}/nodes/{a.name}/attestation"
+    r = await call_backing_off(c, rec, "nonce", f"{path}/nonce", None, a)
     if r is not None and r.status_code == 429:
-        await asyncio.sleep(_retry_after(r))
         return None
     if r is None or r.status_code != 201:
         return False
     n = r.json()
     ev = a.evidence(bytes.fromhex(n["nonce"]), n["pcrs"], n["pcr_bank"])
-    r = await call(c, rec, "evidence", "POST", f"{API}/nodes/{a.name}/attestation/evidence",
-                   {"nonce": n["nonce"], "evidence": ev}, a)  # fmt: skip
+    body = {"nonce": n["nonce"], "evidence": ev}
+    r = await call_backing_off(c, rec, "evidence", f"{path}/evidence", body, a)
     if r is not None and r.status_code == 429:
-        await asyncio.sleep(_retry_after(r))
         return None
     if r is None or r.status_code != 200:
         return False
     return bool(r.json()["verdict"].get("ok"))
+
+
+async def call_backing_off(
+    c: Client, rec: Recorder, kind: str, path: str, body: Any, a: EccAgent
+) -> Answer | None:
+    """A POST as the agent's API client sends it (``proofplane.cli.client.ApiClient``): an
+    overload refusal (429) is sent again after at least its Retry-After, doubled on every
+    try, plus up to half again of jitter, at most ``RETRY_TRIES`` tries within
+    ``RETRY_BUDGET_S`` seconds; then the last answer (still a 429: the agent gave up)."""
+    waited, tries = 0.0, 0
+    while True:
+        tries += 1
+        r = await call(c, rec, kind, "POST", path, body, a)
+        if r is None or r.status_code != 429:
+            return r
+        least = _retry_after(r)
+        wait = min(max(least, RETRY_BASE_S) * 2 ** (tries - 1) * (1 + 0.5 * random.random()),
+                   RETRY_BUDGET_S - waited)  # fmt: skip
+        if tries >= RETRY_TRIES or wait < least or wait <= 0:
+            rec.add(f"{kind}_gave_up", "gave_up", 0.0)
+            return r
+        await asyncio.sleep(wait)
+        waited += wait
 
 
 async def enroll(c: Client, rec: Recorder, a: EccAgent) -> bool:
@@ -515,8 +540,11 @@ async def steady(base: str, agents: list[EccAgent], args: argparse.Namespace) ->
         "rounds_due": due,
         "rounds_answered": answered,
         "rounds_passed": passed,
-        "evidence_per_s": round(answered / args.duration, 1),
+        # over the phase as it ran: rounds retried past the end make it longer than --duration
+        "evidence_per_s": round(answered / wall, 1) if wall > 0 else 0.0,
         "status_429": sum(s.get("429", 0) for s in rec.status.values()),
+        # rounds whose nonce or evidence was still refused when the agent's retries ran out
+        "rounds_given_up": sum(s.get("gave_up", 0) for s in rec.status.values()),
         "status_5xx": sum(
             v for s in rec.status.values() for k, v in s.items() if k.isdigit() and k[0] == "5"
         ),
