@@ -1,7 +1,8 @@
 """SQLite writers queue on the writer gate (a thread lock, then a ``flock`` on
 ``<database>.writer``) instead of polling in SQLite's sleeping busy handler: writes from many
 threads and from two processes all commit, the event log stays gap-free, a writer waits while
-another process holds the gate and goes the moment it is released."""
+another process holds the gate and goes the moment it is released. On PostgreSQL the writers of
+one process queue on a thread lock, so one of them at a time waits on the advisory lock."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from proofplane.access import SYSTEM
 from proofplane.errors import Unavailable
@@ -133,12 +134,97 @@ def test_a_writer_that_cannot_get_the_slot_in_time_is_unavailable(
     assert seqs == list(range(1, len(seqs) + 1))
 
 
-def test_only_a_sqlite_file_has_a_gate() -> None:
+def test_an_in_memory_sqlite_database_has_no_gate() -> None:
     from sqlalchemy import create_engine
 
-    for url in ("sqlite://", "postgresql+psycopg://u@127.0.0.1:1/none"):
-        gate = store_db.writer_gate(create_engine(url))
-        assert isinstance(gate, contextlib.nullcontext)  # PostgreSQL queues on its advisory lock
+    gate = store_db.writer_gate(create_engine("sqlite://"))
+    assert isinstance(gate, contextlib.nullcontext)
+
+
+_ADVISORY_WAITERS = text(
+    "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+    "WHERE l.locktype = 'advisory' AND NOT l.granted AND d.datname = current_database() "
+    "AND l.objid = :key"
+)
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_on_postgresql_a_process_sends_one_writer_at_a_time_to_the_advisory_lock(
+    store: Store,
+) -> None:
+    """Issue 20: the other writers of the process wait in it (a thread lock), not in
+    PostgreSQL holding a pooled connection each; they all commit once the holder has, and the
+    log stays gap-free."""
+    taken, release = threading.Event(), threading.Event()
+    done: list[str] = []
+
+    def holder() -> None:
+        with store.write(SYSTEM) as tx:
+            tx.record("test.gate", "writer", "holder")
+            taken.set()
+            release.wait(10)
+
+    def writer(k: int) -> None:
+        with store.write(SYSTEM) as tx:
+            tx.record("test.gate", "writer", f"w{k}")
+        done.append(f"w{k}")
+
+    h = threading.Thread(target=holder)
+    h.start()
+    assert taken.wait(10)
+    writers = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    for t in writers:
+        t.start()
+    try:
+        time.sleep(0.3)  # long enough for a writer to reach PostgreSQL, were it let through
+        with store.engine.connect() as conn:
+            waiting = conn.execute(_ADVISORY_WAITERS, {"key": store_db.WRITE_LOCK_KEY}).scalar()
+        assert waiting == 0 and done == []  # they wait in the process, and have not written
+    finally:
+        release.set()
+        h.join(10)
+        for t in writers:
+            t.join(10)
+    assert sorted(done) == ["w0", "w1", "w2", "w3"]
+    seqs = _seqs(store)
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_on_postgresql_a_writer_that_waits_too_long_in_its_process_is_unavailable(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_db, "BUSY_TIMEOUT_S", 0.2)
+    failed: list[BaseException] = []
+    with store.write(SYSTEM) as tx:
+        tx.record("test.gate", "writer", "holder")
+
+        def write() -> None:
+            try:
+                with store.write(SYSTEM) as inner:
+                    inner.record("test.gate", "writer", "late")
+            except Unavailable as exc:
+                failed.append(exc)
+
+        t = threading.Thread(target=write)
+        t.start()
+        t.join(10)
+    assert len(failed) == 1 and failed[0].code == "unavailable"
+    from sqlalchemy import event
+
+    with store.write(SYSTEM) as tx:  # the gate is free again, and re-entrant in its holder
+        tx.record("test.gate", "writer", "after")
+
+        def hook(_session: object) -> None:  # a write an after_commit hook makes
+            with store.write(SYSTEM) as inner:
+                inner.record("test.gate", "writer", "after-commit")
+
+        event.listen(tx.session, "after_commit", hook, once=True)
+    with store.read() as session:
+        ids = list(
+            session.scalars(select(EventRow.target_id).where(EventRow.action == "test.gate"))
+        )
+    assert ids == ["holder", "after", "after-commit"]
 
 
 def test_a_write_an_after_commit_hook_makes_in_the_same_thread_does_not_wait_for_itself(

@@ -6,7 +6,11 @@ write transaction takes one transaction-scoped advisory lock. On SQLite the writ
 server's processes first queue on ``writer_gate`` (a thread lock, then an exclusive ``flock`` on
 ``<database>.writer``): SQLite's own busy handler polls with sleeps of up to 100 ms, so two
 worker processes contending for the file lock lost most of their time asleep; a blocked
-``flock`` is woken by the kernel the moment the holder lets go. The control plane makes decisions
+``flock`` is woken by the kernel the moment the holder lets go. On PostgreSQL the writers of one
+process queue on an in-process gate (a thread lock) before they begin, so each process has at
+most one backend waiting on the advisory lock: with every writer parked in PostgreSQL (20-odd
+under a fleet of agents) each held a pooled connection, which left the process's reads waiting
+for one. The control plane makes decisions
 from what it just read (placement, event sequence numbers), so one writer at a time is the rule;
 reads stay concurrent.
 
@@ -265,10 +269,34 @@ _GATES_LOCK = threading.Lock()
 def writer_gate(engine: Engine) -> contextlib.AbstractContextManager[None]:
     """Hold this around a write transaction (before its ``BEGIN IMMEDIATE``, released after its
     commit or rollback): on a SQLite file, the writers of every process queue here instead of in
-    SQLite's sleeping busy handler; anything else (PostgreSQL, whose advisory lock already queues
-    in the server) passes at once."""
+    SQLite's sleeping busy handler; on PostgreSQL the writers of this process queue here, one of
+    them at a time waiting on the advisory lock (:func:`_process_gate`); anything else (an
+    in-memory SQLite database) passes at once."""
     gate = _gate_for(engine, create=True)
-    return contextlib.nullcontext() if gate is None else gate.held()
+    if gate is not None:
+        return gate.held()
+    if engine.dialect.name == "postgresql":
+        return _process_gate(engine)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _process_gate(engine: Engine) -> Iterator[None]:
+    """The writers of this process on one PostgreSQL engine, one at a time (re-entrant in its
+    holder, like the SQLite gate: a write an ``after_commit`` hook makes runs while it holds
+    it). Across processes and replicas the advisory lock still decides; this only keeps the
+    rest of this process's writers out of PostgreSQL, and their connections in the pool, while
+    one waits for it or holds it."""
+    lock: threading.RLock | None = engine.__dict__.get("_proofplane_process_gate")
+    if lock is None:
+        with _GATES_LOCK:
+            lock = engine.__dict__.setdefault("_proofplane_process_gate", threading.RLock())
+    if not lock.acquire(timeout=BUSY_TIMEOUT_S):
+        raise Unavailable("the database is busy: no write slot within 30 s")
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _gate_for(engine: Engine, *, create: bool) -> _Gate | None:
