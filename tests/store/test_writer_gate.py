@@ -42,6 +42,26 @@ def _write_events(url: str, who: str, count: int) -> None:
         store.dispose()
 
 
+def _a_late_writer_is_unavailable(store: Store) -> None:
+    """While this thread holds the write slot, a write from another thread gives up after
+    ``BUSY_TIMEOUT_S`` with ``unavailable`` (and writes nothing)."""
+    failed: list[BaseException] = []
+    with store.write(SYSTEM) as tx:
+        tx.record("test.gate", "writer", "holder")
+
+        def write() -> None:
+            try:
+                with store.write(SYSTEM) as inner:
+                    inner.record("test.gate", "writer", "late")
+            except Unavailable as exc:
+                failed.append(exc)
+
+        t = threading.Thread(target=write)
+        t.start()
+        t.join(10)
+    assert len(failed) == 1 and failed[0].code == "unavailable"
+
+
 def _seqs(store: Store) -> list[int]:
     with store.read() as session:
         return list(session.scalars(select(EventRow.seq).order_by(EventRow.seq)))
@@ -115,21 +135,7 @@ def test_a_writer_that_cannot_get_the_slot_in_time_is_unavailable(
 ) -> None:
     store = _store(tmp_path / "gate.db")
     monkeypatch.setattr(store_db, "BUSY_TIMEOUT_S", 0.2)
-    with store.write(SYSTEM) as tx:  # this thread holds the slot: another thread must wait
-        tx.record("test.gate", "writer", "holder")
-        failed: list[BaseException] = []
-
-        def write() -> None:
-            try:
-                with store.write(SYSTEM) as inner:
-                    inner.record("test.gate", "writer", "late")
-            except Unavailable as exc:
-                failed.append(exc)
-
-        t = threading.Thread(target=write)
-        t.start()
-        t.join(10)
-    assert len(failed) == 1 and failed[0].code == "unavailable"
+    _a_late_writer_is_unavailable(store)
     seqs = _seqs(store)
     assert seqs == list(range(1, len(seqs) + 1))
 
@@ -195,21 +201,7 @@ def test_on_postgresql_a_writer_that_waits_too_long_in_its_process_is_unavailabl
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(store_db, "BUSY_TIMEOUT_S", 0.2)
-    failed: list[BaseException] = []
-    with store.write(SYSTEM) as tx:
-        tx.record("test.gate", "writer", "holder")
-
-        def write() -> None:
-            try:
-                with store.write(SYSTEM) as inner:
-                    inner.record("test.gate", "writer", "late")
-            except Unavailable as exc:
-                failed.append(exc)
-
-        t = threading.Thread(target=write)
-        t.start()
-        t.join(10)
-    assert len(failed) == 1 and failed[0].code == "unavailable"
+    _a_late_writer_is_unavailable(store)
     from sqlalchemy import event
 
     with store.write(SYSTEM) as tx:  # the gate is free again, and re-entrant in its holder
