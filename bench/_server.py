@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import dataclasses
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -259,8 +260,8 @@ def engine_url(url: str) -> str:
 
 
 class LockSampler:
-    """Samples ``pg_stat_activity`` of one database: backends waiting on the write lock
-    (an advisory lock with the write lock's key) and whether anyone holds it."""
+    """Samples ``pg_locks`` of one database every ``interval`` s: backends waiting on the
+    write lock (an advisory lock with the write lock's key) and whether anyone holds it."""
 
     def __init__(self, url: str, interval: float = 0.02) -> None:
         self.engine = create_engine(engine_url(url), isolation_level="AUTOCOMMIT")
@@ -299,6 +300,15 @@ class LockSampler:
             "write_lock_waiters": round(statistics.fmean(self.waiting), 2) if n else None,
             "write_lock_busy": round(sum(self.busy) / n, 3) if n else None,
         }
+
+
+def own_cpu_seconds(children: bool = False) -> float:
+    """user+system CPU seconds of this process (the load generator), and with ``children``
+    of its finished child processes too (generators run in a process pool)."""
+    usages = [resource.getrusage(resource.RUSAGE_SELF)]
+    if children:
+        usages.append(resource.getrusage(resource.RUSAGE_CHILDREN))
+    return sum(u.ru_utime + u.ru_stime for u in usages)
 
 
 def write_lock(metrics_text: str) -> dict[str, float]:

@@ -37,7 +37,6 @@ import asyncio
 import json
 import multiprocessing
 import random
-import resource
 import statistics
 import sys
 import tempfile
@@ -56,6 +55,7 @@ from _server import (
     cpu_delta,
     http_head,
     load_demo,
+    own_cpu_seconds,
     pct,
     serve_supports_workers,
     throwaway_postgres,
@@ -276,27 +276,19 @@ def open_loop(
     }
 
 
-def _own_cpu() -> float:
-    """CPU seconds of this process and its finished children (the load generators)."""
-    me, kids = (
-        resource.getrusage(resource.RUSAGE_SELF),
-        resource.getrusage(resource.RUSAGE_CHILDREN),
-    )
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-
 def _with_cpu(server: Server, phase: Any, *args: Any) -> dict[str, Any]:
     """A load phase, with the CPU seconds the server and the generator spent in it (on a
     two-core box the generator's share is the capacity the server did not have) and what the
     write slot did meanwhile: ms held and waited for per write, and the share of the phase's
     wall time it was held (writes of every worker queue for that one slot)."""
-    slot0, before, own = write_slot(server.base, TOKEN), server.cpu_seconds(), _own_cpu()
+    slot0, before = write_slot(server.base, TOKEN), server.cpu_seconds()
+    own = own_cpu_seconds(children=True)
     t0 = time.perf_counter()
     out: dict[str, Any] = phase(*args)
     elapsed = time.perf_counter() - t0
     out["cpu_s"] = {
         "server": cpu_delta(before, server.cpu_seconds())["total"],
-        "generator": round(_own_cpu() - own, 2),
+        "generator": round(own_cpu_seconds(children=True) - own, 2),
     }
     slot = write_lock_delta(slot0, write_slot(server.base, TOKEN), elapsed, 1)
     slot.pop("writes_per_unit")

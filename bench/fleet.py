@@ -48,16 +48,17 @@ import base64
 import hmac
 import json
 import random
-import resource
 import struct
 import sys
 import tempfile
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
@@ -68,6 +69,7 @@ from _server import (
     Server,
     cpu_delta,
     http_head,
+    own_cpu_seconds,
     pct,
     serve_supports_workers,
     throwaway_postgres,
@@ -79,7 +81,7 @@ from proofplane.attest import eventlog as el
 from proofplane.attest import tpm
 from proofplane.attest.credential import CFB, TOOLS_MAGIC, kdfa, kdfe
 from proofplane.attest.simulate import SoftTpm, demo_boot_log
-from proofplane.cli.client import RETRY_BASE_S, RETRY_BUDGET_S, RETRY_TRIES
+from proofplane.cli.client import RETRY_BUDGET_S, RETRY_TRIES, backoff_s, retry_after_s
 from proofplane.demo.attester import BOOTLOADERS, DEMO_POLICY, GOOD_KERNEL
 from proofplane.hardware.cluster_file import ClusterSpec, NodeSpec, gpu_uuid
 from proofplane.machine import machine
@@ -248,13 +250,13 @@ def node_states(url: str) -> dict[str, Any]:
 # --- the load ------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
 class Answer:
     """A status, its body and its ``Retry-After`` (seconds, None: none)."""
 
-    __slots__ = ("status_code", "body", "retry_after")
-
-    def __init__(self, status_code: int, body: bytes, retry_after: float | None) -> None:
-        self.status_code, self.body, self.retry_after = status_code, body, retry_after
+    status_code: int
+    body: bytes
+    retry_after: float | None
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -277,27 +279,23 @@ class Client:
     ) -> Answer:
         data = json.dumps(body).encode() if body is not None else None
         head = http_head(method, path, self.netloc, token or TOKEN, data)
-        conn = self.idle.pop() if self.idle else None
-        reused = conn is not None
-        if conn is None:
-            conn = await asyncio.wait_for(RawConn.open(self.host, self.port), 10)
-        try:
-            status, raw, close = await asyncio.wait_for(conn.request(head, data or b""), 30)
-        except (ConnectionResetError, BrokenPipeError):  # no answer began: nothing was done
-            conn.close()
-            if not reused:
-                raise
-            # the server closed a connection left idle past its keep-alive timeout before
-            # this request reached it (as httpx does: send it again on a new connection)
-            conn = await asyncio.wait_for(RawConn.open(self.host, self.port), 10)
+        while True:
+            reused = bool(self.idle)
+            conn = self.idle.pop() if reused else None
+            if conn is None:
+                conn = await asyncio.wait_for(RawConn.open(self.host, self.port), 10)
             try:
                 status, raw, close = await asyncio.wait_for(conn.request(head, data or b""), 30)
-            except BaseException:
+                break
+            except (ConnectionResetError, BrokenPipeError):  # no answer began: nothing was done
                 conn.close()
+                if not reused:
+                    raise
+                # the server closed a connection left idle past its keep-alive timeout before
+                # this request reached it (as httpx does: send it again, on another connection)
+            except BaseException:
+                conn.close()  # in an unknown state: never reused
                 raise
-        except BaseException:
-            conn.close()  # in an unknown state: never reused
-            raise
         if close:
             conn.close()
         else:
@@ -392,8 +390,8 @@ async def call_backing_off(
     c: Client, rec: Recorder, kind: str, path: str, body: Any, a: EccAgent
 ) -> Answer | None:
     """A POST as the agent's API client sends it (``proofplane.cli.client.ApiClient``): an
-    overload refusal (429) is sent again after at least its Retry-After, doubled on every
-    try, plus up to half again of jitter, at most ``RETRY_TRIES`` tries within
+    overload refusal (429) is sent again after the client's own ``backoff_s`` (at least its
+    Retry-After, doubled on every try, plus jitter), at most ``RETRY_TRIES`` tries within
     ``RETRY_BUDGET_S`` seconds; then the last answer (still a 429: the agent gave up)."""
     waited, tries = 0.0, 0
     while True:
@@ -401,10 +399,10 @@ async def call_backing_off(
         r = await call(c, rec, kind, "POST", path, body, a)
         if r is None or r.status_code != 429:
             return r
-        least = _retry_after(r)
-        wait = min(max(least, RETRY_BASE_S) * 2 ** (tries - 1) * (1 + 0.5 * random.random()),
-                   RETRY_BUDGET_S - waited)  # fmt: skip
-        if tries >= RETRY_TRIES or wait < least or wait <= 0:
+        # the client's functions read the header from an httpx answer: give them one
+        answer = httpx.Response(429, headers={"Retry-After": f"{_retry_after(r):g}"})
+        wait = min(backoff_s(answer, tries), RETRY_BUDGET_S - waited)
+        if tries >= RETRY_TRIES or wait < (retry_after_s(answer) or 0.0) or wait <= 0:
             rec.add(f"{kind}_gave_up", "gave_up", 0.0)
             return r
         await asyncio.sleep(wait)
@@ -558,12 +556,6 @@ async def steady(base: str, agents: list[EccAgent], args: argparse.Namespace) ->
     }
 
 
-def _own_cpu() -> float:
-    """user+system CPU seconds of this process (the agents and the console generator)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -616,12 +608,14 @@ def main(argv: list[str] | None = None) -> int:
         server = Server(url, tmp, workers=workers, env=env)
         try:
             server.wait_ready()
-            cpu0, own0 = server.cpu_seconds(), _own_cpu()
+            cpu0, own0 = server.cpu_seconds(), own_cpu_seconds()
             enrolled = asyncio.run(enroll_all(server.base, agents, args.enroll_concurrency))
-            cpu1, own1, slot1 = server.cpu_seconds(), _own_cpu(), write_slot(server.base, TOKEN)
+            cpu1, own1 = server.cpu_seconds(), own_cpu_seconds()
+            slot1 = write_slot(server.base, TOKEN)
             with LockSampler(url) as sampler:
                 run = asyncio.run(steady(server.base, agents, args))
-            cpu2, own2, slot2 = server.cpu_seconds(), _own_cpu(), write_slot(server.base, TOKEN)
+            cpu2, own2 = server.cpu_seconds(), own_cpu_seconds()
+            slot2 = write_slot(server.base, TOKEN)
             if server.proc.poll() is not None:
                 raise SystemExit(f"the server died:\n{server.errors_tail()}")
         finally:

@@ -40,7 +40,6 @@ import argparse
 import http.client
 import json
 import os
-import resource
 import socket
 import statistics
 import subprocess
@@ -55,7 +54,15 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _server import free_port, pct, positive, tree_cpu_seconds, write_lock, write_lock_delta
+from _server import (
+    free_port,
+    own_cpu_seconds,
+    pct,
+    positive,
+    tree_cpu_seconds,
+    write_lock,
+    write_lock_delta,
+)
 from proofplane.access import SYSTEM, Actor, Role
 from proofplane.machine import machine
 from proofplane.model import Gpu, Node, NodeState
@@ -182,7 +189,7 @@ def one_run(
             return write_lock(text.decode())
 
         lock0 = lock()
-        server0, client0 = tree_cpu_seconds(proc.pid), _own_cpu_seconds()
+        server0, client0 = tree_cpu_seconds(proc.pid), own_cpu_seconds()
         t0 = time.perf_counter()
         if concurrency == 1:
             for i in range(nodes):
@@ -191,7 +198,7 @@ def one_run(
             with ThreadPoolExecutor(concurrency) as pool:
                 list(pool.map(lambda i: change(i, record=True), range(nodes)))
         elapsed = time.perf_counter() - t0
-        server1, client1 = tree_cpu_seconds(proc.pid), _own_cpu_seconds()
+        server1, client1 = tree_cpu_seconds(proc.pid), own_cpu_seconds()
         lock1 = lock()
         check = json.loads(clients()["alice"].request("GET", "/api/v1/nodes/gpu-0000")[1])
         if check.get("certifications", {}).get("hipaa") != "true":
@@ -298,11 +305,6 @@ def in_process(db: Path, changes: int, warmup: int) -> dict[str, Any]:
 
 def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def _own_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def main(argv: list[str] | None = None) -> int:
