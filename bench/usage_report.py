@@ -8,14 +8,15 @@ text, ``details`` as ``audit.canonical.stored_details`` stores them, built by th
 functions the services use (``service.cluster.register_details`` for ``node.register``,
 ``service.scheduling.decision_fields`` and ``placement_json`` for ``workload.place`` and
 ``workload.evict``, the detail keys of ``workload.submit``, ``.dispatch``, ``.running``,
-``.succeeded``, ``.cancel``, ``node.attest.nonce`` and ``node.attest`` as written today).
+``.succeeded``, ``.cancel`` and ``node.attest`` as written today; a nonce's issue writes no
+event since issue 20).
 The Merkle hashes (``audit_hashes``) are not written: the report never reads them
 (``bench/audit.py`` measures the log itself). The history is a discrete-event simulation in
 time order: 5,000 nodes of 8 GPUs (H100, A100, H200, B200); 70 % of the nodes run whole-GPU
 jobs of 1, 2, 4 or 8 GPUs, 20 % MIG instances (7 x 1g or 2 x 3g per GPU), 10 % quarter GPUs
 (``share_milli`` 250); 50 tenants in three compliance pools; each job submit, place, dispatch,
 running, succeeded, with 3 % evicted by a node failure and re-placed, 4 % cancelled; every
-node attests every two hours (nonce + verdict). The job length is chosen so the month holds
+node attests every two hours (its verdict). The job length is chosen so the month holds
 ``--events`` events. The file is kept (``--db``) and reused by later runs with the same shape.
 
 **The figure.** ``report_s``: wall time of ``service.usage.usage_report`` (what ``GET
@@ -213,8 +214,6 @@ def build(path: Path, nodes: int, days: int, events: int, seed: int = 15) -> dic
         if kind == 0:  # a node's attestation round
             node = node_objs[idx]
             nonce_n += 1
-            w.add(when, f"node:{node.name}", "node.attest.nonce", "node", node.name,
-                  {"nonce": f"{nonce_n:064x}"})  # fmt: skip
             w.add(
                 when + timedelta(milliseconds=40),
                 f"node:{node.name}",

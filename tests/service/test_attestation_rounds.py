@@ -31,15 +31,17 @@ from proofplane.service.nodes import get_node, register_node, set_node_state
 LOG = demo_boot_log(GOOD_KERNEL, bootloaders=BOOTLOADERS)
 T0 = datetime(2026, 11, 27, 12, tzinfo=UTC)
 # SQL statements of one round on PostgreSQL (every one goes through SQLAlchemy there): nonce =
-# the write lock, node + identity, policy, INSERT nonce, and the event (max seq, Merkle size,
-# its edge, INSERT event, INSERT hashes); evidence = the lock, node + identity, policy, UPDATE
-# the nonce … RETURNING, INSERT evidence, GPU uuids, the event's five, UPDATE the identity.
-# Before issue 20's change: 12 and 15.
-BUDGET = {"nonce": 9, "evidence": 12}  # PostgreSQL
+# node + identity and policy, a read (the nonce carries its own authenticated issue time);
+# evidence = the lock, node + identity, policy, INSERT the spent nonce (nothing returned for a
+# replay), INSERT evidence, GPU uuids, the event's five (max seq, Merkle size, its edge, INSERT
+# event, INSERT its leaf hash), UPDATE the identity. The Merkle log's subtree hashes, one more
+# INSERT each time the log's size completes one, are left out. Before issue 20's change: 12
+# and 15; before the MAC nonce: 9 (the write lock, an INSERT and an event) and 12.
+BUDGET = {"nonce": 2, "evidence": 12}  # PostgreSQL
 STALE_PASS_STATEMENTS = (
     3  # a pass that finds nothing stale: policies + stale nodes (+ BEGIN on SQLite)
 )
-BUDGET_SQLITE = {"nonce": 13, "evidence": 13}  # SQLite: BEGIN and COMMIT counted too
+BUDGET_SQLITE = {"nonce": 4, "evidence": 13}  # SQLite: BEGIN and COMMIT counted too
 
 
 def _node(store: Store, name: str, labels: dict[str, str] | None = None) -> None:
@@ -186,11 +188,19 @@ def test_a_round_stays_within_its_statements(
     sqlite = not db_url.startswith("postgresql")
     budget = BUDGET_SQLITE if sqlite else BUDGET
 
+    def merkle_subtree(statement: str) -> bool:
+        """An audit_hashes INSERT after the leaf's: a subtree the new leaf completed."""
+        return statement.startswith("INSERT INTO audit_hashes") and any(
+            s.startswith("INSERT INTO audit_hashes") for s in seen
+        )
+
     def count(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
-        seen.append(statement)
+        if not merkle_subtree(statement):
+            seen.append(statement)
 
     def traced(statement: str) -> None:
-        if not statement.startswith("PRAGMA"):  # a new connection's settings
+        # a new connection's settings, and the subtree hashes
+        if not statement.startswith("PRAGMA") and not merkle_subtree(statement):
             seen.append(statement)
 
     def trace(dbapi_connection: Any, _record: Any) -> None:
@@ -202,7 +212,7 @@ def test_a_round_stays_within_its_statements(
     else:
         event.listen(store.engine, "before_cursor_execute", count)
     try:
-        for _ in range(3):  # the Merkle edge differs at each size: the budget holds at any
+        for _ in range(5):  # the Merkle edge differs at each size: the budget holds at any
             seen.clear()
             nonce, ev = _evidence(store, a)
             assert 0 < len(seen) <= budget["nonce"], seen
@@ -253,3 +263,134 @@ def test_staleness_reads_policies_by_class_and_quarantines_only_stale_nodes(
     finally:
         event.remove(store.engine, "before_cursor_execute", count)
     assert 0 < len(seen) <= STALE_PASS_STATEMENTS, seen
+
+
+# --- the nonce: a read, checked by its MAC, spent once --------------------------------------
+
+
+def _count(store: Store, table: Any, **where: Any) -> int:
+    from sqlalchemy import func, select
+
+    with store.read() as session:
+        q = select(func.count()).select_from(table)
+        for column, value in where.items():
+            q = q.where(getattr(table.c, column) == value)
+        return int(session.execute(q).scalar_one())
+
+
+def test_issuing_a_nonce_writes_nothing_and_its_evidence_spends_it_once(
+    attested: tuple[Store, SimulatedAttester],
+) -> None:
+    from proofplane.store.tables import AttestationNonceRow, EventRow
+
+    store, a = attested
+    events, spent = EventRow.__table__, AttestationNonceRow.__table__
+    before = (_count(store, events), _count(store, spent))
+    issued = [svc.issue_nonce(store, SYSTEM, "n1", now=T0) for _ in range(3)]
+    assert len({i.nonce for i in issued}) == 3
+    assert (_count(store, events), _count(store, spent)) == before  # no event, no row
+    ev = a.evidence(issued[1].nonce, list(issued[1].pcrs), issued[1].pcr_bank)
+    assert _submit(store, issued[1].nonce, ev) == []
+    assert _count(store, events) == before[0] + 1  # the verdict's node.attest, nothing else
+    with store.read() as session:
+        row = session.execute(spent.select().where(spent.c.nonce == issued[1].nonce.hex())).one()
+    assert (row.issued_at, row.used_at) == (issued[1].issued_at, T0)
+    assert row.expires_at == issued[1].expires_at
+    assert _submit(store, issued[1].nonce, ev) == ["nonce_replayed"]
+    assert _count(store, spent) == before[1] + 1  # a replay spends nothing more
+
+
+def test_the_nonce_key_is_made_once_sealed_and_shared_by_every_process(
+    attested: tuple[Store, SimulatedAttester], db_url: str
+) -> None:
+    from sqlalchemy import select
+
+    from proofplane.store.tables import AttestationNonceKeyRow, EventRow
+
+    store, a = attested
+    key = svc.nonce_key(store, SYSTEM)
+    assert key is not None and len(key) == 32
+    with store.read() as session:
+        rows = session.scalars(select(AttestationNonceKeyRow)).all()
+        made = session.scalars(
+            select(EventRow).where(EventRow.action == "attest.nonce_key.create")
+        ).all()
+    assert len(rows) == 1 and len(made) == 1
+    assert key.hex() not in rows[0].key_sealed and key not in rows[0].key_sealed.encode()
+    # another process (or replica) on the database: it opens the same key, so a nonce one
+    # issued is judged by the other, and spent for both
+    other = Store(db_url)
+    try:
+        assert other.nonce_key is None
+        issued = svc.issue_nonce(store, SYSTEM, "n1", now=T0)
+        ev = a.evidence(issued.nonce, list(issued.pcrs), issued.pcr_bank)
+        out = svc.submit_evidence(other, SYSTEM, "n1", issued.nonce, ev, now=T0,
+                                  allow_simulated=True)  # fmt: skip
+        assert out.verdict["ok"] and other.nonce_key == key
+        assert _submit(store, issued.nonce, ev) == ["nonce_replayed"]
+    finally:
+        other.dispose()
+    with store.read() as session:
+        again = session.scalars(select(AttestationNonceKeyRow)).all()
+    assert [(r.id, r.key_sealed) for r in again] == [(rows[0].id, rows[0].key_sealed)]
+
+
+def test_a_nonce_is_accepted_only_from_its_node_unaltered_and_fresh(
+    attested: tuple[Store, SimulatedAttester],
+) -> None:
+    store, a = attested
+    b = _enrolled(store, "n2")
+    issued = svc.issue_nonce(store, SYSTEM, "n1", now=T0)
+    # n2 answers with a quote over n1's nonce: not a nonce issued to n2
+    ev = b.evidence(issued.nonce, list(issued.pcrs), issued.pcr_bank)
+    out = svc.submit_evidence(store, SYSTEM, "n2", issued.nonce, ev, now=T0,
+                              allow_simulated=True)  # fmt: skip
+    assert out.verdict["reasons"] == ["nonce_unknown"]
+    # an issue time moved (its MAC no longer matches)
+    moved = bytearray(issued.nonce)
+    moved[6] ^= 1
+    ev = a.evidence(bytes(moved), list(issued.pcrs), issued.pcr_bank)
+    assert _submit(store, bytes(moved), ev) == ["nonce_unknown"]
+    # n1's own nonce, still unspent by n2's attempt, passes
+    ev = a.evidence(issued.nonce, list(issued.pcrs), issued.pcr_bank)
+    assert _submit(store, issued.nonce, ev) == []
+    # a nonce issued an hour before its evidence: authentic, but the verifier finds it stale
+    old = svc.issue_nonce(store, SYSTEM, "n1", now=T0 - timedelta(hours=1))
+    ev = a.evidence(old.nonce, list(old.pcrs), old.pcr_bank)
+    assert _submit(store, old.nonce, ev) == ["quote_stale"]
+
+
+def test_evidence_before_any_nonce_was_issued_is_an_unknown_nonce(store: Store) -> None:
+    from sqlalchemy import select
+
+    from proofplane.store.tables import AttestationNonceKeyRow
+
+    svc.set_policy(store, SYSTEM, DEMO_POLICY, enforce=True)
+    a = _enrolled(store, "n1")
+    ev = a.evidence(b"\x01" * 32, [0], "sha256")
+    assert _submit(store, b"\x01" * 32, ev) == ["nonce_unknown"]
+    with store.read() as session:  # judging it made no key
+        assert session.scalars(select(AttestationNonceKeyRow)).all() == []
+
+
+def test_one_nonce_sent_twice_at_once_through_two_processes_passes_once(
+    attested: tuple[Store, SimulatedAttester], db_url: str
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    store, a = attested
+    other = Store(db_url)
+    try:
+        issued = svc.issue_nonce(store, SYSTEM, "n1", now=T0)
+        ev = a.evidence(issued.nonce, list(issued.pcrs), issued.pcr_bank)
+
+        def send(s: Store) -> list[str]:
+            out = svc.submit_evidence(s, SYSTEM, "n1", issued.nonce, ev, now=T0,
+                                      allow_simulated=True)  # fmt: skip
+            return list(out.verdict["reasons"])
+
+        with ThreadPoolExecutor(2) as pool:
+            got = sorted(map(tuple, pool.map(send, [store, other])))
+        assert got == [(), ("nonce_replayed",)]
+    finally:
+        other.dispose()

@@ -34,10 +34,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, insert, or_, select, update
+from sqlalchemy import bindparam, insert, or_, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from proofplane.access import Actor, Permission, authorize
 from proofplane.attest import AttestError, Evidence, Expected, Policy, PolicyError, VerifierCache
+from proofplane.attest import nonce as nonces
 from proofplane.attest.credential import (
     CredentialError,
     make_credential,
@@ -56,6 +59,7 @@ from proofplane.service.lifecycle import change_node_state
 from proofplane.service.runbooks import with_runbook
 from proofplane.store.repo import node_row
 from proofplane.store.tables import (
+    AttestationNonceKeyRow,
     AttestationNonceRow,
     AttestationPolicyRow,
     EvidenceRow,
@@ -184,20 +188,16 @@ _POLICIES_OF = select(*_POLICY_COLUMNS).where(
 )
 _GPU_UUIDS = select(GpuRow.__table__.c.uuid).where(GpuRow.__table__.c.node_id == bindparam("node"))
 _NONCES = AttestationNonceRow.__table__
-_NEW_NONCE = insert(_NONCES)
-_USE_NONCE = (
-    update(_NONCES)
-    .where(
-        _NONCES.c.nonce == bindparam("hex"),
-        _NONCES.c.node_id == bindparam("node"),
-        _NONCES.c.used_at.is_(None),
-    )
-    .values(used_at=bindparam("now", type_=_NONCES.c.used_at.type))
-    .returning(_NONCES.c.issued_at)
-)
-_NONCE_ISSUED = select(_NONCES.c.issued_at).where(
-    _NONCES.c.nonce == bindparam("hex"), _NONCES.c.node_id == bindparam("node")
-)
+# a nonce spent: one statement, which returns nothing when it was spent before (a replay)
+_SPEND_NONCE = {
+    "postgresql": pg_insert(_NONCES)
+    .on_conflict_do_nothing(index_elements=["nonce"])
+    .returning(_NONCES.c.id),
+    "sqlite": sqlite_insert(_NONCES)
+    .on_conflict_do_nothing(index_elements=["nonce"])
+    .returning(_NONCES.c.id),
+}
+NONCE_KEY_ROW = 1
 _NEW_EVIDENCE = insert(EvidenceRow.__table__).returning(EvidenceRow.__table__.c.id)
 
 
@@ -419,31 +419,70 @@ def activate(
 # --- rounds ----------------------------------------------------------------------------------
 
 
+def nonce_key(store: Store, actor: Actor, *, create: bool = True) -> bytes | None:
+    """The key this deployment's attestation nonces are made and checked with: opened once per
+    process (KMS ``secrets`` key, bound to its row), made on first use (``create``) with an
+    ``attest.nonce_key.create`` event; None when there is none and ``create`` is false. Called
+    outside any transaction of ``store``: it may open its own."""
+    key = store.nonce_key
+    if key is not None:
+        return key
+    from proofplane.service import keys as keys_svc  # keys imports nothing of attestation
+
+    kms = keys_svc.kms_for(store)
+    aad = keys_svc.secret_aad("attestation_nonce_key", NONCE_KEY_ROW, "key")
+    with store.read() as session:
+        row = session.get(AttestationNonceKeyRow, NONCE_KEY_ROW)
+        sealed = None if row is None else row.key_sealed
+    if sealed is None:
+        if not create:
+            return None
+        with store.write(actor) as tx:
+            row = tx.session.get(AttestationNonceKeyRow, NONCE_KEY_ROW)
+            if row is None:  # nobody made it since the read
+                made = secrets.token_bytes(nonces.KEY_SIZE)
+                row = AttestationNonceKeyRow(
+                    id=NONCE_KEY_ROW,
+                    key_sealed=keys_svc.seal_secret(kms, tx, made.hex(), aad),
+                    created_at=tx.now,
+                )
+                tx.session.add(row)
+                tx.record("attest.nonce_key.create", "attestation", "nonce-key",
+                          details={"kms_key": keys_svc.SECRETS_KEY})  # fmt: skip
+            sealed = row.key_sealed
+    with store.read() as session:
+        key = bytes.fromhex(keys_svc.open_secret(kms, session, sealed, aad))
+    store.nonce_key = key
+    return key
+
+
 def issue_nonce(store: Store, actor: Actor, name: str, now: datetime | None = None) -> Nonce:
-    """A fresh single-use nonce, and which PCRs the policy wants quoted."""
+    """A fresh single-use nonce, and which PCRs the policy wants quoted.
+
+    A read: the nonce carries its issue time and the node it is for under the server's nonce key
+    (``proofplane.attest.nonce``), and is recorded when evidence spends it, with the round's
+    verdict. Nothing is written here, so no write lock is taken (issue 20: with it, each of a
+    fleet's rounds took the one write lock twice)."""
     authorize_node(actor, name)
-    with store.write(actor, now) as tx:
-        found = tx.session.execute(_NONCE_ROUND, {"name": name}).one_or_none()
+    key = nonce_key(store, actor)
+    assert key is not None
+    at = nonces.at_ms(nonces.issued_ms(now or datetime.now(UTC)))
+    with store.read() as session:
+        found = session.execute(_NONCE_ROUND, {"name": name}).one_or_none()
         if found is None:
             raise NotFound(f"node {name!r} not found", details={"node": name})
         if found.bound_at is None:
             raise _not_bound(name)
-        _enforce, policy = _round_policy(tx.session, name, found.labels)
-        nonce = secrets.token_bytes(32)
-        tx.session.execute(
-            _NEW_NONCE,
-            {"node_id": found.id, "nonce": nonce.hex(), "issued_at": tx.now,
-             "expires_at": tx.now + NONCE_TTL, "used_at": None},
-        )  # fmt: skip
-        tx.record("node.attest.nonce", "node", name, details={"nonce": nonce.hex()})
-        pcrs = tuple(
-            sorted(
-                set(policy.required_pcrs)
-                | set(policy.golden_pcrs)
-                | (set(policy.eventlog_pcrs) if policy.require_eventlog else set())
-            )
+        _enforce, policy = _round_policy(session, name, found.labels)
+    nonce = nonces.make_nonce(key, found.id, name, at, secrets.token_bytes(nonces.RANDOM_SIZE))
+    pcrs = tuple(
+        sorted(
+            set(policy.required_pcrs)
+            | set(policy.golden_pcrs)
+            | (set(policy.eventlog_pcrs) if policy.require_eventlog else set())
         )
-        return Nonce(name, nonce, tx.now, tx.now + NONCE_TTL, policy.pcr_bank, pcrs)
+    )
+    return Nonce(name, nonce, at, at + NONCE_TTL, policy.pcr_bank, pcrs)
 
 
 def parse_evidence(data: Any) -> Evidence:
@@ -475,6 +514,7 @@ def submit_evidence(
     mode); otherwise its round is refused (``simulated_attester_refused``). Its records,
     events and state reasons say ``simulated``."""
     authorize_node(actor, name)
+    key = nonce_key(store, actor, create=False)  # none yet: no nonce was ever issued
     with store.write(actor, now) as tx:
         found = tx.session.execute(_EVIDENCE_ROUND, {"name": name}).one_or_none()
         if found is None:
@@ -483,13 +523,17 @@ def submit_evidence(
         if ident is None or ident.bound_at is None:
             raise _not_bound(name)
         enforce, policy = _round_policy(tx.session, name, row.labels)
-        # the nonce is spent here, pass or fail (single use): one statement when it is fresh
-        key = {"hex": nonce.hex(), "node": row.id}
-        issued_at = tx.session.execute(_USE_NONCE, {**key, "now": tx.now}).scalar()
-        fresh = issued_at is not None
-        if not fresh:  # unknown, or spent by an earlier round
-            issued_at = tx.session.execute(_NONCE_ISSUED, key).scalar()
+        # the nonce is spent here, pass or fail (single use): one statement when it is ours
+        issued_at = None if key is None else nonces.open_nonce(key, row.id, name, nonce)
         unknown = issued_at is None
+        fresh = False
+        if issued_at is not None:
+            spend = _SPEND_NONCE[tx.session.get_bind().dialect.name]
+            fresh = tx.session.execute(
+                spend,
+                {"node_id": row.id, "nonce": nonce.hex(), "issued_at": issued_at,
+                 "expires_at": issued_at + NONCE_TTL, "used_at": tx.now},
+            ).scalar() is not None  # fmt: skip
         previous = None if ident.last_clock is None else ClockInfo.from_json(ident.last_clock)
         expected = Expected(nonce, issued_at or tx.now, ident.ak_public, ident.ek_public, previous)
         simulated = bool(ident.simulated)

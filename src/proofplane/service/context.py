@@ -256,6 +256,8 @@ class Store:
     # The KMS sealing its secrets and signing its checkpoints (service/keys.py ``kms_for``);
     # None: built from PROOFPLANE_KMS on first use.
     kms: Any = None
+    # The key of its attestation nonces, opened once (service/attestation.py ``nonce_key``).
+    nonce_key: bytes | None = None
     # Segment pools and their cool-down (issue 14); None: read from PROOFPLANE_* when needed.
     network: NetworkSettings | None = None
 

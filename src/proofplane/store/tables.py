@@ -389,7 +389,9 @@ class NodeAttestationRow(Base):
 
 
 class AttestationNonceRow(Base):
-    """A server nonce for one attestation round: single use, short expiry."""
+    """A nonce spent by an attestation round (single use: a nonce met again is a replay).
+    Before issue 20 every issued nonce was stored here when issued; now a nonce carries its
+    own authenticated issue time (``attest.nonce``) and is stored when its evidence spends it."""
 
     __tablename__ = "attestation_nonces"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -398,6 +400,17 @@ class AttestationNonceRow(Base):
     issued_at: Mapped[datetime] = mapped_column(UTCDateTime)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
     used_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class AttestationNonceKeyRow(Base):
+    """The key that authenticates the attestation nonces this deployment issues (issue 20,
+    ``attest.nonce``), stored only as KMS ciphertext (``secrets`` key, bound to this row). Made
+    on first use; every process and replica opens it once."""
+
+    __tablename__ = "attestation_nonce_key"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    key_sealed: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 class EvidenceRow(Base):
