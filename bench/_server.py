@@ -376,6 +376,11 @@ def tree_cpu_seconds(pid: int) -> float | None:
     return total
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity), else all of them."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def process_cpu_seconds(name: str) -> float:
     """user+system CPU seconds of every process on this machine whose command name is
     ``name`` (e.g. ``postgres``: the server and all its backends), from /proc, including the

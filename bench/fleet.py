@@ -35,7 +35,10 @@ Timed, over HTTP with the server's real verifier:
    sampled from ``pg_locks`` (the share of samples it was held or waited for, backends waiting
    on average) and from the server's ``/metrics`` (write transactions per answered round, their
    mean ms from the write path's start to the commit, the wait for the lock included, and how
-   many were in progress on average).
+   many were in progress on average); ``postgres_cpu_s``: every ``postgres`` process's CPU
+   over the steady phase, and ``cpu_bound_evidence_per_s``: the machine's usable cores over the
+   CPU (server + PostgreSQL + generator) the phase spent per answered round, the rate past
+   which the cores, not a lock, would bound the rounds.
 
     .venv/bin/python bench/fleet.py --json [--quick] [--agents 10000]
 """
@@ -71,8 +74,10 @@ from _server import (
     http_head,
     own_cpu_seconds,
     pct,
+    process_cpu_seconds,
     serve_supports_workers,
     throwaway_postgres,
+    usable_cores,
     write_lock_delta,
     write_slot,
 )
@@ -612,9 +617,11 @@ def main(argv: list[str] | None = None) -> int:
             enrolled = asyncio.run(enroll_all(server.base, agents, args.enroll_concurrency))
             cpu1, own1 = server.cpu_seconds(), own_cpu_seconds()
             slot1 = write_slot(server.base, TOKEN)
+            pg1 = process_cpu_seconds("postgres")
             with LockSampler(url) as sampler:
                 run = asyncio.run(steady(server.base, agents, args))
             cpu2, own2 = server.cpu_seconds(), own_cpu_seconds()
+            pg2 = process_cpu_seconds("postgres")
             slot2 = write_slot(server.base, TOKEN)
             if server.proc.poll() is not None:
                 raise SystemExit(f"the server died:\n{server.errors_tail()}")
@@ -636,10 +643,20 @@ def main(argv: list[str] | None = None) -> int:
         "write_tx_ms": round(tx["held_ms_per_write"], 2),
         "write_tx_in_progress": tx["busy_share"],  # their mean number at any moment
     }
+    run["postgres_cpu_s"] = round(pg2 - pg1, 2)
+    answered = run["rounds_answered"]
     run["server_cpu_per_evidence_ms"] = (
-        round(1000 * run["server_cpu_s"]["total"] / run["rounds_answered"], 2)
-        if run["rounds_answered"]
-        else None
+        round(1000 * run["server_cpu_s"]["total"] / answered, 2) if answered else None
+    )
+    # what the machine's cores could carry if they did nothing but this phase's work, at its
+    # CPU per answered round (server, PostgreSQL and this generator, console reads and
+    # submissions included): the rate past which the cores, not a lock, bound the rounds
+    machine_cpu_s = run["server_cpu_s"]["total"] + run["postgres_cpu_s"] + run["generator_cpu_s"]
+    run["machine_cpu_per_evidence_ms"] = (
+        round(1000 * machine_cpu_s / answered, 2) if answered else None
+    )
+    run["cpu_bound_evidence_per_s"] = (
+        round(usable_cores() * answered / machine_cpu_s, 1) if answered and machine_cpu_s else None
     )
     out: dict[str, Any] = {
         "database": "postgresql",

@@ -60,6 +60,7 @@ from _server import (
     pct,
     positive,
     tree_cpu_seconds,
+    usable_cores,
     write_lock,
     write_lock_delta,
 )
@@ -218,7 +219,7 @@ def one_run(
     client_ms = 1000 * (client1 - client0) / nodes
     out["server_cpu_ms"], out["client_cpu_ms"] = server_ms, client_ms
     out["cpu_bound_changes_per_s"] = 1000 / (server_ms + client_ms) if server_ms else 0.0
-    out["cpu_bound_changes_per_s_machine"] = out["cpu_bound_changes_per_s"] * _cores()
+    out["cpu_bound_changes_per_s_machine"] = out["cpu_bound_changes_per_s"] * usable_cores()
     for step in STEPS:
         out[f"{step}_p50_ms"] = pct(lat[step], 0.50)
         out[f"{step}_p99_ms"] = pct(lat[step], 0.99)
@@ -301,10 +302,6 @@ def in_process(db: Path, changes: int, warmup: int) -> dict[str, Any]:
             for s, v in times.items()
         },  # fmt: skip
     }
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,6 +45,9 @@ def test_bench_fleet_quick(tmp_path: Path) -> None:
     # a round refused for overload is retried as the agent does; what still failed is counted
     assert 0 <= s["rounds_given_up"] <= s["rounds_due"] - s["rounds_answered"]
     assert e["generator_cpu_s"] > 0 and s["generator_cpu_s"] > 0
-    lock = s["write_lock"]  # a round writes twice (nonce, evidence), under the one lock
+    # PostgreSQL's CPU too, and the rate the cores could carry at this CPU per round
+    assert s["postgres_cpu_s"] > 0 and s["machine_cpu_per_evidence_ms"] > 0
+    assert s["cpu_bound_evidence_per_s"] > 0
+    lock = s["write_lock"]  # a round writes once (its evidence: a nonce is a read)
     assert lock["samples"] > 0 and 0 <= lock["write_lock_busy"] <= 1, lock
     assert lock["writes_per_round"] >= 1 and lock["write_tx_ms"] > 0, lock
