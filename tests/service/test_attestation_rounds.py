@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
-from proofplane.access import SYSTEM, Actor
+from proofplane.access import SYSTEM, Actor, Forbidden
 from proofplane.attest import Evidence, Policy
 from proofplane.attest import eventlog as el
 from proofplane.attest.simulate import SimulatedAttester, demo_boot_log
@@ -354,10 +354,20 @@ def test_a_nonce_is_accepted_only_from_its_node_unaltered_and_fresh(
     # n1's own nonce, still unspent by n2's attempt, passes
     ev = a.evidence(issued.nonce, list(issued.pcrs), issued.pcr_bank)
     assert _submit(store, issued.nonce, ev) == []
-    # a nonce issued an hour before its evidence: authentic, but the verifier finds it stale
+    # a nonce issued an hour before its evidence: authentic, but expired (2 minutes), and
+    # refused as such before any verification; it is not recorded as spent
     old = svc.issue_nonce(store, SYSTEM, "n1", now=T0 - timedelta(hours=1))
+    assert old.expires_at == old.issued_at + svc.NONCE_TTL
     ev = a.evidence(old.nonce, list(old.pcrs), old.pcr_bank)
-    assert _submit(store, old.nonce, ev) == ["quote_stale"]
+    assert _submit(store, old.nonce, ev) == ["nonce_expired"]
+    assert _submit(store, old.nonce, ev) == ["nonce_expired"]  # still expired, not replayed
+    # at its expiry it still counts; a millisecond later it does not
+    edge = svc.issue_nonce(store, SYSTEM, "n1", now=T0 - svc.NONCE_TTL)
+    ev = a.evidence(edge.nonce, list(edge.pcrs), edge.pcr_bank)
+    assert _submit(store, edge.nonce, ev) == []
+    late = svc.issue_nonce(store, SYSTEM, "n1", now=T0 - svc.NONCE_TTL - timedelta(milliseconds=1))
+    ev = a.evidence(late.nonce, list(late.pcrs), late.pcr_bank)
+    assert _submit(store, late.nonce, ev) == ["nonce_expired"]
 
 
 def test_evidence_before_any_nonce_was_issued_is_an_unknown_nonce(store: Store) -> None:
@@ -394,3 +404,50 @@ def test_one_nonce_sent_twice_at_once_through_two_processes_passes_once(
         assert got == [(), ("nonce_replayed",)]
     finally:
         other.dispose()
+
+
+def test_spent_nonces_are_forgotten_once_they_can_no_longer_be_presented(
+    attested: tuple[Store, SimulatedAttester],
+) -> None:
+    from proofplane.store.tables import AttestationNonceRow, EventRow
+
+    store, a = attested
+    spent = AttestationNonceRow.__table__
+    first, ev_first = _evidence(store, a)  # issued and spent at T0
+    assert _submit(store, first, ev_first) == []
+    assert svc.prune_spent_nonces(store, SYSTEM, now=T0) == 0  # all still young: a read
+    later = T0 + svc.SPENT_NONCE_KEEP
+    issued = svc.issue_nonce(store, SYSTEM, "n1", now=later)
+    ev = a.evidence(issued.nonce, list(issued.pcrs), issued.pcr_bank)
+    out = svc.submit_evidence(store, SYSTEM, "n1", issued.nonce, ev, now=later,
+                              allow_simulated=True)  # fmt: skip
+    assert out.verdict["ok"] and _count(store, spent) == 3  # the fixture's, first, this one
+    events = _count(store, EventRow.__table__)
+    # the two issued at T0 are past keeping; the one just spent is not
+    assert svc.prune_spent_nonces(store, SYSTEM, now=later + timedelta(milliseconds=1)) == 2
+    assert _count(store, spent) == 1 and _count(store, spent, nonce=issued.nonce.hex()) == 1
+    assert _count(store, EventRow.__table__) == events  # bookkeeping, not a record
+    assert svc.prune_spent_nonces(store, SYSTEM, now=later) == 0
+    # a forgotten nonce sent again is still refused: it expired before it was forgotten
+    out = svc.submit_evidence(store, SYSTEM, "n1", first, ev_first, now=later,
+                              allow_simulated=True)  # fmt: skip
+    assert out.verdict["reasons"] == ["nonce_expired"]
+
+
+def test_pruning_spent_nonces_is_for_operators(store: Store) -> None:
+    with pytest.raises(Forbidden):
+        svc.prune_spent_nonces(store, Actor("node:n1"))
+
+
+def test_the_staleness_pass_forgets_spent_nonces_too(
+    attested: tuple[Store, SimulatedAttester],
+) -> None:
+    from proofplane.store.tables import AttestationNonceRow
+    from proofplane.workers import StaleWorker
+
+    store, _a = attested
+    worker = StaleWorker(store, interval_s=60, grace=timedelta(days=1))
+    assert worker.run_once(now=T0) == [] and worker.nonces_pruned == 0
+    assert worker.run_once(now=T0 + svc.SPENT_NONCE_KEEP + timedelta(seconds=1)) == []
+    assert worker.nonces_pruned == 1  # the fixture's round
+    assert _count(store, AttestationNonceRow.__table__) == 0

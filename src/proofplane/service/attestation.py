@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, insert, or_, select
+from sqlalchemy import bindparam, delete, insert, or_, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -78,6 +78,7 @@ DEFAULT_CLASS = "default"
 SERVICE_REASONS: dict[str, str] = {
     "nonce_unknown": "the quote names a nonce this server never issued to this node",
     "nonce_replayed": "the nonce was already used by an earlier attestation round",
+    "nonce_expired": "the nonce expired (2 minutes after it was issued) before its evidence came",
     "simulated_attester_refused": "the node enrolled with a simulated (software-key) attester, "
     "which this server accepts only in demo mode (PROOFPLANE_DEMO_ATTESTER=simulated)",
 }
@@ -198,6 +199,11 @@ _SPEND_NONCE = {
     .returning(_NONCES.c.id),
 }
 NONCE_KEY_ROW = 1
+# A spent nonce's row is kept while its nonce could still be presented: past NONCE_TTL it is
+# refused as expired whatever the table holds. The minute beyond covers replicas' clocks.
+SPENT_NONCE_KEEP = NONCE_TTL + timedelta(minutes=1)
+_OLD_SPENT = select(_NONCES.c.id).where(_NONCES.c.issued_at < bindparam("cutoff")).limit(1)
+_PRUNE_SPENT = delete(_NONCES).where(_NONCES.c.issued_at < bindparam("cutoff"))
 _NEW_EVIDENCE = insert(EvidenceRow.__table__).returning(EvidenceRow.__table__.c.id)
 
 
@@ -526,8 +532,9 @@ def submit_evidence(
         # the nonce is spent here, pass or fail (single use): one statement when it is ours
         issued_at = None if key is None else nonces.open_nonce(key, row.id, name, nonce)
         unknown = issued_at is None
+        expired = issued_at is not None and tx.now > issued_at + NONCE_TTL
         fresh = False
-        if issued_at is not None:
+        if issued_at is not None and not expired:
             spend = _SPEND_NONCE[tx.session.get_bind().dialect.name]
             fresh = tx.session.execute(
                 spend,
@@ -541,7 +548,7 @@ def submit_evidence(
             verdict = _refused("simulated_attester_refused", evidence, expected, policy)
             record = EvidenceRecord(name, evidence, expected, policy, tx.now, verdict.to_json())
         elif not fresh:
-            code = "nonce_unknown" if unknown else "nonce_replayed"
+            code = "nonce_unknown" if unknown else "nonce_expired" if expired else "nonce_replayed"
             verdict = _refused(code, evidence, expected, policy)
             record = EvidenceRecord(name, evidence, expected, policy, tx.now, verdict.to_json())
         else:
@@ -709,6 +716,22 @@ def check_stale(
                 _quarantine(tx, row, ident, f"attestation stale: {when}")
             done.append(row.name)
     return done
+
+
+def prune_spent_nonces(store: Store, actor: Actor, now: datetime | None = None) -> int:
+    """Forget the spent nonces that can no longer be presented (issued more than
+    ``SPENT_NONCE_KEEP`` ago: their nonces are refused as expired whatever this table holds), so
+    the table holds a few minutes of rounds, not every round ever. Returns how many went. A
+    pass with nothing to forget is one read and takes no write lock. Bookkeeping of single use,
+    not a record: each round's record is its verdict (``node.attest`` and the stored evidence),
+    which stays."""
+    authorize(actor, Permission.NODES_WRITE)
+    cutoff = (now or datetime.now(UTC)) - SPENT_NONCE_KEEP
+    with store.read() as session:
+        if session.execute(_OLD_SPENT, {"cutoff": cutoff}).first() is None:
+            return 0
+    with store.write(actor, now) as tx:
+        return int(tx.session.execute(_PRUNE_SPENT, {"cutoff": cutoff}).rowcount or 0)
 
 
 def manual_admission_refused(tx: Tx, row: NodeRow, target: NodeState) -> str | None:

@@ -397,7 +397,7 @@ class AttestationNonceRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
     nonce: Mapped[str] = mapped_column(String(64), unique=True)  # hex
-    issued_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    issued_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)  # pruned by it
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
     used_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 

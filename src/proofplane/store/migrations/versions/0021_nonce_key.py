@@ -4,7 +4,8 @@ A nonce now carries its issue time and the node it was issued to, authenticated 
 (``proofplane.attest.nonce``), so issuing one writes nothing; ``attestation_nonces`` keeps the
 nonces that evidence spent. The key is made on first use, sealed under the KMS ``secrets`` key.
 Nonces issued before this revision and not yet spent are refused as unknown: the agent asks
-for another at its next round.
+for another at its next round. ``attestation_nonces.issued_at`` is indexed: a spent nonce's row
+is forgotten once its nonce has expired.
 
 Revision ID: 0021
 Revises: 0020
@@ -31,7 +32,10 @@ def upgrade() -> None:
         sa.Column("created_at", sa.DateTime(), nullable=False),
         sa.PrimaryKeyConstraint("id"),
     )
+    # spent nonces are forgotten once they can no longer be presented (by issue time)
+    op.create_index("ix_attestation_nonces_issued_at", "attestation_nonces", ["issued_at"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_attestation_nonces_issued_at", table_name="attestation_nonces")
     op.drop_table("attestation_nonce_key")
