@@ -633,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     run["server_cpu_s"] = cpu_delta(cpu1, cpu2)
     enrolled["generator_cpu_s"] = round(own1 - own0, 2)
     run["generator_cpu_s"] = round(own2 - own1, 2)
-    # the one write lock every worker's writes take (a round: the nonce's and the evidence's)
+    # the one write lock every worker's writes take (a round: its evidence's; a nonce is a read)
     tx = write_lock_delta(slot1, slot2, run["seconds"], run["rounds_answered"])
     run["write_lock"] = {
         **sampler.summary(),  # sampled from pg_locks: share of samples held or waited for
