@@ -103,6 +103,16 @@ TENANT = "fleet"
 ENROLL_TRIES = 20
 LATE_S = 30.0  # a round (or console request) this late is not sent: the run must end
 API = "/api/v1"
+# Issue 20's fleet figure: 10,000 agents every 60 s (~170 evidence submissions/s) beside 50
+# console reads/s, every round answered, no node quarantined for staleness, evidence p99.
+TARGETS: dict[str, float] = {
+    "agents": 10000,
+    "interval_s": 60.0,
+    "console_rate_rps": 50.0,
+    "rounds_unanswered": 0,
+    "quarantined": 0,
+    "evidence_p99_ms": 200.0,
+}
 CONSOLE = (
     ("console_nodes", f"{API}/nodes?limit=100"),
     ("console_node", None),  # a random node
@@ -561,6 +571,28 @@ async def steady(base: str, agents: list[EccAgent], args: argparse.Namespace) ->
     }
 
 
+def verdicts(out: dict[str, Any]) -> dict[str, bool]:
+    """Each target of ``TARGETS`` against its figure; the others hold only for a run at the
+    fleet's size and pace (``fleet``: at least that many agents, that often, that many
+    console reads/s), so a smaller run meets nothing."""
+    s = out["steady"]
+    fleet = (
+        out["agents"] >= TARGETS["agents"]
+        and out["interval_s"] <= TARGETS["interval_s"]
+        and out["console_rate_rps"] >= TARGETS["console_rate_rps"]
+    )
+    unanswered = s["rounds_due"] - s["rounds_answered"]
+    evidence = s["requests"].get("evidence", {}).get("p99_ms")
+    return {
+        "fleet": fleet,
+        "rounds_unanswered": fleet and unanswered <= TARGETS["rounds_unanswered"],
+        "quarantined": fleet and out["quarantined"] <= TARGETS["quarantined"],
+        "evidence_p99_ms": fleet
+        and evidence is not None
+        and evidence <= TARGETS["evidence_p99_ms"],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -684,6 +716,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "machine": machine(),
     }
+    out["targets"], out["meets"] = TARGETS, verdicts(out)
     if args.json:
         print(json.dumps(out, indent=2))
     else:

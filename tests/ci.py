@@ -49,5 +49,6 @@ def load_script(relative: str, name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, REPO / relative)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # a dataclass in it looks its module up there
     spec.loader.exec_module(module)
     return module

@@ -51,3 +51,9 @@ def test_bench_fleet_quick(tmp_path: Path) -> None:
     lock = s["write_lock"]  # a round writes once (its evidence: a nonce is a read)
     assert lock["samples"] > 0 and 0 <= lock["write_lock_busy"] <= 1, lock
     assert lock["writes_per_round"] >= 1 and lock["write_tx_ms"] > 0, lock
+    # the fleet target's verdicts: a 50-agent run is not the fleet, so it meets none of them
+    assert data["targets"]["agents"] == 10000 and data["targets"]["evidence_p99_ms"] == 200
+    assert data["meets"] == {
+        "fleet": False, "rounds_unanswered": False, "quarantined": False,
+        "evidence_p99_ms": False,
+    }  # fmt: skip

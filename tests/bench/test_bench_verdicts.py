@@ -1,0 +1,61 @@
+"""The benches' verdicts on issue 20's targets (``meets`` in bench/api.py and bench/fleet.py):
+each figure against its target, and none met by a run below the target's rate or size."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ci import load_script
+
+API = load_script("bench/api.py", "bench_api_verdicts")
+FLEET = load_script("bench/fleet.py", "bench_fleet_verdicts")
+
+
+def _seq(get: float = 1.0, lst: float = 2.0) -> dict[str, Any]:
+    return {"nodes_get": {"p50_ms": get}, "nodes_list": {"p50_ms": lst}}
+
+
+def _phase(rate: float, achieved: float, read: float, write: float, **more: Any) -> dict[str, Any]:
+    classes = {c: {"p99_ms": read} for c in ("read_node", "read_nodes", "read_workloads")}
+    classes.update({"read_events": {"p99_ms": read / 2}, "submit": {"p99_ms": write},
+                    "cancel": {"p99_ms": write / 2}})  # fmt: skip
+    return {"rate_rps": rate, "achieved_rps": achieved, "classes": classes, "timeouts": 0,
+            "status_429": 10, "latency_429_ms": {"p50": 1.0, "p99": 8.0}, **more}  # fmt: skip
+
+
+def test_the_api_mix_is_met_only_at_its_rate_and_within_its_p99s() -> None:
+    met = API.verdicts(_seq(), _phase(500, 499, 20, 45), _phase(2500, 2400, 90, 900))
+    assert all(met.values()), met
+    slow_reads = API.verdicts(_seq(), _phase(500, 499, 26, 45), _phase(2500, 2400, 0, 0))
+    assert not slow_reads["mixed_read_p99_ms"] and slow_reads["mixed_write_p99_ms"]
+    slow_writes = API.verdicts(_seq(), _phase(500, 499, 20, 51), _phase(2500, 2400, 0, 0))
+    assert slow_writes["mixed_read_p99_ms"] and not slow_writes["mixed_write_p99_ms"]
+    timeouts = API.verdicts(_seq(), _phase(500, 499, 20, 45, timeouts=1), _phase(2500, 2400, 0, 0))
+    assert not timeouts["mixed_timeouts"]
+    late_429 = _phase(2500, 2400, 0, 0, latency_429_ms={"p50": 2.0, "p99": 11.0})
+    assert not API.verdicts(_seq(), _phase(500, 499, 20, 45), late_429)["overload_429_p99_ms"]
+    # a mix sent at 100 req/s, or not sent in full, meets none of the mix's targets
+    for mixed in (_phase(100, 100, 1, 1), _phase(500, 400, 1, 1)):
+        v = API.verdicts(_seq(), mixed, _phase(2500, 2400, 0, 0))
+        assert not any(v[k] for k in v if k.startswith(("mixed_", "overload_"))), v
+    assert not API.verdicts(_seq(get=2.5), _phase(100, 100, 1, 1), _phase(500, 5, 0, 0))[
+        "nodes_get_p50_ms"
+    ]
+
+
+def _fleet(agents: int = 10000, interval: float = 60, console: float = 50, **s: Any) -> Any:
+    steady = {"rounds_due": 100, "rounds_answered": 100,
+              "requests": {"evidence": {"p99_ms": 150.0}}, **s}  # fmt: skip
+    return {"agents": agents, "interval_s": interval, "console_rate_rps": console,
+            "quarantined": 0, "steady": steady}  # fmt: skip
+
+
+def test_the_fleet_is_met_only_at_its_size_with_every_round_answered_in_time() -> None:
+    assert all(FLEET.verdicts(_fleet()).values())
+    assert not FLEET.verdicts(_fleet(rounds_answered=99))["rounds_unanswered"]
+    late = _fleet(requests={"evidence": {"p99_ms": 201.0}})
+    assert not FLEET.verdicts(late)["evidence_p99_ms"]
+    quarantined = {**_fleet(), "quarantined": 1}
+    assert not FLEET.verdicts(quarantined)["quarantined"]
+    for smaller in (_fleet(agents=1000), _fleet(interval=120), _fleet(console=10)):
+        assert not any(FLEET.verdicts(smaller).values())
