@@ -189,7 +189,7 @@ def build(path: Path, nodes: int, days: int, events: int, seed: int = 15) -> dic
                     dev = PlacedDevice(g, gpus[g].uuid, None, None, 250)
                     lanes.append(Lane(name, (dev,), GpuRequest(count=1, share_milli=250)))
     hours = days * 24
-    attest_events = nodes * 2 * (hours // 2)
+    attest_events = nodes * (hours // 2)  # one a round: its verdict (node.attest)
     jobs = max(1.0, (events - nodes - attest_events) / EVENTS_PER_JOB)
     cycle_h = len(lanes) * hours / jobs  # mean job length plus the gap after it
     conn = sqlite3.connect(path, isolation_level=None)
@@ -206,14 +206,14 @@ def build(path: Path, nodes: int, days: int, events: int, seed: int = 15) -> dic
     for ni in range(nodes):
         heapq.heappush(heap, (START + ATTEST_EVERY * rng.random(), 0, ni))
     serials = itertools.count(1)
-    nonce_n = 0
+    round_n = 0
     while heap:
         when, kind, idx = heapq.heappop(heap)
         if when >= end:
             continue
         if kind == 0:  # a node's attestation round
             node = node_objs[idx]
-            nonce_n += 1
+            round_n += 1
             w.add(
                 when + timedelta(milliseconds=40),
                 f"node:{node.name}",
@@ -221,8 +221,8 @@ def build(path: Path, nodes: int, days: int, events: int, seed: int = 15) -> dic
                 "node",
                 node.name,
                 {
-                    "evidence_id": nonce_n,
-                    "evidence_hash": f"{nonce_n * 7919:064x}",
+                    "evidence_id": round_n,
+                    "evidence_hash": f"{round_n * 7919:064x}",
                     "policy_id": 1,
                     "policy_hash": "ab" * 32,
                     "node_class": "gpu-h100",

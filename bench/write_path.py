@@ -17,6 +17,11 @@ commit, so ``ms_per_pair`` is lock time. ``statements_per_pair`` counts SQL stat
 it does the wall time: this process's (``service``: the service code, SQLAlchemy, the driver)
 and that of the PostgreSQL backends serving its connections (``postgres``, from /proc).
 
+``attestation``: ``--rounds`` attestation rounds of 20 demo nodes enrolled with the demo's
+simulated attester, one at a time: ``issue_nonce`` (a read) and ``submit_evidence`` (a round's
+one write transaction: its time is the lock's, with nothing else running), their p50 ms and
+statements, and the PostgreSQL backends' CPU per round.
+
     .venv/bin/python bench/write_path.py --json [--pairs 200] [--db postgresql://…/test]
 """
 
@@ -31,22 +36,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event, text
+from sqlalchemy import event, select, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _server import load_demo, throwaway_postgres
-from proofplane.access import SYSTEM
+from proofplane.access import SYSTEM, Actor
+from proofplane.attest.simulate import SimulatedAttester, demo_boot_log
+from proofplane.demo.attester import BOOTLOADERS, DEMO_POLICY, GOOD_KERNEL
 from proofplane.machine import machine
 from proofplane.model import GpuRequest
+from proofplane.service import attestation as att
 from proofplane.service.context import Store
 from proofplane.service.workloads import WorkloadSpec, cancel_workload, submit_workload
+from proofplane.store.tables import NodeRow
 
 TOKEN = "ppt_bench-write-path-token-0123456789abc"
 TENANT = "research-lab"
 
 
-def phase(url: str, stores: int, pairs: int, warmup: int, prefix: str) -> dict[str, Any]:
-    opened = [Store(url) for _ in range(stores)]
+def instrument(opened: list[Store]) -> tuple[list[int], set[int]]:
+    """Count the SQL statements the stores run (``[count]``, reset by the caller) and collect
+    the PostgreSQL backends serving their connections (for their CPU)."""
     count = [0]
 
     def counted(*_args: Any) -> None:
@@ -65,6 +75,12 @@ def phase(url: str, stores: int, pairs: int, warmup: int, prefix: str) -> dict[s
         with s.engine.connect() as conn:  # the pool's first connection, its backend known
             conn.execute(text("SELECT 1"))
         event.listen(s.engine, "before_cursor_execute", counted)
+    return count, backends
+
+
+def phase(url: str, stores: int, pairs: int, warmup: int, prefix: str) -> dict[str, Any]:
+    opened = [Store(url) for _ in range(stores)]
+    count, backends = instrument(opened)
     try:
 
         def pair(i: int) -> None:
@@ -99,6 +115,62 @@ def phase(url: str, stores: int, pairs: int, warmup: int, prefix: str) -> dict[s
             s.dispose()
 
 
+def rounds_phase(url: str, nodes: int, rounds: int, warmup: int) -> dict[str, Any]:
+    """Attestation rounds as the routes make them, in process, one at a time: ``issue_nonce``
+    (a read) then ``submit_evidence`` (the round's one write transaction, under the write
+    lock), for ``nodes`` demo nodes enrolled with the demo's simulated attester, round-robin."""
+    store = Store(url)
+    count, backends = instrument([store])  # before its pool opens any other connection
+    att.set_policy(store, SYSTEM, DEMO_POLICY, enforce=True)
+    with store.read() as session:
+        names = sorted(session.scalars(select(NodeRow.name)))[:nodes]
+    agents = []
+    for name in names:
+        a = SimulatedAttester.create()
+        a.boot(demo_boot_log(GOOD_KERNEL, bootloaders=BOOTLOADERS))
+        actor = Actor(f"node:{name}")
+        challenge = att.enroll(store, actor, name, a.ek_public, a.ak_public, simulated=True,
+                               allow_simulated=True)  # fmt: skip
+        att.activate(store, actor, name, a.activate(challenge.credential))
+        agents.append((name, actor, a))
+    try:
+        timed: dict[str, list[float]] = {"nonce": [], "evidence": []}
+        statements = {"nonce": 0, "evidence": 0}
+
+        def one(i: int, record: bool) -> None:
+            name, actor, a = agents[i % len(agents)]
+            count[0], t0 = 0, time.perf_counter()
+            issued = att.issue_nonce(store, actor, name)
+            t1, nonce_statements = time.perf_counter(), count[0]
+            ev = a.evidence(issued.nonce, list(issued.pcrs), issued.pcr_bank)  # the agent's
+            count[0], t2 = 0, time.perf_counter()
+            out = att.submit_evidence(store, actor, name, issued.nonce, ev, allow_simulated=True)
+            t3 = time.perf_counter()
+            if not out.verdict["ok"]:
+                raise SystemExit(f"a round failed: {out.verdict['reasons']}")
+            if record:
+                timed["nonce"].append((t1 - t0) * 1000)
+                timed["evidence"].append((t3 - t2) * 1000)
+                statements["nonce"] += nonce_statements
+                statements["evidence"] += count[0]
+
+        for i in range(warmup):
+            one(i, False)
+        pg0 = backend_cpu_seconds(backends)
+        for i in range(warmup, warmup + rounds):
+            one(i, True)
+        pg = backend_cpu_seconds(backends) - pg0
+        return {
+            "nodes": len(agents),
+            "rounds": rounds,
+            **{f"{k}_ms_p50": round(statistics.median(v), 2) for k, v in timed.items()},
+            **{f"{k}_statements": round(n / rounds, 1) for k, n in statements.items()},
+            "postgres_cpu_ms_per_round": round(pg * 1000 / rounds, 2),
+        }
+    finally:
+        store.dispose()
+
+
 def backend_cpu_seconds(pids: set[int]) -> float:
     """user+system CPU seconds of these (local) PostgreSQL backends, from /proc."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -118,16 +190,19 @@ def main() -> None:
     ap.add_argument("--db", default="postgresql://127.0.0.1:5432/test")
     ap.add_argument("--pairs", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=200, help="attestation rounds")
     args = ap.parse_args()
     with throwaway_postgres(args.db) as url:
         load_demo(url, TOKEN)
         one = phase(url, 1, args.pairs, args.warmup, "a")
         two = phase(url, 2, args.pairs, args.warmup, "b")
+        rounds = rounds_phase(url, 20, args.rounds, args.warmup)
     out = {
         "benchmark": "write path: submit_workload + cancel_workload on PostgreSQL, in process",
         "one": one,
         "two": two,
         "two_over_one": round(two["ms_per_pair_p50"] / one["ms_per_pair_p50"], 2),
+        "attestation": rounds,
         "machine": machine(),
     }
     if args.json:

@@ -41,6 +41,10 @@ def test_the_api_mix_is_met_only_at_its_rate_and_within_its_p99s() -> None:
     assert not API.verdicts(_seq(get=2.5), _phase(100, 100, 1, 1), _phase(500, 5, 0, 0))[
         "nodes_get_p50_ms"
     ]
+    # a mix in which no write was sent has no write figure: not met
+    no_writes = _phase(500, 499, 20, 45)
+    del no_writes["classes"]["submit"], no_writes["classes"]["cancel"]
+    assert not API.verdicts(_seq(), no_writes, _phase(2500, 2400, 0, 0))["mixed_write_p99_ms"]
 
 
 def _fleet(agents: int = 10000, interval: float = 60, console: float = 50, **s: Any) -> Any:

@@ -383,7 +383,7 @@ def test_evidence_before_any_nonce_was_issued_is_an_unknown_nonce(store: Store) 
         assert session.scalars(select(AttestationNonceKeyRow)).all() == []
 
 
-def test_one_nonce_sent_twice_at_once_through_two_processes_passes_once(
+def test_one_nonce_sent_twice_at_once_through_two_stores_passes_once(
     attested: tuple[Store, SimulatedAttester], db_url: str
 ) -> None:
     from concurrent.futures import ThreadPoolExecutor

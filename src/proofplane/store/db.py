@@ -215,14 +215,17 @@ def yield_to_writer(engine: Engine, timeout: float | None = None) -> None:
 
 
 class _Gate:
-    """One SQLite database's writer queue in this process: a thread lock (threads share the
-    process's open file, and a ``flock`` already held by it would not block them) and an
-    exclusive ``flock`` on a file opened by this process (after a fork the child opens its own,
-    so its lock is its own). Re-entrant in the thread holding it: work a committed transaction
-    triggers (an ``after_commit`` hook writing its own record) runs before the gate is let go,
-    and must not wait for itself."""
+    """One database's writer queue in this process: a thread lock and, for a SQLite file
+    (``path``), an exclusive ``flock`` on a file opened by this process (threads share the
+    process's open file, and a ``flock`` already held by it would not block them; after a fork
+    the child opens its own, so its lock is its own). A PostgreSQL engine's gate (no ``path``)
+    is the thread lock alone: across processes and replicas the advisory lock decides, and its
+    reads never wait for it (``owner`` stays None: ``yield_to_writer`` is for SQLite's slot).
+    Re-entrant in the thread holding it: work a committed transaction triggers (an
+    ``after_commit`` hook writing its own record) runs before the gate is let go, and must not
+    wait for itself."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str | None) -> None:
         self.path = path
         self.lock = threading.RLock()
         self.depth = 0  # changed only by the thread holding ``lock``
@@ -239,7 +242,7 @@ class _Gate:
         if not self.lock.acquire(timeout=BUSY_TIMEOUT_S):
             raise Unavailable("the database is busy: no write slot within 30 s")
         try:
-            if self.depth == 0:
+            if self.depth == 0 and self.path is not None:
                 if self.fd is None or self.pid != os.getpid():
                     self.fd = os.open(
                         self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_MODE
@@ -270,33 +273,18 @@ def writer_gate(engine: Engine) -> contextlib.AbstractContextManager[None]:
     """Hold this around a write transaction (before its ``BEGIN IMMEDIATE``, released after its
     commit or rollback): on a SQLite file, the writers of every process queue here instead of in
     SQLite's sleeping busy handler; on PostgreSQL the writers of this process queue here, one of
-    them at a time waiting on the advisory lock (:func:`_process_gate`); anything else (an
+    them at a time waiting on the advisory lock (a ``_Gate`` without a file); anything else (an
     in-memory SQLite database) passes at once."""
     gate = _gate_for(engine, create=True)
     if gate is not None:
         return gate.held()
     if engine.dialect.name == "postgresql":
-        return _process_gate(engine)
+        found: _Gate | None = engine.__dict__.get("_proofplane_process_gate")
+        if found is None:
+            with _GATES_LOCK:
+                found = engine.__dict__.setdefault("_proofplane_process_gate", _Gate(None))
+        return found.held()
     return contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def _process_gate(engine: Engine) -> Iterator[None]:
-    """The writers of this process on one PostgreSQL engine, one at a time (re-entrant in its
-    holder, like the SQLite gate: a write an ``after_commit`` hook makes runs while it holds
-    it). Across processes and replicas the advisory lock still decides; this only keeps the
-    rest of this process's writers out of PostgreSQL, and their connections in the pool, while
-    one waits for it or holds it."""
-    lock: threading.RLock | None = engine.__dict__.get("_proofplane_process_gate")
-    if lock is None:
-        with _GATES_LOCK:
-            lock = engine.__dict__.setdefault("_proofplane_process_gate", threading.RLock())
-    if not lock.acquire(timeout=BUSY_TIMEOUT_S):
-        raise Unavailable("the database is busy: no write slot within 30 s")
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 def _gate_for(engine: Engine, *, create: bool) -> _Gate | None:
