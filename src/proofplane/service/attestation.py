@@ -228,8 +228,17 @@ def parsed_policy(doc: Mapping[str, Any]) -> Policy:
 def _round_policy(session: Any, name: str, labels: Mapping[str, Any] | None) -> tuple[bool, Policy]:
     """(enforce, policy) of the node's class, else of ``default`` (one statement)."""
     cls = str((labels or {}).get(NODE_CLASS_LABEL, DEFAULT_CLASS))
-    rows = {r.node_class: r for r in session.execute(
+    rows = {r.node_class: (bool(r.enforce), r.policy) for r in session.execute(
         _POLICIES_OF, {"cls": cls, "default": DEFAULT_CLASS})}  # fmt: skip
+    return _pick_policy(rows, name, labels)
+
+
+def _pick_policy(
+    rows: Mapping[str, tuple[bool, Mapping[str, Any]]], name: str, labels: Mapping[str, Any] | None
+) -> tuple[bool, Policy]:
+    """(enforce, policy) of the node's class among ``rows`` (class → enforce, document), else
+    of ``default``; ``attestation_policy_missing`` when neither is there."""
+    cls = str((labels or {}).get(NODE_CLASS_LABEL, DEFAULT_CLASS))
     found = rows.get(cls) or rows.get(DEFAULT_CLASS)
     if found is None:
         raise InvalidState(
@@ -238,7 +247,7 @@ def _round_policy(session: Any, name: str, labels: Mapping[str, Any] | None) -> 
             code="attestation_policy_missing",
             details={"node": name, "node_class": cls},
         )
-    return bool(found.enforce), parsed_policy(found.policy)
+    return found[0], parsed_policy(found[1])
 
 
 def _not_bound(name: str) -> InvalidState:
@@ -501,6 +510,23 @@ def parse_evidence(data: Any) -> Evidence:
         raise ValidationFailed(f"bad evidence: {exc}", code="evidence_malformed") from None
 
 
+@dataclass(slots=True)
+class _Round:
+    """One evidence submission on its way: what came, and what was judged before the write lock
+    (``_prejudge``): the nonce's issue time, and the verdict with what it was reached on."""
+
+    name: str
+    nonce: bytes
+    evidence: Evidence
+    now: datetime | None
+    allow_simulated: bool
+    key: bytes | None
+    judged_at: datetime | None = None
+    basis: tuple[Any, ...] | None = None  # AK, EK, previous clock, simulated, policy hash
+    record: EvidenceRecord | None = None
+    verdict: Verdict | None = None
+
+
 def submit_evidence(
     store: Store,
     actor: Actor,
@@ -518,86 +544,161 @@ def submit_evidence(
 
     A node enrolled by a simulated attester is judged only with ``allow_simulated`` (demo
     mode); otherwise its round is refused (``simulated_attester_refused``). Its records,
-    events and state reasons say ``simulated``."""
+    events and state reasons say ``simulated``.
+
+    The quote is verified before the write lock, on what a read finds (``_prejudge``); under
+    the lock the round is recorded, and verified again only when the node's identity, its
+    last clock or its policy changed meanwhile. Rounds arriving together are committed
+    together (``Store.write_grouped``, issue 20)."""
     authorize_node(actor, name)
     key = nonce_key(store, actor, create=False)  # none yet: no nonce was ever issued
-    with store.write(actor, now) as tx:
-        found = tx.session.execute(_EVIDENCE_ROUND, {"name": name}).one_or_none()
+    round_ = _Round(name, nonce, evidence, now, allow_simulated, key)
+    if store.joined_tx() is None:  # in a joined transaction its reads would not see it
+        _prejudge(store, round_)
+    return store.write_grouped(actor, now, _record_round, round_)
+
+
+_PREJUDGE = (
+    select(
+        NodeRow.id,
+        NodeRow.labels,
+        NodeAttestationRow.bound_at,
+        NodeAttestationRow.ak_public,
+        NodeAttestationRow.ek_public,
+        NodeAttestationRow.last_clock,
+        NodeAttestationRow.simulated,
+    )  # fmt: skip
+    .outerjoin(NodeAttestationRow, NodeAttestationRow.node_id == NodeRow.id)
+    .where(NodeRow.name == bindparam("name"))
+)
+
+
+def _prejudge(store: Store, r: _Round) -> None:
+    """Read what a round is judged on and verify its quote, without the write lock (two
+    statements): a round for an unknown or unbound node, or of a class without a policy, is
+    refused here. The nonce is opened but not spent (that is the write's)."""
+    with store.read() as session:
+        found = session.execute(_PREJUDGE, {"name": r.name}).one_or_none()
         if found is None:
-            raise NotFound(f"node {name!r} not found", details={"node": name})
-        row, ident = found
-        if ident is None or ident.bound_at is None:
-            raise _not_bound(name)
-        enforce, policy = _round_policy(tx.session, name, row.labels)
-        # the nonce is spent here, pass or fail (single use): one statement when it is ours
-        issued_at = None if key is None else nonces.open_nonce(key, row.id, name, nonce)
-        unknown = issued_at is None
-        expired = issued_at is not None and tx.now > issued_at + NONCE_TTL
-        fresh = False
-        if issued_at is not None and not expired:
-            spend = _SPEND_NONCE[tx.session.get_bind().dialect.name]
-            fresh = tx.session.execute(
-                spend,
-                {"node_id": row.id, "nonce": nonce.hex(), "issued_at": issued_at,
-                 "expires_at": issued_at + NONCE_TTL, "used_at": tx.now},
-            ).scalar() is not None  # fmt: skip
-        previous = None if ident.last_clock is None else ClockInfo.from_json(ident.last_clock)
-        expected = Expected(nonce, issued_at or tx.now, ident.ak_public, ident.ek_public, previous)
-        simulated = bool(ident.simulated)
-        if simulated and not allow_simulated:
-            verdict = _refused("simulated_attester_refused", evidence, expected, policy)
-            record = EvidenceRecord(name, evidence, expected, policy, tx.now, verdict.to_json())
-        elif not fresh:
-            code = "nonce_unknown" if unknown else "nonce_expired" if expired else "nonce_replayed"
-            verdict = _refused(code, evidence, expected, policy)
-            record = EvidenceRecord(name, evidence, expected, policy, tx.now, verdict.to_json())
-        else:
-            record, verdict = make_record(
-                name, evidence, expected, policy, tx.now, cache=VERIFIER_CACHE
-            )
-        evidence_id = tx.session.execute(
-            _NEW_EVIDENCE,
-            {"node_id": row.id, "created_at": tx.now, "ok": verdict.ok,
-             "reasons": list(verdict.reasons), "evidence_hash": verdict.evidence_hash,
-             "policy_id": policy.id, "policy_hash": policy.hash,
-             "record": {**record.to_json(), **_sim(simulated)}},
-        ).scalar_one()  # fmt: skip
-        # /metrics counts the verdict once it is recorded
-        on_commit(tx.session, lambda: count_verdict(verdict.ok, verdict.reasons))
-        tx.record(
-            "node.attest",
-            "node",
-            name,
-            outcome=Outcome.SUCCESS if verdict.ok else Outcome.FAILURE,
-            details={
-                "evidence_id": evidence_id,
-                "evidence_hash": verdict.evidence_hash,
-                "policy_id": policy.id,
-                "policy_hash": policy.hash,
-                "node_class": policy.node_class,
-                "ok": verdict.ok,
-                "reasons": list(verdict.reasons),
-                "enforce": enforce,
-                "gpu_uuids": sorted(tx.session.scalars(_GPU_UUIDS, {"node": row.id})),
-                **_sim(simulated),
-                # a failed verdict names the runbook that answers it
-                **({} if verdict.ok else with_runbook({}, "node.attest", "failure", tx.session)),
-            },
-        )
-        ident.updated_at = tx.now
-        if verdict.ok:
-            assert verdict.clock is not None
-            ident.last_clock = verdict.clock.to_json()
-            ident.last_passed_at = tx.now
-            _hardware_topology(tx, row, evidence)
-            if enforce:
-                _admit(tx, row, ident, "attestation passed" + _sim_note(simulated))
-        elif enforce:
-            _quarantine(
-                tx, row, ident,
-                "attestation failed: " + ",".join(verdict.reasons) + _sim_note(simulated),
-            )  # fmt: skip
-        return AttestOutcome(name, evidence_id, verdict.to_json(), row.state, row.state_reason)
+            raise NotFound(f"node {r.name!r} not found", details={"node": r.name})
+        node_id, labels, bound_at, ak, ek, last_clock, simulated = found
+        if bound_at is None:
+            raise _not_bound(r.name)
+        _enforce, policy = _round_policy(session, r.name, labels)
+    r.judged_at = r.now or datetime.now(UTC)
+    r.basis = (ak, ek, last_clock, bool(simulated), policy.hash)
+    issued_at = None if r.key is None else nonces.open_nonce(r.key, node_id, r.name, r.nonce)
+    if (simulated and not r.allow_simulated) or issued_at is None:
+        return  # refused whatever the write finds: nothing to verify
+    if r.judged_at > issued_at + NONCE_TTL:
+        return
+    previous = None if last_clock is None else ClockInfo.from_json(last_clock)
+    expected = Expected(r.nonce, issued_at, ak, ek, previous)
+    r.record, r.verdict = make_record(
+        r.name, r.evidence, expected, policy, r.judged_at, cache=VERIFIER_CACHE
+    )
+
+
+_TX_POLICIES = "attestation.policies"  # Tx.extras: this transaction's policies, read once
+_ALL_POLICIES = select(*_POLICY_COLUMNS)
+
+
+def _tx_policy(tx: Tx, name: str, labels: Mapping[str, Any] | None) -> tuple[bool, Policy]:
+    """``_round_policy`` read once per write transaction (one statement for a group of
+    rounds; ``set_policy`` forgets it)."""
+    rows = tx.extras.get(_TX_POLICIES)
+    if rows is None:
+        rows = tx.extras[_TX_POLICIES] = {
+            r.node_class: (bool(r.enforce), r.policy) for r in tx.session.execute(_ALL_POLICIES)
+        }
+    return _pick_policy(rows, name, labels)
+
+
+def _record_round(tx: Tx, r: _Round) -> AttestOutcome:
+    """A round under the write lock: the nonce spent, the verdict stored with its event, the
+    node admitted or quarantined. The verdict ``_prejudge`` reached is kept when what it was
+    reached on is unchanged; else the round is verified now."""
+    name = r.name
+    found = tx.session.execute(_EVIDENCE_ROUND, {"name": name}).one_or_none()
+    if found is None:
+        raise NotFound(f"node {name!r} not found", details={"node": name})
+    row, ident = found
+    if ident is None or ident.bound_at is None:
+        raise _not_bound(name)
+    enforce, policy = _tx_policy(tx, name, row.labels)
+    simulated = bool(ident.simulated)
+    basis = (ident.ak_public, ident.ek_public, ident.last_clock, simulated, policy.hash)
+    prejudged = r.judged_at is not None and basis == r.basis
+    at = r.judged_at if prejudged and r.judged_at is not None else tx.now
+    # the nonce is spent here, pass or fail (single use): one statement when it is ours
+    issued_at = None if r.key is None else nonces.open_nonce(r.key, row.id, name, r.nonce)
+    unknown = issued_at is None
+    expired = issued_at is not None and at > issued_at + NONCE_TTL
+    fresh = False
+    if issued_at is not None and not expired:
+        spend = _SPEND_NONCE[tx.session.get_bind().dialect.name]
+        fresh = tx.session.execute(
+            spend,
+            {"node_id": row.id, "nonce": r.nonce.hex(), "issued_at": issued_at,
+             "expires_at": issued_at + NONCE_TTL, "used_at": tx.now},
+        ).scalar() is not None  # fmt: skip
+    previous = None if ident.last_clock is None else ClockInfo.from_json(ident.last_clock)
+    expected = Expected(r.nonce, issued_at or at, ident.ak_public, ident.ek_public, previous)
+    evidence = r.evidence
+    if simulated and not r.allow_simulated:
+        verdict = _refused("simulated_attester_refused", evidence, expected, policy)
+        record = EvidenceRecord(name, evidence, expected, policy, at, verdict.to_json())
+    elif not fresh:
+        code = "nonce_unknown" if unknown else "nonce_expired" if expired else "nonce_replayed"
+        verdict = _refused(code, evidence, expected, policy)
+        record = EvidenceRecord(name, evidence, expected, policy, at, verdict.to_json())
+    elif prejudged and r.record is not None and r.verdict is not None:
+        record, verdict = r.record, r.verdict
+    else:
+        record, verdict = make_record(name, evidence, expected, policy, at, cache=VERIFIER_CACHE)
+    evidence_id = tx.session.execute(
+        _NEW_EVIDENCE,
+        {"node_id": row.id, "created_at": tx.now, "ok": verdict.ok,
+         "reasons": list(verdict.reasons), "evidence_hash": verdict.evidence_hash,
+         "policy_id": policy.id, "policy_hash": policy.hash,
+         "record": {**record.to_json(), **_sim(simulated)}},
+    ).scalar_one()  # fmt: skip
+    # /metrics counts the verdict once it is recorded
+    on_commit(tx.session, lambda: count_verdict(verdict.ok, verdict.reasons))
+    tx.record(
+        "node.attest",
+        "node",
+        name,
+        outcome=Outcome.SUCCESS if verdict.ok else Outcome.FAILURE,
+        details={
+            "evidence_id": evidence_id,
+            "evidence_hash": verdict.evidence_hash,
+            "policy_id": policy.id,
+            "policy_hash": policy.hash,
+            "node_class": policy.node_class,
+            "ok": verdict.ok,
+            "reasons": list(verdict.reasons),
+            "enforce": enforce,
+            "gpu_uuids": sorted(tx.session.scalars(_GPU_UUIDS, {"node": row.id})),
+            **_sim(simulated),
+            # a failed verdict names the runbook that answers it
+            **({} if verdict.ok else with_runbook({}, "node.attest", "failure", tx.session)),
+        },
+    )
+    ident.updated_at = tx.now
+    if verdict.ok:
+        assert verdict.clock is not None
+        ident.last_clock = verdict.clock.to_json()
+        ident.last_passed_at = tx.now
+        _hardware_topology(tx, row, evidence)
+        if enforce:
+            _admit(tx, row, ident, "attestation passed" + _sim_note(simulated))
+    elif enforce:
+        _quarantine(
+            tx, row, ident,
+            "attestation failed: " + ",".join(verdict.reasons) + _sim_note(simulated),
+        )  # fmt: skip
+    return AttestOutcome(name, evidence_id, verdict.to_json(), row.state, row.state_reason)
 
 
 def _hardware_topology(tx: Tx, row: NodeRow, evidence: Evidence) -> None:
@@ -852,6 +953,7 @@ def set_policy(
         raise ValidationFailed(exc.message, code=exc.reason) from None
     doc = parsed.to_json()
     with store.write(actor, now) as tx:
+        tx.extras.pop(_TX_POLICIES, None)  # a round later in this transaction reads it anew
         row = tx.session.scalar(
             select(AttestationPolicyRow).where(AttestationPolicyRow.node_class == parsed.node_class)
         )

@@ -7,12 +7,15 @@ gap-free sequence numbers, and commits state and events together, or neither.
 
 from __future__ import annotations
 
+import copy
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 from sqlalchemy import Dialect, Engine, func, insert, select
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
@@ -246,6 +249,90 @@ def newest_seq(session: Session) -> int:
 
 _JOINED: ContextVar[tuple[Store, Tx] | None] = ContextVar("proofplane_joined_tx", default=None)
 
+_I = TypeVar("_I")
+_R = TypeVar("_R")
+
+#: The most writes one group commit carries: a batch holds the write lock for all of them, and
+#: the other writers (a console's submit) wait behind it.
+GROUP_MAX = 16
+
+
+class _Pending(Generic[_I, _R]):
+    """One caller's write waiting in a group: its actor, time and item, then its outcome."""
+
+    __slots__ = ("actor", "error", "item", "now", "result", "state")
+
+    def __init__(self, actor: Actor, now: datetime | None, item: _I) -> None:
+        self.actor, self.now, self.item = actor, now, item
+        self.state = 0  # 0 queued, 1 taken by a leader, 2 done
+        self.result: _R | None = None
+        self.error: BaseException | None = None
+
+
+class _Group(Generic[_I, _R]):
+    """Group commit of one kind of write (``Store.write_grouped``), leader/follower as a
+    database's log writer does it: a caller queues its write; the first one that finds no
+    leader becomes it, takes the write lock once for everything queued (up to ``GROUP_MAX``),
+    applies each in its turn in one transaction and commits them together; the others wait for
+    their outcome. Under load a batch forms while the previous one holds the lock, so the lock,
+    the log's right edge, the Merkle hashes and the commit are paid once per batch instead of
+    once per write; alone, a write is a batch of one and waits for nobody."""
+
+    def __init__(self, store: Store, apply: Callable[[Tx, _I], _R]) -> None:
+        self.store, self.apply = store, apply
+        self.cv = threading.Condition()
+        self.queue: deque[_Pending[_I, _R]] = deque()
+        self.leading = False
+
+    def run(self, pending: _Pending[_I, _R]) -> _R:
+        with self.cv:
+            self.queue.append(pending)
+            while pending.state != 2 and self.leading:
+                self.cv.wait()
+            if pending.state != 2:
+                self.leading = True
+        if pending.state != 2:
+            try:
+                while pending.state != 2:
+                    with self.cv:
+                        take = min(GROUP_MAX, len(self.queue))
+                        batch = [self.queue.popleft() for _ in range(take)]
+                        for p in batch:
+                            p.state = 1
+                    self._commit(batch)
+                    with self.cv:
+                        self.cv.notify_all()  # the batch's callers have their outcome
+            finally:
+                with self.cv:
+                    self.leading = False
+                    self.cv.notify_all()  # one of those still queued leads next
+        if pending.error is not None:
+            raise pending.error
+        return pending.result  # type: ignore[return-value]
+
+    def _commit(self, batch: list[_Pending[_I, _R]]) -> None:
+        results: list[_R] = []
+        try:
+            with self.store.write(batch[0].actor, batch[0].now) as tx:
+                for p in batch:
+                    tx.actor, tx.now = p.actor, p.now or datetime.now(UTC)
+                    results.append(self.apply(tx, p.item))
+        except Unavailable as exc:  # the lock or the database: the same for every write
+            for p in batch:
+                p.error, p.state = copy.copy(exc), 2
+            return
+        except BaseException as exc:
+            if len(batch) == 1:
+                batch[0].error, batch[0].state = exc, 2
+                return
+            # One write refused (or failed) rolls back the batch: each is then committed alone,
+            # so a write fails only for its own reason and the others still land.
+            for p in batch:
+                self._commit([p])
+            return
+        for p, out in zip(batch, results, strict=True):
+            p.result, p.state = out, 2
+
 
 class Store:
     """The database a control plane instance works on, and the engine that runs its placed
@@ -267,6 +354,8 @@ class Store:
         self.url = url
         self.engine = engine or make_engine(url)
         self.backend = backend
+        self._groups: dict[Callable[..., Any], _Group[Any, Any]] = {}  # write_grouped's
+        self._groups_lock = threading.Lock()
 
     @contextmanager
     def joined(self, tx: Tx) -> Iterator[None]:
@@ -279,6 +368,29 @@ class Store:
             yield
         finally:
             _JOINED.reset(token)
+
+    def joined_tx(self) -> Tx | None:
+        """The transaction ``write`` joins here (``joined``), else None."""
+        joined = _JOINED.get()
+        return joined[1] if joined is not None and joined[0] is self else None
+
+    def write_grouped(
+        self, actor: Actor, now: datetime | None, apply: Callable[[Tx, _I], _R], item: _I
+    ) -> _R:
+        """``apply(tx, item)`` in a write transaction, committed together with the other
+        callers' writes of the same ``apply`` waiting at the time (group commit, ``_Group``):
+        what ``with store.write(actor, now) as tx: return apply(tx, item)`` does, with the
+        write lock shared. ``tx.actor`` and ``tx.now`` are this caller's while ``apply`` runs
+        (``now`` None: the time it runs). A write that raises is retried alone, so it fails
+        (and rolls back) alone. Inside ``joined`` it joins that transaction instead."""
+        if self.joined_tx() is not None:
+            with self.write(actor, now) as tx:
+                return apply(tx, item)
+        with self._groups_lock:
+            group = self._groups.get(apply)
+            if group is None:
+                group = self._groups[apply] = _Group(self, apply)
+        return group.run(_Pending(actor, now, item))
 
     @contextmanager
     def write(self, actor: Actor, now: datetime | None = None) -> Iterator[Tx]:
