@@ -20,9 +20,13 @@ and that of the PostgreSQL backends serving its connections (``postgres``, from 
 ``attestation``: ``--rounds`` attestation rounds of 20 demo nodes enrolled with the demo's
 simulated attester, one at a time: ``issue_nonce`` (a read) and ``submit_evidence`` (a round's
 one write transaction: its time is the lock's, with nothing else running), their p50 ms and
-statements, and the PostgreSQL backends' CPU per round.
+statements, and the PostgreSQL backends' CPU per round. ``attestation_concurrent``: the same
+rounds from ``--concurrency`` threads at once (each its own nodes), as an API worker's threads
+send them: rounds/s, evidence p50/p99 ms, write transactions per round (rounds waiting while
+one holds the lock commit as one group, ``Store.write_grouped``) and the lock held per round.
 
-    .venv/bin/python bench/write_path.py --json [--pairs 200] [--db postgresql://…/test]
+    .venv/bin/python bench/write_path.py --json [--pairs 200] [--rounds 200] [--concurrency 8]
+        [--db postgresql://…/test]
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from proofplane.demo.attester import BOOTLOADERS, DEMO_POLICY, GOOD_KERNEL
 from proofplane.machine import machine
 from proofplane.model import GpuRequest
 from proofplane.service import attestation as att
+from proofplane.service import instruments
 from proofplane.service.context import Store
 from proofplane.service.workloads import WorkloadSpec, cancel_workload, submit_workload
 from proofplane.store.tables import NodeRow
@@ -115,12 +120,19 @@ def phase(url: str, stores: int, pairs: int, warmup: int, prefix: str) -> dict[s
             s.dispose()
 
 
-def rounds_phase(url: str, nodes: int, rounds: int, warmup: int) -> dict[str, Any]:
-    """Attestation rounds as the routes make them, in process, one at a time: ``issue_nonce``
-    (a read) then ``submit_evidence`` (the round's one write transaction, under the write
-    lock), for ``nodes`` demo nodes enrolled with the demo's simulated attester, round-robin."""
+Agents = list[tuple[str, Actor, SimulatedAttester]]
+
+
+def _agents(url: str, nodes: int) -> Agents:
+    """``nodes`` demo nodes enrolled with the demo's simulated attester, under its policy."""
     store = Store(url)
-    count, backends = instrument([store])  # before its pool opens any other connection
+    try:
+        return _enrolled(store, nodes)
+    finally:
+        store.dispose()
+
+
+def _enrolled(store: Store, nodes: int) -> Agents:
     att.set_policy(store, SYSTEM, DEMO_POLICY, enforce=True)
     with store.read() as session:
         names = sorted(session.scalars(select(NodeRow.name)))[:nodes]
@@ -133,32 +145,49 @@ def rounds_phase(url: str, nodes: int, rounds: int, warmup: int) -> dict[str, An
                                allow_simulated=True)  # fmt: skip
         att.activate(store, actor, name, a.activate(challenge.credential))
         agents.append((name, actor, a))
+    return agents
+
+
+def _round(store: Store, agent: tuple[str, Actor, SimulatedAttester]) -> tuple[float, float]:
+    """One round as the routes make it: (nonce seconds, evidence seconds)."""
+    name, actor, a = agent
+    t0 = time.perf_counter()
+    issued = att.issue_nonce(store, actor, name)
+    t1 = time.perf_counter()
+    ev = a.evidence(issued.nonce, list(issued.pcrs), issued.pcr_bank)  # the agent's
+    t2 = time.perf_counter()
+    out = att.submit_evidence(store, actor, name, issued.nonce, ev, allow_simulated=True)
+    t3 = time.perf_counter()
+    if not out.verdict["ok"]:
+        raise SystemExit(f"a round failed: {out.verdict['reasons']}")
+    return t1 - t0, t3 - t2
+
+
+def rounds_phase(url: str, agents: Agents, rounds: int, warmup: int) -> dict[str, Any]:
+    """Attestation rounds as the routes make them, in process, one at a time: ``issue_nonce``
+    (a read) then ``submit_evidence`` (the round's one write transaction, under the write
+    lock), for the ``agents`` (``_agents``), round-robin."""
+    store = Store(url)
+    count, backends = instrument([store])  # before its pool opens any other connection
     try:
         timed: dict[str, list[float]] = {"nonce": [], "evidence": []}
         statements = {"nonce": 0, "evidence": 0}
-
-        def one(i: int, record: bool) -> None:
+        for i in range(warmup):
+            _round(store, agents[i % len(agents)])
+        pg0 = backend_cpu_seconds(backends)
+        for i in range(warmup, warmup + rounds):
             name, actor, a = agents[i % len(agents)]
             count[0], t0 = 0, time.perf_counter()
             issued = att.issue_nonce(store, actor, name)
-            t1, nonce_statements = time.perf_counter(), count[0]
-            ev = a.evidence(issued.nonce, list(issued.pcrs), issued.pcr_bank)  # the agent's
-            count[0], t2 = 0, time.perf_counter()
+            timed["nonce"].append((time.perf_counter() - t0) * 1000)
+            statements["nonce"] += count[0]
+            ev = a.evidence(issued.nonce, list(issued.pcrs), issued.pcr_bank)
+            count[0], t0 = 0, time.perf_counter()
             out = att.submit_evidence(store, actor, name, issued.nonce, ev, allow_simulated=True)
-            t3 = time.perf_counter()
+            timed["evidence"].append((time.perf_counter() - t0) * 1000)
+            statements["evidence"] += count[0]
             if not out.verdict["ok"]:
                 raise SystemExit(f"a round failed: {out.verdict['reasons']}")
-            if record:
-                timed["nonce"].append((t1 - t0) * 1000)
-                timed["evidence"].append((t3 - t2) * 1000)
-                statements["nonce"] += nonce_statements
-                statements["evidence"] += count[0]
-
-        for i in range(warmup):
-            one(i, False)
-        pg0 = backend_cpu_seconds(backends)
-        for i in range(warmup, warmup + rounds):
-            one(i, True)
         pg = backend_cpu_seconds(backends) - pg0
         return {
             "nodes": len(agents),
@@ -169,6 +198,53 @@ def rounds_phase(url: str, nodes: int, rounds: int, warmup: int) -> dict[str, An
         }
     finally:
         store.dispose()
+
+
+def concurrent_rounds_phase(
+    url: str, agents: Agents, threads: int, rounds: int, warmup: int
+) -> dict[str, Any]:
+    """``rounds`` attestation rounds from ``threads`` threads at once, thread k attesting
+    agents k, k + threads, … (a node's rounds one after another, as its agent sends them)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not 0 < threads <= len(agents):
+        raise SystemExit(f"--concurrency must be 1..{len(agents)}")
+    store = Store(url)
+    writes = [0, 0.0]  # write transactions, seconds the lock was held
+    observe = instruments.observe_write
+
+    def counted(wait: float, held: float) -> None:
+        writes[0] += 1
+        writes[1] += held
+        observe(wait, held)
+
+    def run(k: int, n: int, out: list[float]) -> None:
+        mine = agents[k::threads]
+        for i in range(n):
+            out.append(_round(store, mine[i % len(mine)])[1] * 1000)
+
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda k: run(k, warmup, []), range(threads)))
+            instruments.observe_write = counted
+            timed: list[list[float]] = [[] for _ in range(threads)]
+            t0 = time.perf_counter()
+            list(pool.map(lambda k: run(k, rounds // threads, timed[k]), range(threads)))
+            seconds = time.perf_counter() - t0
+    finally:
+        instruments.observe_write = observe
+        store.dispose()
+    done = [ms for t in timed for ms in t]
+    q = statistics.quantiles(done, n=100)
+    return {
+        "threads": threads,
+        "rounds": len(done),
+        "rounds_per_s": round(len(done) / seconds, 1),
+        "evidence_ms_p50": round(statistics.median(done), 2),
+        "evidence_ms_p99": round(q[98], 2),
+        "writes_per_round": round(writes[0] / len(done), 3),
+        "lock_held_ms_per_round": round(writes[1] * 1000 / len(done), 2),
+    }
 
 
 def backend_cpu_seconds(pids: set[int]) -> float:
@@ -191,18 +267,22 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=200, help="attestation rounds")
+    ap.add_argument("--concurrency", type=int, default=8, help="threads sending rounds at once")
     args = ap.parse_args()
     with throwaway_postgres(args.db) as url:
         load_demo(url, TOKEN)
         one = phase(url, 1, args.pairs, args.warmup, "a")
         two = phase(url, 2, args.pairs, args.warmup, "b")
-        rounds = rounds_phase(url, 20, args.rounds, args.warmup)
+        agents = _agents(url, 20)
+        rounds = rounds_phase(url, agents, args.rounds, args.warmup)
+        together = concurrent_rounds_phase(url, agents, args.concurrency, args.rounds, args.warmup)
     out = {
         "benchmark": "write path: submit_workload + cancel_workload on PostgreSQL, in process",
         "one": one,
         "two": two,
         "two_over_one": round(two["ms_per_pair_p50"] / one["ms_per_pair_p50"], 2),
         "attestation": rounds,
+        "attestation_concurrent": together,
         "machine": machine(),
     }
     if args.json:

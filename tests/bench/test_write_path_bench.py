@@ -1,6 +1,7 @@
 """bench/write_path.py: submit + cancel pairs through the service on PostgreSQL, one store and
 two alternating stores, print their time, statement counts and CPU; and attestation rounds
-(nonce + evidence) through the service, their time and statements."""
+(nonce + evidence) through the service, their time and statements, one at a time and from
+several threads at once (group commit: at most one write transaction a round)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def test_bench_write_path_prints_both_phases(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROOFPLANE_")}
     out = subprocess.run(
         [sys.executable, str(REPO / "bench" / "write_path.py"), "--json", "--pairs", "4",
-         "--warmup", "1", "--rounds", "6", "--db", PG_ADMIN],
+         "--warmup", "1", "--rounds", "6", "--concurrency", "3", "--db", PG_ADMIN],
         capture_output=True, text=True, timeout=300, check=True,
         env={**env, "HOME": str(tmp_path)},
     )  # fmt: skip
@@ -33,9 +34,16 @@ def test_bench_write_path_prints_both_phases(tmp_path: Path) -> None:
         data["two"]["ms_per_pair_p50"] / data["one"]["ms_per_pair_p50"], 2
     )
     # attestation rounds through the service: the nonce a read of 2 statements, the evidence
-    # one write transaction of 12 (tests/service/test_attestation_rounds.py's budget)
+    # one write transaction of 12 (tests/service/test_attestation_rounds.py's budget; a 13th
+    # when the new leaf completes a Merkle subtree)
     rounds = data["attestation"]
     assert rounds["nodes"] == 20 and rounds["rounds"] == 6
     assert rounds["nonce_ms_p50"] > 0 and rounds["evidence_ms_p50"] > 0
     assert rounds["nonce_statements"] == 2 and rounds["evidence_statements"] <= 13
     assert rounds["postgres_cpu_ms_per_round"] >= 0
+    together = data["attestation_concurrent"]
+    assert together["threads"] == 3 and together["rounds"] == 6
+    assert together["rounds_per_s"] > 0
+    assert 0 < together["evidence_ms_p50"] <= together["evidence_ms_p99"]
+    assert 0 < together["writes_per_round"] <= 1  # a group commits one or more rounds
+    assert together["lock_held_ms_per_round"] > 0

@@ -510,21 +510,15 @@ def parse_evidence(data: Any) -> Evidence:
         raise ValidationFailed(f"bad evidence: {exc}", code="evidence_malformed") from None
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Round:
-    """One evidence submission on its way: what came, and what was judged before the write lock
-    (``_prejudge``): the nonce's issue time, and the verdict with what it was reached on."""
+    """One evidence submission on its way to the write lock."""
 
     name: str
     nonce: bytes
     evidence: Evidence
-    now: datetime | None
     allow_simulated: bool
     key: bytes | None
-    judged_at: datetime | None = None
-    basis: tuple[Any, ...] | None = None  # AK, EK, previous clock, simulated, policy hash
-    record: EvidenceRecord | None = None
-    verdict: Verdict | None = None
 
 
 def submit_evidence(
@@ -546,56 +540,12 @@ def submit_evidence(
     mode); otherwise its round is refused (``simulated_attester_refused``). Its records,
     events and state reasons say ``simulated``.
 
-    The quote is verified before the write lock, on what a read finds (``_prejudge``); under
-    the lock the round is recorded, and verified again only when the node's identity, its
-    last clock or its policy changed meanwhile. Rounds arriving together are committed
-    together (``Store.write_grouped``, issue 20)."""
+    Rounds that arrive while another write holds the lock are judged and committed together
+    (``Store.write_grouped``, issue 20), each as its own agent at its own time."""
     authorize_node(actor, name)
     key = nonce_key(store, actor, create=False)  # none yet: no nonce was ever issued
-    round_ = _Round(name, nonce, evidence, now, allow_simulated, key)
-    if store.joined_tx() is None:  # in a joined transaction its reads would not see it
-        _prejudge(store, round_)
-    return store.write_grouped(actor, now, _record_round, round_)
-
-
-_PREJUDGE = (
-    select(
-        NodeRow.id,
-        NodeRow.labels,
-        NodeAttestationRow.bound_at,
-        NodeAttestationRow.ak_public,
-        NodeAttestationRow.ek_public,
-        NodeAttestationRow.last_clock,
-        NodeAttestationRow.simulated,
-    )  # fmt: skip
-    .outerjoin(NodeAttestationRow, NodeAttestationRow.node_id == NodeRow.id)
-    .where(NodeRow.name == bindparam("name"))
-)
-
-
-def _prejudge(store: Store, r: _Round) -> None:
-    """Read what a round is judged on and verify its quote, without the write lock (two
-    statements): a round for an unknown or unbound node, or of a class without a policy, is
-    refused here. The nonce is opened but not spent (that is the write's)."""
-    with store.read() as session:
-        found = session.execute(_PREJUDGE, {"name": r.name}).one_or_none()
-        if found is None:
-            raise NotFound(f"node {r.name!r} not found", details={"node": r.name})
-        node_id, labels, bound_at, ak, ek, last_clock, simulated = found
-        if bound_at is None:
-            raise _not_bound(r.name)
-        _enforce, policy = _round_policy(session, r.name, labels)
-    r.judged_at = r.now or datetime.now(UTC)
-    r.basis = (ak, ek, last_clock, bool(simulated), policy.hash)
-    issued_at = None if r.key is None else nonces.open_nonce(r.key, node_id, r.name, r.nonce)
-    if (simulated and not r.allow_simulated) or issued_at is None:
-        return  # refused whatever the write finds: nothing to verify
-    if r.judged_at > issued_at + NONCE_TTL:
-        return
-    previous = None if last_clock is None else ClockInfo.from_json(last_clock)
-    expected = Expected(r.nonce, issued_at, ak, ek, previous)
-    r.record, r.verdict = make_record(
-        r.name, r.evidence, expected, policy, r.judged_at, cache=VERIFIER_CACHE
+    return store.write_grouped(
+        actor, now, _record_round, _Round(name, nonce, evidence, allow_simulated, key)
     )
 
 
@@ -615,9 +565,8 @@ def _tx_policy(tx: Tx, name: str, labels: Mapping[str, Any] | None) -> tuple[boo
 
 
 def _record_round(tx: Tx, r: _Round) -> AttestOutcome:
-    """A round under the write lock: the nonce spent, the verdict stored with its event, the
-    node admitted or quarantined. The verdict ``_prejudge`` reached is kept when what it was
-    reached on is unchanged; else the round is verified now."""
+    """One round under the write lock: the nonce spent, the quote verified on what the server
+    knows now, the verdict stored with its event, the node admitted or quarantined."""
     name = r.name
     found = tx.session.execute(_EVIDENCE_ROUND, {"name": name}).one_or_none()
     if found is None:
@@ -626,14 +575,10 @@ def _record_round(tx: Tx, r: _Round) -> AttestOutcome:
     if ident is None or ident.bound_at is None:
         raise _not_bound(name)
     enforce, policy = _tx_policy(tx, name, row.labels)
-    simulated = bool(ident.simulated)
-    basis = (ident.ak_public, ident.ek_public, ident.last_clock, simulated, policy.hash)
-    prejudged = r.judged_at is not None and basis == r.basis
-    at = r.judged_at if prejudged and r.judged_at is not None else tx.now
     # the nonce is spent here, pass or fail (single use): one statement when it is ours
     issued_at = None if r.key is None else nonces.open_nonce(r.key, row.id, name, r.nonce)
     unknown = issued_at is None
-    expired = issued_at is not None and at > issued_at + NONCE_TTL
+    expired = issued_at is not None and tx.now > issued_at + NONCE_TTL
     fresh = False
     if issued_at is not None and not expired:
         spend = _SPEND_NONCE[tx.session.get_bind().dialect.name]
@@ -643,19 +588,20 @@ def _record_round(tx: Tx, r: _Round) -> AttestOutcome:
              "expires_at": issued_at + NONCE_TTL, "used_at": tx.now},
         ).scalar() is not None  # fmt: skip
     previous = None if ident.last_clock is None else ClockInfo.from_json(ident.last_clock)
-    expected = Expected(r.nonce, issued_at or at, ident.ak_public, ident.ek_public, previous)
+    expected = Expected(r.nonce, issued_at or tx.now, ident.ak_public, ident.ek_public, previous)
+    simulated = bool(ident.simulated)
     evidence = r.evidence
     if simulated and not r.allow_simulated:
         verdict = _refused("simulated_attester_refused", evidence, expected, policy)
-        record = EvidenceRecord(name, evidence, expected, policy, at, verdict.to_json())
+        record = EvidenceRecord(name, evidence, expected, policy, tx.now, verdict.to_json())
     elif not fresh:
         code = "nonce_unknown" if unknown else "nonce_expired" if expired else "nonce_replayed"
         verdict = _refused(code, evidence, expected, policy)
-        record = EvidenceRecord(name, evidence, expected, policy, at, verdict.to_json())
-    elif prejudged and r.record is not None and r.verdict is not None:
-        record, verdict = r.record, r.verdict
+        record = EvidenceRecord(name, evidence, expected, policy, tx.now, verdict.to_json())
     else:
-        record, verdict = make_record(name, evidence, expected, policy, at, cache=VERIFIER_CACHE)
+        record, verdict = make_record(
+            name, evidence, expected, policy, tx.now, cache=VERIFIER_CACHE
+        )
     evidence_id = tx.session.execute(
         _NEW_EVIDENCE,
         {"node_id": row.id, "created_at": tx.now, "ok": verdict.ok,
