@@ -313,9 +313,10 @@ class _Group(Generic[_I, _R]):
     def _commit(self, batch: list[_Pending[_I, _R]]) -> None:
         results: list[_R] = []
         try:
-            with self.store.write(batch[0].actor, batch[0].now) as tx:
+            with self.store.write(batch[0].actor) as tx:
+                began = tx.now  # the group's time: what a write without ``now`` takes
                 for p in batch:
-                    tx.actor, tx.now = p.actor, p.now or datetime.now(UTC)
+                    tx.actor, tx.now = p.actor, p.now or began
                     results.append(self.apply(tx, p.item))
         except Unavailable as exc:  # the lock or the database: the same for every write
             for p in batch:
@@ -381,8 +382,9 @@ class Store:
         callers' writes of the same ``apply`` waiting at the time (group commit, ``_Group``):
         what ``with store.write(actor, now) as tx: return apply(tx, item)`` does, with the
         write lock shared. ``tx.actor`` and ``tx.now`` are this caller's while ``apply`` runs
-        (``now`` None: the time it runs). A write that raises is retried alone, so it fails
-        (and rolls back) alone. Inside ``joined`` it joins that transaction instead."""
+        (``now`` None: the group's transaction's own time, as ``write`` picks it). A write that
+        raises is retried alone, so it fails (and rolls back) alone. Inside ``joined`` it joins
+        that transaction instead."""
         if self.joined_tx() is not None:
             with self.write(actor, now) as tx:
                 return apply(tx, item)

@@ -288,11 +288,24 @@ def submit_workload(store: Store, actor: Actor, spec: WorkloadSpec) -> Workload:
     authorize(actor, Permission.WORKLOADS_WRITE)
     authorize(actor, Permission.WORKLOADS_WRITE, tenant=spec.tenant)
     gpus = _check_spec(spec)
-    with (
-        netstate.exhaustion_recorded(store, actor, spec.tenant, spec.name),
-        store.write(actor) as tx,
-    ):
-        return workload_from_row(insert_workload(tx, spec, gpus))
+    with netstate.exhaustion_recorded(store, actor, spec.tenant, spec.name):
+        return store.write_grouped(actor, None, _submit_in_group, (spec, gpus))
+
+
+_GROUP_VIEW = "workloads.group_view"  # Tx.extras: (view, the newest seq it has seen)
+
+
+def _submit_in_group(tx: Tx, item: tuple[WorkloadSpec, GpuRequest]) -> Workload:
+    """One submit of those committed together (``Store.write_grouped``, issue 20): the group's
+    submits place through one view, taken before the first of them writes and kept current by
+    each placement (as ``insert_workloads`` does), so the second one loads no cluster. A view
+    is reused only when nothing but the submit that used it last wrote since."""
+    spec, gpus = item
+    kept = tx.extras.get(_GROUP_VIEW)
+    view = kept[0] if kept is not None and kept[1] == tx.last_seq else ClusterView.cached(tx)
+    row = insert_workload(tx, spec, gpus, view=view)
+    tx.extras[_GROUP_VIEW] = (view, tx.last_seq)
+    return workload_from_row(row)
 
 
 def _check_spec(spec: WorkloadSpec) -> GpuRequest:
@@ -639,10 +652,14 @@ def _workload_of(
     )
 
 
-def insert_workload(tx: Tx, spec: WorkloadSpec, gpus: GpuRequest) -> WorkloadRow:
+def insert_workload(
+    tx: Tx, spec: WorkloadSpec, gpus: GpuRequest, *, view: ClusterView | None = None
+) -> WorkloadRow:
+    """Insert one checked spec and place it (``view``: the transaction's view, current with
+    everything it wrote; None: taken here, before this writes)."""
     _check_command(spec.command)  # again: a cluster file's workloads come this way only
     # The view first: a cached scheduler is current only before this transaction writes.
-    view = ClusterView.cached(tx)
+    view = ClusterView.cached(tx) if view is None else view
     trow = tenant_row(tx.session, spec.tenant)
     tenant = tenant_from_row(trow)
     tags, isolation, note = resolve(spec, tenant)
