@@ -269,6 +269,50 @@ def test_api_batch(api: TestClient, store: Store) -> None:
     assert len(_events(store)) == before
 
 
+def _grouped(
+    store: Store, specs: list[WorkloadSpec], monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[Any], list[list[str]]]:
+    """Submit ``specs[0]``, hold it under the write lock until every other spec is queued
+    behind it (in order), then let them go: each one's answer (or ``Conflict``), and the names
+    each write transaction applied, in order."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    submit = workloads_svc._submit_in_group
+    groups: list[list[Any]] = []
+    queued = threading.Event()
+
+    def held(tx: Any, item: Any) -> Any:
+        if not groups or groups[-1][0] is not tx:
+            groups.append([tx])
+        groups[-1].append(item[0].name)
+        if item[0].name == specs[0].name:
+            assert queued.wait(10)  # the others queue meanwhile
+        return submit(tx, item)
+
+    monkeypatch.setattr(workloads_svc, "_submit_in_group", held)
+
+    def send(spec: WorkloadSpec) -> Any:
+        try:
+            return workloads_svc.submit_workload(store, SYSTEM, spec)
+        except Conflict as exc:
+            return exc
+
+    with ThreadPoolExecutor(len(specs)) as pool:
+        first = pool.submit(send, specs[0])
+        while not groups:
+            threading.Event().wait(0.01)
+        rest = []
+        group = store._groups[held]
+        for spec in specs[1:]:  # queued one after another: taken in this order
+            rest.append(pool.submit(send, spec))
+            while len(group.queue) < len(rest):
+                threading.Event().wait(0.005)
+        queued.set()
+        out = [first.result(), *(f.result() for f in rest)]
+    return out, [g[1:] for g in groups]
+
+
 def test_submits_sent_together_commit_together_and_decide_as_one_by_one(
     db_url: str, twin_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -276,57 +320,22 @@ def test_submits_sent_together_commit_together_and_decide_as_one_by_one(
     are placed in one transaction after it, through one view; they decide what the same
     submits one by one decide, in the order they were taken, and the cache still agrees with
     a fresh load. A submit refused in the group (its name taken) is refused alone."""
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
     one, many = _load(db_url), _load(twin_url)
     try:
         start = len(_events(one))
         specs = _specs(7, 12)
         specs.insert(7, dataclasses.replace(specs[3], gpus=GpuRequest(1)))  # its name is taken
-        submit = workloads_svc._submit_in_group
-        groups: list[list[str]] = []
-        queued = threading.Event()
-
-        def held(tx: Any, item: Any) -> Any:
-            if not groups or groups[-1][0] is not tx:
-                groups.append([tx])
-            groups[-1].append(item[0].name)
-            if item[0].name == specs[0].name:
-                assert queued.wait(10)  # the others queue meanwhile
-            return submit(tx, item)
-
-        monkeypatch.setattr(workloads_svc, "_submit_in_group", held)
-
-        def send(spec: WorkloadSpec) -> Any:
-            try:
-                return workloads_svc.submit_workload(many, SYSTEM, spec)
-            except Conflict as exc:
-                return exc
-
-        with ThreadPoolExecutor(len(specs)) as pool:
-            first = pool.submit(send, specs[0])
-            while not groups:
-                threading.Event().wait(0.01)
-            rest = []
-            group = many._groups[held]
-            for spec in specs[1:]:  # queued one after another: taken in this order
-                rest.append(pool.submit(send, spec))
-                while len(group.queue) < len(rest):
-                    threading.Event().wait(0.005)
-            queued.set()
-            out = [first.result(), *(f.result() for f in rest)]
+        out, groups = _grouped(many, specs, monkeypatch)
         assert [isinstance(w, Conflict) for w in out] == [i == 7 for i in range(len(specs))]
         # the first alone; the rest as one group, rolled back at the refused one, then each alone
         names = [s.name for s in specs]
-        assert [g[1:] for g in groups] == [names[:1], names[1:8], *([n] for n in names[1:])]
+        assert groups == [names[:1], names[1:8], *([n] for n in names[1:])]
         for spec in specs:
-            send_one = workloads_svc.submit_workload
             if spec is specs[7]:
                 with pytest.raises(Conflict):
-                    send_one(one, SYSTEM, spec)
+                    workloads_svc.submit_workload(one, SYSTEM, spec)
             else:
-                send_one(one, SYSTEM, spec)
+                workloads_svc.submit_workload(one, SYSTEM, spec)
         placed = specs[:7] + specs[8:]
         assert _decisions(many, start) == _decisions(one, start)
         assert [_plain(w) for w in out[:7] + out[8:]] == _final(many, placed) == _final(one, placed)
@@ -340,40 +349,13 @@ def test_submits_sent_together_commit_together_and_decide_as_one_by_one(
 def test_submits_grouped_without_a_refusal_share_one_transaction(
     db_url: str, twin_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
     one, many = _load(db_url), _load(twin_url)
     try:
         start = len(_events(one))
         specs = _specs(11, 10)
-        submit = workloads_svc._submit_in_group
-        groups: list[list[str]] = []
-        queued = threading.Event()
-
-        def held(tx: Any, item: Any) -> Any:
-            if not groups or groups[-1][0] is not tx:
-                groups.append([tx])
-            groups[-1].append(item[0].name)
-            if item[0].name == specs[0].name:
-                assert queued.wait(10)
-            return submit(tx, item)
-
-        monkeypatch.setattr(workloads_svc, "_submit_in_group", held)
         loads = scheduler_cache(many.engine).loads
-        with ThreadPoolExecutor(len(specs)) as pool:
-            first = pool.submit(workloads_svc.submit_workload, many, SYSTEM, specs[0])
-            while not groups:
-                threading.Event().wait(0.01)
-            rest = []
-            group = many._groups[held]
-            for spec in specs[1:]:
-                rest.append(pool.submit(workloads_svc.submit_workload, many, SYSTEM, spec))
-                while len(group.queue) < len(rest):
-                    threading.Event().wait(0.005)
-            queued.set()
-            out = [first.result(), *(f.result() for f in rest)]
-        assert [len(g) - 1 for g in groups] == [1, len(specs) - 1]
+        out, groups = _grouped(many, specs, monkeypatch)
+        assert [len(g) for g in groups] == [1, len(specs) - 1]
         # the group's submits after the first placed through its view: no cluster load
         assert scheduler_cache(many.engine).loads - loads <= 1
         for spec in specs:
