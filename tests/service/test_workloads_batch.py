@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from dbtest import demo_text
 from dbtest import pg_admin as _admin
 from dbtest import pg_url as _pg_url
 from proofplane.access import SYSTEM
-from proofplane.errors import Conflict, NotFound, ValidationFailed
+from proofplane.errors import Conflict, InvalidState, NotFound, ValidationFailed
 from proofplane.hardware.cluster_file import parse_cluster
 from proofplane.model import GpuRequest, Workload
 from proofplane.service import workloads as workloads_svc
@@ -270,42 +270,51 @@ def test_api_batch(api: TestClient, store: Store) -> None:
 
 
 def _grouped(
-    store: Store, specs: list[WorkloadSpec], monkeypatch: pytest.MonkeyPatch
+    store: Store,
+    items: list[Any],
+    monkeypatch: pytest.MonkeyPatch,
+    apply: str = "_submit_in_group",
+    send: Callable[[Store, Any], Any] = lambda store, spec: workloads_svc.submit_workload(
+        store, SYSTEM, spec
+    ),
 ) -> tuple[list[Any], list[list[str]]]:
-    """Submit ``specs[0]``, hold it under the write lock until every other spec is queued
-    behind it (in order), then let them go: each one's answer (or ``Conflict``), and the names
-    each write transaction applied, in order."""
+    """``send`` ``items[0]``, hold it under the write lock (in ``workloads_svc.<apply>``) until
+    every other item is queued behind it (in order), then let them go: each one's answer (or
+    its ``Conflict``/``InvalidState``), and the workloads each write transaction applied."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    submit = workloads_svc._submit_in_group
+    inner = getattr(workloads_svc, apply)
     groups: list[list[Any]] = []
     queued = threading.Event()
+
+    def name(item: Any) -> str:
+        return str(item[0] if isinstance(item[0], str) else item[0].name)
 
     def held(tx: Any, item: Any) -> Any:
         if not groups or groups[-1][0] is not tx:
             groups.append([tx])
-        groups[-1].append(item[0].name)
-        if item[0].name == specs[0].name:
+        groups[-1].append(name(item))
+        if len(groups) == 1:
             assert queued.wait(10)  # the others queue meanwhile
-        return submit(tx, item)
+        return inner(tx, item)
 
-    monkeypatch.setattr(workloads_svc, "_submit_in_group", held)
+    monkeypatch.setattr(workloads_svc, apply, held)
 
-    def send(spec: WorkloadSpec) -> Any:
+    def answer(item: Any) -> Any:
         try:
-            return workloads_svc.submit_workload(store, SYSTEM, spec)
-        except Conflict as exc:
+            return send(store, item)
+        except (Conflict, InvalidState) as exc:
             return exc
 
-    with ThreadPoolExecutor(len(specs)) as pool:
-        first = pool.submit(send, specs[0])
+    with ThreadPoolExecutor(len(items)) as pool:
+        first = pool.submit(answer, items[0])
         while not groups:
             threading.Event().wait(0.01)
         rest = []
         group = store._groups[held]
-        for spec in specs[1:]:  # queued one after another: taken in this order
-            rest.append(pool.submit(send, spec))
+        for item in items[1:]:  # queued one after another: taken in this order
+            rest.append(pool.submit(answer, item))
             while len(group.queue) < len(rest):
                 threading.Event().wait(0.005)
         queued.set()
@@ -363,6 +372,51 @@ def test_submits_grouped_without_a_refusal_share_one_transaction(
         assert _decisions(many, start) == _decisions(one, start)
         assert [_plain(w) for w in out] == _final(many, specs) == _final(one, specs)
         _fresh_equals_cache(many)
+    finally:
+        one.dispose()
+        many.dispose()
+
+
+def test_cancels_sent_together_commit_together_and_decide_as_one_by_one(
+    db_url: str, twin_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancels grouped (``_cancel_in_group``): the capacity each frees is offered to pending
+    work through the group's one view, with the same decisions as one cancel at a time; a
+    cancel refused in the group (already cancelled) is refused alone; the cache agrees with a
+    fresh load afterwards."""
+    one, many = _load(db_url), _load(twin_url)
+    try:
+        specs = _specs(13, 40)  # more than the demo cluster holds: some wait
+        for store in (one, many):
+            for spec in specs:
+                workloads_svc.submit_workload(store, SYSTEM, spec)
+        start = len(_events(one))
+        final = {w.name: w for w in _final(one, specs)}
+        placed = [s for s in specs if final[s.name].placement is not None]
+        assert any(final[s.name].placement is None for s in specs)  # pending work to offer to
+        targets = [(s.name, s.tenant) for s in placed[:8]]
+        targets.insert(5, targets[2])  # cancelled twice: the second is refused
+
+        def cancel(store: Store, target: tuple[str, str]) -> Any:
+            return workloads_svc.cancel_workload(store, SYSTEM, target[0], tenant=target[1])
+
+        loads = scheduler_cache(many.engine).loads
+        out, groups = _grouped(many, targets, monkeypatch, "_cancel_in_group", cancel)
+        assert [isinstance(w, InvalidState) for w in out] == [i == 5 for i in range(len(out))]
+        names = [t[0] for t in targets]
+        assert groups == [names[:1], names[1:6], *([n] for n in names[1:])]
+        for i, target in enumerate(targets):
+            if i == 5:
+                with pytest.raises(InvalidState):
+                    cancel(one, target)
+            else:
+                cancel(one, target)
+        assert _decisions(many, start) == _decisions(one, start)
+        assert {"workload.cancel", "workload.place"} <= {e[0] for e in _decisions(one, start)}
+        assert _final(many, specs) == _final(one, specs)
+        _fresh_equals_cache(many)
+        _endpoints_follow_placements(many)
+        assert scheduler_cache(many.engine).loads - loads <= 1
     finally:
         one.dispose()
         many.dispose()

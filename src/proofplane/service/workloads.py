@@ -694,44 +694,65 @@ def insert_workload(
 def cancel_workload(
     store: Store, actor: Actor, name: str, reason: str | None = None, *, tenant: str | None = None
 ) -> Workload:
-    """Stop a workload and release its capacity, which pending work may then take."""
+    """Stop a workload and release its capacity, which pending work may then take. Cancels
+    that queue while another holds the write lock are committed together (``_cancel_in_group``,
+    issue 20)."""
     authorize(actor, Permission.WORKLOADS_WRITE)
     visible = actor.visible_tenants(Permission.WORKLOADS_WRITE)
-    with store.write(actor) as tx:
-        row = workload_row(tx.session, name, tenant=tenant, visible=visible)
-        status = WorkloadStatus(row.status)
-        if status.is_terminal:
-            raise InvalidState(
-                f"workload {name!r} is already {status.value}",
-                details={"workload": name, "status": status.value},
-            )
-        node = row.placement.node.name if row.placement else None
-        jobs.cancel_engine_job(tx, row)
-        netstate.touch(tx, [row.id])  # its endpoints (and its own segment) end with it
-        row.placement = None
-        row.status = WorkloadStatus.CANCELLED.value
-        row.reason = CANCELLED
-        row.reason_details = {"message": reason or render(CANCELLED, actor=actor.name)}
-        row.updated_at = tx.now
-        tx.session.flush()
-        tx.record(
-            "workload.cancel",
-            "workload",
-            name,
-            details={
-                "tenant": row.tenant.name,
-                "from_status": status.value,
-                "node": node,
-                "reason": reason,
-            },
+    return store.write_grouped(actor, None, _cancel_in_group, (name, reason, tenant, visible))
+
+
+_CANCEL_VIEW = "workloads.cancel_view"  # Tx.extras: (view, the newest seq it has seen)
+
+
+def _cancel_in_group(tx: Tx, item: tuple[str, str | None, str | None, Any]) -> Workload:
+    """One cancel of those committed together. The capacity it frees is offered to pending work
+    through the view the group's previous cancel left current (its own release applied to it),
+    so the second cancel of a group loads no cluster; else through the process's cached
+    scheduler, caught up from the events (this cancel's included)."""
+    name, reason, tenant, visible = item
+    actor = tx.actor
+    kept = tx.extras.get(_CANCEL_VIEW)
+    view = kept[0] if kept is not None and kept[1] == tx.last_seq else None  # still current
+    row = workload_row(tx.session, name, tenant=tenant, visible=visible)
+    status = WorkloadStatus(row.status)
+    if status.is_terminal:
+        raise InvalidState(
+            f"workload {name!r} is already {status.value}",
+            details={"workload": name, "status": status.value},
         )
-        if node is not None:
+    node = row.placement.node.name if row.placement else None
+    jobs.cancel_engine_job(tx, row)
+    netstate.touch(tx, [row.id])  # its endpoints (and its own segment) end with it
+    row.placement = None
+    row.status = WorkloadStatus.CANCELLED.value
+    row.reason = CANCELLED
+    row.reason_details = {"message": reason or render(CANCELLED, actor=actor.name)}
+    row.updated_at = tx.now
+    tx.session.flush()
+    tx.record(
+        "workload.cancel",
+        "workload",
+        name,
+        details={
+            "tenant": row.tenant.name,
+            "from_status": status.value,
+            "node": node,
+            "reason": reason,
+        },
+    )
+    if node is not None:
+        if view is not None:
+            view.scheduler.release(row.id)
+        else:
             # pending work may take the capacity, placed from the cached scheduler caught up
             # from the events (this cancel's included): no cluster load
             view = ClusterView(tx.session, from_cache=True)
-            reschedule_pending(tx, view)
-            execution.dispatch_new(tx, view)
-        return workload_from_row(row)
+        reschedule_pending(tx, view)
+        execution.dispatch_new(tx, view)
+    if view is not None:  # a pending workload's cancel frees no capacity: still current
+        tx.extras[_CANCEL_VIEW] = (view, tx.last_seq)
+    return workload_from_row(row)
 
 
 def get_workload(store: Store, actor: Actor, name: str, *, tenant: str | None = None) -> Workload:
