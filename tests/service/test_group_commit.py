@@ -1,6 +1,8 @@
 """``Store.write_grouped``: writes that wait while one holds the write lock are committed
-together in one transaction, each applied as its caller's (actor, time); one that fails fails
-alone and the others land; a database that is unavailable fails them all, once (issue 20)."""
+together in one transaction, each applied as its caller's (actor, time); one refused before it
+changed anything fails alone in the group; one that fails after changing something rolls the
+group back and each is committed alone; a database that is unavailable fails them all, once
+(issue 20)."""
 
 from __future__ import annotations
 
@@ -22,10 +24,16 @@ T0 = datetime(2026, 11, 28, 12, tzinfo=UTC)
 
 class Writes:
     """An ``apply`` that records one event per item and notes which transaction applied it; the
-    item ``"first"`` holds the lock until the others are queued behind it."""
+    item ``"first"`` holds the lock until the others are queued behind it. ``refuse(item)``: an
+    error raised before the item writes anything; ``fail(item)``: one raised after its event."""
 
-    def __init__(self, store: Store, fail: Callable[[str], BaseException | None]) -> None:
-        self.store, self.fail = store, fail
+    def __init__(
+        self,
+        store: Store,
+        fail: Callable[[str], BaseException | None],
+        refuse: Callable[[str], BaseException | None] = lambda _item: None,
+    ) -> None:
+        self.store, self.fail, self.refuse = store, fail, refuse
         self.transactions: list[tuple[Tx, list[str]]] = []
         self.queued = threading.Event()
         self.started = threading.Event()
@@ -34,6 +42,9 @@ class Writes:
         if not self.transactions or self.transactions[-1][0] is not tx:
             self.transactions.append((tx, []))
         self.transactions[-1][1].append(item)
+        refused = self.refuse(item)
+        if refused is not None:
+            raise refused
         tx.record("test.write", "item", item, details={"now": tx.now.isoformat()})
         if item == "first":
             self.started.set()
@@ -119,6 +130,22 @@ def test_a_write_that_fails_in_a_group_fails_alone_and_the_others_land(store: St
     # the group rolled back at w2, then each was committed (or refused) alone
     assert writes.batches() == [["first"], items[:3], ["w0"], ["w1"], ["w2"], ["w3"]]
     assert sorted(t for _s, _a, t in _written(store)) == ["first", "w0", "w1", "w3"]
+
+
+def test_a_write_refused_before_it_changed_anything_fails_alone_in_the_group(
+    store: Store,
+) -> None:
+    bad = ValidationFailed("w1 is refused", code="refused")
+    writes = Writes(store, lambda _item: None, refuse=lambda item: bad if item == "w1" else None)
+    items = [f"w{i}" for i in range(4)]
+    got = writes.grouped(items)
+    with pytest.raises(ValidationFailed, match="w1 is refused"):
+        got["w1"].result()
+    assert {k: f.result() for k, f in got.items() if k != "w1"} == {
+        k: f"{k}@user:{k}" for k in ["first", "w0", "w2", "w3"]
+    }
+    assert writes.batches() == [["first"], items]  # one transaction, nothing retried
+    assert sorted(t for _s, _a, t in _written(store)) == ["first", "w0", "w2", "w3"]
 
 
 def test_an_unavailable_database_fails_the_whole_group_once(store: Store) -> None:

@@ -328,7 +328,8 @@ def test_submits_sent_together_commit_together_and_decide_as_one_by_one(
     """Group commit (``Store.write_grouped``): submits that wait while one holds the write lock
     are placed in one transaction after it, through one view; they decide what the same
     submits one by one decide, in the order they were taken, and the cache still agrees with
-    a fresh load. A submit refused in the group (its name taken) is refused alone."""
+    a fresh load. A submit refused in the group (its name taken) is refused alone; the group
+    commits the others."""
     one, many = _load(db_url), _load(twin_url)
     try:
         start = len(_events(one))
@@ -336,9 +337,10 @@ def test_submits_sent_together_commit_together_and_decide_as_one_by_one(
         specs.insert(7, dataclasses.replace(specs[3], gpus=GpuRequest(1)))  # its name is taken
         out, groups = _grouped(many, specs, monkeypatch)
         assert [isinstance(w, Conflict) for w in out] == [i == 7 for i in range(len(specs))]
-        # the first alone; the rest as one group, rolled back at the refused one, then each alone
+        # the first alone; the rest as one group: the refused one (a check, before it wrote
+        # anything) fails alone and the group commits the others
         names = [s.name for s in specs]
-        assert groups == [names[:1], names[1:8], *([n] for n in names[1:])]
+        assert groups == [names[:1], names[1:]]
         for spec in specs:
             if spec is specs[7]:
                 with pytest.raises(Conflict):
@@ -382,8 +384,8 @@ def test_cancels_sent_together_commit_together_and_decide_as_one_by_one(
 ) -> None:
     """Cancels grouped (``_cancel_in_group``): the capacity each frees is offered to pending
     work through the group's one view, with the same decisions as one cancel at a time; a
-    cancel refused in the group (already cancelled) is refused alone; the cache agrees with a
-    fresh load afterwards."""
+    cancel refused in the group (already cancelled) is refused alone and the group commits
+    the others; the cache agrees with a fresh load afterwards."""
     one, many = _load(db_url), _load(twin_url)
     try:
         specs = _specs(13, 40)  # more than the demo cluster holds: some wait
@@ -404,7 +406,7 @@ def test_cancels_sent_together_commit_together_and_decide_as_one_by_one(
         out, groups = _grouped(many, targets, monkeypatch, "_cancel_in_group", cancel)
         assert [isinstance(w, InvalidState) for w in out] == [i == 5 for i in range(len(out))]
         names = [t[0] for t in targets]
-        assert groups == [names[:1], names[1:6], *([n] for n in names[1:])]
+        assert groups == [names[:1], names[1:]]  # the refused one alone, the group goes on
         for i, target in enumerate(targets):
             if i == 5:
                 with pytest.raises(InvalidState):

@@ -25,7 +25,7 @@ from proofplane.access import Actor
 from proofplane.audit.canonical import entry_leaf_hashes, format_ts, stored_details
 from proofplane.audit.export.config import SinkPolicy
 from proofplane.config import NetworkSettings
-from proofplane.errors import Conflict, Unavailable, ValidationFailed
+from proofplane.errors import Conflict, ProofplaneError, Unavailable, ValidationFailed
 from proofplane.model import Outcome
 from proofplane.service import instruments
 from proofplane.store.audit_log import Appender, sqlite_connection
@@ -260,11 +260,11 @@ GROUP_MAX = 16
 class _Pending(Generic[_I, _R]):
     """One caller's write waiting in a group: its actor, time and item, then its outcome."""
 
-    __slots__ = ("actor", "error", "item", "now", "result", "state")
+    __slots__ = ("actor", "done", "error", "item", "now", "result")
 
     def __init__(self, actor: Actor, now: datetime | None, item: _I) -> None:
         self.actor, self.now, self.item = actor, now, item
-        self.state = 0  # 0 queued, 1 taken by a leader, 2 done
+        self.done = False
         self.result: _R | None = None
         self.error: BaseException | None = None
 
@@ -287,18 +287,16 @@ class _Group(Generic[_I, _R]):
     def run(self, pending: _Pending[_I, _R]) -> _R:
         with self.cv:
             self.queue.append(pending)
-            while pending.state != 2 and self.leading:
+            while not pending.done and self.leading:
                 self.cv.wait()
-            if pending.state != 2:
-                self.leading = True
-        if pending.state != 2:
+            lead = not pending.done
+            self.leading = self.leading or lead
+        if lead:
             try:
-                while pending.state != 2:
+                while not pending.done:
                     with self.cv:
                         take = min(GROUP_MAX, len(self.queue))
                         batch = [self.queue.popleft() for _ in range(take)]
-                        for p in batch:
-                            p.state = 1
                     self._commit(batch)
                     with self.cv:
                         self.cv.notify_all()  # the batch's callers have their outcome
@@ -311,28 +309,50 @@ class _Group(Generic[_I, _R]):
         return pending.result  # type: ignore[return-value]
 
     def _commit(self, batch: list[_Pending[_I, _R]]) -> None:
-        results: list[_R] = []
+        results: list[tuple[_Pending[_I, _R], _R | None, BaseException | None]] = []
         try:
             with self.store.write(batch[0].actor) as tx:
                 began = tx.now  # the group's time: what a write without ``now`` takes
                 for p in batch:
                     tx.actor, tx.now = p.actor, p.now or began
-                    results.append(self.apply(tx, p.item))
+                    tx.session.flush()  # the writes before it, so its own are told apart
+                    seq = tx.last_seq
+                    try:
+                        results.append((p, self.apply(tx, p.item), None))
+                    except ProofplaneError as exc:
+                        if not _refused_untouched(tx, seq, exc):
+                            raise
+                        # refused before it changed anything (a check): the others go on
+                        results.append((p, None, exc))
         except Unavailable as exc:  # the lock or the database: the same for every write
             for p in batch:
-                p.error, p.state = copy.copy(exc), 2
+                p.error, p.done = copy.copy(exc), True
             return
-        except BaseException as exc:
+        except Exception as exc:
             if len(batch) == 1:
-                batch[0].error, batch[0].state = exc, 2
+                batch[0].error, batch[0].done = exc, True
                 return
-            # One write refused (or failed) rolls back the batch: each is then committed alone,
-            # so a write fails only for its own reason and the others still land.
+            # A write failed after it changed something: the batch rolled back, and each is
+            # committed alone, so a write fails only for its own reason and the others land.
             for p in batch:
                 self._commit([p])
             return
-        for p, out in zip(batch, results, strict=True):
-            p.result, p.state = out, 2
+        except BaseException as exc:  # an interpreter exit: nothing committed, nothing retried
+            for p in batch:
+                p.error, p.done = exc, True
+            raise
+        for p, out, error in results:
+            p.result, p.error, p.done = out, error, True
+
+
+def _refused_untouched(tx: Tx, seq: int | None, exc: ProofplaneError) -> bool:
+    """Whether a grouped write that raised ``exc`` was refused before it changed anything: no
+    event of its own (every change writes one, rule 1) and nothing left unflushed. Then the
+    transaction holds only the other writes, which may still commit."""
+    if isinstance(exc, Unavailable) or tx.last_seq != seq:
+        return False
+    session = tx.session
+    return not (session.new or session.dirty or session.deleted)
 
 
 class Store:
@@ -382,8 +402,10 @@ class Store:
         callers' writes of the same ``apply`` waiting at the time (group commit, ``_Group``):
         what ``with store.write(actor, now) as tx: return apply(tx, item)`` does, with the
         write lock shared. ``tx.actor`` and ``tx.now`` are this caller's while ``apply`` runs
-        (``now`` None: the group's transaction's own time, as ``write`` picks it). A write that
-        raises is retried alone, so it fails (and rolls back) alone. Inside ``joined`` it joins
+        (``now`` None: the group's transaction's own time, as ``write`` picks it). A write
+        refused before it changed anything (a check's ``ProofplaneError``) fails alone and the
+        group commits the rest; one that fails after changing something rolls the group back,
+        and each write is then committed alone, so it fails alone. Inside ``joined`` it joins
         that transaction instead."""
         if self.joined_tx() is not None:
             with self.write(actor, now) as tx:
@@ -396,9 +418,9 @@ class Store:
 
     @contextmanager
     def write(self, actor: Actor, now: datetime | None = None) -> Iterator[Tx]:
-        joined = _JOINED.get()
-        if joined is not None and joined[0] is self:
-            yield joined[1]  # the outer transaction commits (or rolls back) it all
+        joined = self.joined_tx()
+        if joined is not None:
+            yield joined  # the outer transaction commits (or rolls back) it all
             return
         asked = time.perf_counter()
         with writer_gate(self.engine):

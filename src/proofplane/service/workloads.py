@@ -292,19 +292,29 @@ def submit_workload(store: Store, actor: Actor, spec: WorkloadSpec) -> Workload:
         return store.write_grouped(actor, None, _submit_in_group, (spec, gpus))
 
 
-_GROUP_VIEW = "workloads.group_view"  # Tx.extras: (view, the newest seq it has seen)
+_SUBMIT_VIEW = "workloads.submit_view"  # Tx.extras: (view, the newest seq it has seen)
+_CANCEL_VIEW = "workloads.cancel_view"
+
+
+def _kept_view(tx: Tx, key: str) -> ClusterView | None:
+    """The view the previous write of a group left under ``key``, when nothing else has
+    written since (it is current), else None."""
+    kept = tx.extras.get(key)
+    return kept[0] if kept is not None and kept[1] == tx.last_seq else None
+
+
+def _keep_view(tx: Tx, key: str, view: ClusterView) -> None:
+    tx.extras[key] = (view, tx.last_seq)
 
 
 def _submit_in_group(tx: Tx, item: tuple[WorkloadSpec, GpuRequest]) -> Workload:
     """One submit of those committed together (``Store.write_grouped``, issue 20): the group's
     submits place through one view, taken before the first of them writes and kept current by
-    each placement (as ``insert_workloads`` does), so the second one loads no cluster. A view
-    is reused only when nothing but the submit that used it last wrote since."""
+    each placement (as ``insert_workloads`` does), so the second one loads no cluster."""
     spec, gpus = item
-    kept = tx.extras.get(_GROUP_VIEW)
-    view = kept[0] if kept is not None and kept[1] == tx.last_seq else ClusterView.cached(tx)
+    view = _kept_view(tx, _SUBMIT_VIEW) or ClusterView.cached(tx)
     row = insert_workload(tx, spec, gpus, view=view)
-    tx.extras[_GROUP_VIEW] = (view, tx.last_seq)
+    _keep_view(tx, _SUBMIT_VIEW, view)
     return workload_from_row(row)
 
 
@@ -702,9 +712,6 @@ def cancel_workload(
     return store.write_grouped(actor, None, _cancel_in_group, (name, reason, tenant, visible))
 
 
-_CANCEL_VIEW = "workloads.cancel_view"  # Tx.extras: (view, the newest seq it has seen)
-
-
 def _cancel_in_group(tx: Tx, item: tuple[str, str | None, str | None, Any]) -> Workload:
     """One cancel of those committed together. The capacity it frees is offered to pending work
     through the view the group's previous cancel left current (its own release applied to it),
@@ -712,8 +719,7 @@ def _cancel_in_group(tx: Tx, item: tuple[str, str | None, str | None, Any]) -> W
     scheduler, caught up from the events (this cancel's included)."""
     name, reason, tenant, visible = item
     actor = tx.actor
-    kept = tx.extras.get(_CANCEL_VIEW)
-    view = kept[0] if kept is not None and kept[1] == tx.last_seq else None  # still current
+    view = _kept_view(tx, _CANCEL_VIEW)
     row = workload_row(tx.session, name, tenant=tenant, visible=visible)
     status = WorkloadStatus(row.status)
     if status.is_terminal:
@@ -751,7 +757,7 @@ def _cancel_in_group(tx: Tx, item: tuple[str, str | None, str | None, Any]) -> W
         reschedule_pending(tx, view)
         execution.dispatch_new(tx, view)
     if view is not None:  # a pending workload's cancel frees no capacity: still current
-        tx.extras[_CANCEL_VIEW] = (view, tx.last_seq)
+        _keep_view(tx, _CANCEL_VIEW, view)
     return workload_from_row(row)
 
 
