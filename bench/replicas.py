@@ -31,6 +31,12 @@ the most any number of replicas could submit with every core of this machine bus
 generator and PostgreSQL sharing them; ``cpu_bound_speedup`` is that over one replica's rate.
 When it is under the target, the target is out of reach on this machine whatever the locking.
 
+The lock: ``lock_bound_speedup`` = 1 / one replica's ``write_lock_busy``. Every write of every
+replica holds the one write lock, so all of them together hold it at most all of the time:
+unless a write holds it for less time, no number of replicas writes faster than one replica's
+rate over the share of the time that replica already holds it. When it is under the target,
+the target is out of reach with this critical section whatever the cores.
+
     .venv/bin/python bench/replicas.py --json [--quick] [--db postgresql://127.0.0.1:5432/test]
 """
 
@@ -237,6 +243,8 @@ def main() -> None:
     ms_total = statistics.median(sum(p.values()) for p in per) if per else 0.0
     cores = os.cpu_count() or 1
     ceiling = cores * 1000 / ms_total if ms_total else 0.0
+    shares = [r["write_lock_busy"] for r in phases["one"] if r["write_lock_busy"] is not None]
+    busy = statistics.median(shares) if shares else None
     out = {
         "machine": machine(),
         "store": "postgresql",
@@ -248,6 +256,8 @@ def main() -> None:
         "cpu_bound_submits_per_s": round(ceiling, 1),
         "cpu_bound_speedup": round(ceiling / median("one"), 2) if median("one") else None,
         "cores": cores,
+        "one_write_lock_busy": busy,
+        "lock_bound_speedup": round(1 / busy, 2) if busy else None,
         "target_speedup": TARGET_SPEEDUP,
         "meets": speedup >= TARGET_SPEEDUP,
         "double_allocations": sum(r["double_allocations"] for p in phases.values() for r in p),

@@ -49,6 +49,12 @@ def test_bench_replicas_quick(tmp_path: Path) -> None:
     # printed to one decimal: a small figure (a quick run on a busy box) moves by more than 1 %
     ceiling = data["cores"] * 1000 / total_ms
     assert data["cpu_bound_submits_per_s"] == pytest.approx(ceiling, rel=0.01, abs=0.05)
+    # the lock's ceiling: one replica's share of the time holding the write lock, inverted
+    assert data["one_write_lock_busy"] == one["write_lock_busy"]
+    if one["write_lock_busy"]:
+        assert data["lock_bound_speedup"] == round(1 / one["write_lock_busy"], 2)
+    else:  # no sample caught a write (a quick run): no ceiling to state
+        assert data["lock_bound_speedup"] is None
     speedup = data["two"]["submits_per_s"] / data["one"]["submits_per_s"]
     assert data["speedup"] == round(speedup, 2)
     assert data["target_speedup"] == 1.5 and data["meets"] is (speedup >= 1.5)

@@ -220,8 +220,11 @@ def test_too_many_events_mean_a_full_load(demo: Store, monkeypatch: pytest.Monke
     _submit(demo, "y-0")
     with demo.read() as session:
         node = next(iter(ClusterView(session).scheduler.nodes())).name
-    for state in (NodeState.CORDONED, NodeState.ADMITTED, NodeState.CORDONED):
-        nodes_svc.set_node_state(demo, SYSTEM, node, state, "t")
+    # three events the cache did not see (a node change places through the cache itself
+    # now, so these are written directly, as another process's writes would arrive)
+    with demo.write(SYSTEM) as tx:
+        for _ in range(3):
+            tx.record("node.label", "node", node)
     loads = cache.loads
     _submit(demo, "y-1")
     assert cache.loads == loads + 1
@@ -237,7 +240,8 @@ def test_a_catch_up_that_fails_falls_back_to_a_full_load(
     _submit(demo, "z-0")
     with demo.read() as session:
         node = next(iter(ClusterView(session).scheduler.nodes())).name
-    nodes_svc.set_node_state(demo, SYSTEM, node, NodeState.CORDONED, "t")
+    with demo.write(SYSTEM) as tx:  # an event the cache did not see names the node
+        tx.record("node.label", "node", node)
 
     def broken(*_a: object) -> None:
         raise RuntimeError("a node row that cannot be read back")
@@ -275,3 +279,58 @@ def test_cancels_and_certifications_use_the_cache_not_a_cluster_load(demo: Store
     assert cache.scheduler is not None
     assert cache.scheduler.node(node) == fresh[node]
     assert cache.loads == loads
+
+
+def test_node_changes_place_through_the_cache_not_a_cluster_load(
+    demo: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node leaving service evicts its work and offers capacity to what waits through the
+    cached scheduler, caught up on the change's own events; several nodes changed in one
+    transaction (a staleness pass, an incident, a cluster file) go on through one view. None
+    of it reads the whole cluster, and the cache stays what a fresh load is (issue 20: a
+    staleness pass under an overload loaded the cluster once per quarantined node)."""
+    from proofplane.service.lifecycle import change_node_state
+    from proofplane.store.tables import NodeRow
+
+    placed = [_submit(demo, f"q-{i}", count=8) for i in range(30)]
+    busy = sorted({w.placement.node for w in placed if w.placement is not None})
+    assert len(busy) >= 6 and any(w.placement is None for w in placed)
+    full_loads: list[str] = []
+    real = ClusterView._load
+
+    def counted(self: ClusterView) -> None:
+        if not self._from_cache:  # the cache's own fallback loads come through here too
+            full_loads.append("load")
+        real(self)
+
+    monkeypatch.setattr(ClusterView, "_load", counted)
+
+    def is_a_fresh_load() -> None:  # (the check's own fresh load is not counted)
+        _assert_cache_is_a_fresh_load(demo)
+        full_loads.clear()
+
+    nodes_svc.set_node_state(demo, SYSTEM, busy[0], NodeState.FAILED, "power")
+    assert full_loads == []
+    is_a_fresh_load()
+    with demo.write(SYSTEM) as tx:
+        for name in busy[1:4]:
+            row = tx.session.scalar(select(NodeRow).where(NodeRow.name == name))
+            change_node_state(tx, row, NodeState.QUARANTINED, "stale")
+    assert full_loads == []
+    is_a_fresh_load()
+    # events between the changes (grouped attestation rounds: each records its verdict)
+    with demo.write(SYSTEM) as tx:
+        for name in busy[4:6]:
+            tx.record("node.attest", "node", name)
+            row = tx.session.scalar(select(NodeRow).where(NodeRow.name == name))
+            change_node_state(tx, row, NodeState.QUARANTINED, "failed its round")
+    assert full_loads == []
+    is_a_fresh_load()
+    now = [workloads_svc.get_workload(demo, SYSTEM, w.name) for w in placed]
+    gone = set(busy[:6])  # nothing is left placed on a node out of service
+    assert all(w.placement is None or w.placement.node not in gone for w in now)
+    assert any(w.placement is not None for w in now)
+    # and back in service: the waiting work may take the nodes again, still from the cache
+    nodes_svc.set_node_state(demo, SYSTEM, busy[0], NodeState.ADMITTED, "repaired")
+    assert full_loads == []
+    is_a_fresh_load()

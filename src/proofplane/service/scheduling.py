@@ -187,6 +187,12 @@ class ClusterView:
         self._scheduler = server_scheduler(nodes, held, quotas)
         self._node_rows = node_rows
 
+    def node_changed(self, row: NodeRow) -> None:
+        """Tell this view that ``row`` changed in its transaction after the view was loaded
+        (its state, certifications…); a view not loaded yet reads it when it loads."""
+        if self._scheduler is not None:
+            sync_node(self, row)
+
     @classmethod
     def cached(cls, tx: Tx) -> ClusterView:
         """A view for a transaction whose only changes to capacity go through this view
@@ -194,6 +200,20 @@ class ClusterView:
         becomes the cache when this transaction commits. Take it before the transaction
         writes anything: the check compares the newest event with the cache's version."""
         return _cache_for(tx.session).view(tx.session)
+
+
+def kept_view(tx: Tx, key: str) -> ClusterView | None:
+    """The view an earlier write of this transaction left under ``key`` (``keep_view``), when
+    no event has been written since (it is current), else None. For a transaction that makes
+    many writes of one kind (a group's submits, a pass quarantining many nodes): the second
+    loads no cluster."""
+    kept = tx.extras.get(key)
+    return kept[0] if kept is not None and kept[1] == tx.last_seq else None
+
+
+def keep_view(tx: Tx, key: str, view: ClusterView) -> None:
+    """Leave ``view`` for the next write of this transaction, current as of its newest event."""
+    tx.extras[key] = (view, tx.last_seq)
 
 
 class NodeRows(dict[str, NodeRow]):
