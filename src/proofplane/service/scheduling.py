@@ -287,6 +287,11 @@ class SchedulerCache:
         self.scheduler: Scheduler | None = None
         self.node_ids: dict[str, int] = {}
         self._pending: int | None = None
+        # While a transaction owns the scheduler: its session, and the newest event the
+        # scheduler has been brought up to within it (an earlier view of the same
+        # transaction took it; a later one catches it up from there).
+        self._owner: Session | None = None
+        self._synced = 0
         self.hits = 0
         self.loads = 0
         self.catch_ups = 0
@@ -306,6 +311,18 @@ class SchedulerCache:
     def _view(self, session: Session) -> ClusterView:
         newest = newest_seq(session)
         view = ClusterView(session)
+        if self._owner is session and self.scheduler is not None and self.version is None:
+            # This transaction took the cache for an earlier view (a group's earlier write,
+            # a node change before a placement): go on with the same scheduler, caught up on
+            # what the transaction wrote since, through that view or not (re-reading a
+            # target is idempotent), instead of loading the cluster again.
+            if self._synced == newest or self._catch_up(session, self.scheduler, self._synced):
+                self._synced = newest
+                view._scheduler = self.scheduler
+                view._node_rows = NodeRows(session, self.node_ids)
+                self.hits += 1
+                return view
+            self.scheduler = None  # half caught up: never reused; the load below replaces it
         if self.scheduler is not None and self.version is not None and self.version != newest:
             if self._catch_up(session, self.scheduler, self.version):
                 self.version = newest
@@ -320,6 +337,7 @@ class SchedulerCache:
             self.loads += 1
         # Owned by this transaction until it ends; nobody else may see it meanwhile.
         self.scheduler, self.version, self.node_ids = view.scheduler, None, view.node_rows.ids
+        self._owner, self._synced = session, newest
         held = self.scheduler
         sa_event.listen(session, "before_commit", lambda s: self._before_commit(s, held))
         sa_event.listen(session, "after_commit", lambda _s: self._after_commit(held))
@@ -461,12 +479,14 @@ class SchedulerCache:
             self._pending = newest_seq(session)
 
     def _after_commit(self, held: Scheduler) -> None:
-        if self.scheduler is held and self._pending is not None:
-            self.version, self._pending = self._pending, None
+        if self.scheduler is held:
+            self._owner = None
+            if self._pending is not None:
+                self.version, self._pending = self._pending, None
 
     def _drop(self, held: Scheduler) -> None:
         if self.scheduler is held:
-            self.scheduler, self.version, self._pending = None, None, None
+            self.scheduler, self.version, self._pending, self._owner = None, None, None, None
 
 
 # Keyed by the engine's connection pool: the write sessions bind to option-engines (fresh
