@@ -231,6 +231,29 @@ def test_too_many_events_mean_a_full_load(demo: Store, monkeypatch: pytest.Monke
     _assert_cache_is_a_fresh_load(demo)
 
 
+def test_events_naming_most_of_the_nodes_mean_a_full_load(demo: Store) -> None:
+    """Many events naming a few nodes are caught up (each node read once); events naming more
+    than half of the nodes the cache holds read the cluster again instead."""
+    cache = _cache(demo)
+    _submit(demo, "w-0")
+    with demo.read() as session:
+        names = sorted(n.name for n in ClusterView(session).scheduler.nodes())
+    few, most = names[:2], names[: len(names) // 2 + 1]
+    with demo.write(SYSTEM) as tx:
+        for _ in range(50):
+            for name in few:
+                tx.record("node.label", "node", name)
+    loads, catch_ups = cache.loads, cache.catch_ups
+    _submit(demo, "w-1")
+    assert (cache.loads, cache.catch_ups) == (loads, catch_ups + 1)
+    with demo.write(SYSTEM) as tx:
+        for name in most:
+            tx.record("node.label", "node", name)
+    _submit(demo, "w-2")
+    assert (cache.loads, cache.catch_ups) == (loads + 1, catch_ups + 1)
+    _assert_cache_is_a_fresh_load(demo)
+
+
 def test_a_catch_up_that_fails_falls_back_to_a_full_load(
     demo: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

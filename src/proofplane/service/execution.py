@@ -163,7 +163,8 @@ def dispatch_placed(
             outcome=Outcome.FAILURE,
             details={"backend": backend.name, "node": node, "error": exc.message},
         )
-        evict(tx, row, view or ClusterView(tx.session), BACKEND_UNAVAILABLE, exc.message)
+        view = view or ClusterView(tx.session, from_cache=True)
+        evict(tx, row, view, BACKEND_UNAVAILABLE, exc.message)
         return None
     except JobRejected as exc:
         tx.record(

@@ -84,7 +84,7 @@ def drain(tx: Tx, node: NodeRow, gpu_uuid: str, finding: Finding) -> dict[str, A
     alert = with_runbook(alert, "alert.gpu_health", Outcome.FAILURE, session)
     tx.record("alert.gpu_health", "node", node.name, outcome=Outcome.FAILURE, details=alert)
     evicted: list[str] = []
-    view = ClusterView(session)
+    view = ClusterView(session, from_cache=True)
     if cordon:
         change_node_state(tx, node, NodeState.CORDONED, f"GPU {gpu_uuid}: {finding.message}")
     if newly_lost:
@@ -124,7 +124,7 @@ def recover(store: Store, actor: Actor, node: str, gpu_uuid: str) -> dict[str, A
         tx.record("gpu.recover", "node", row.name, details={
             "gpu_uuid": gpu_uuid, "cause": out["cause"], "drained_since": out["since"],
         })  # fmt: skip
-        view = ClusterView(tx.session)
+        view = ClusterView(tx.session, from_cache=True)
         reschedule_pending(tx, view)
         execution.dispatch_new(tx, view)
         still = row.state == NodeState.CORDONED.value

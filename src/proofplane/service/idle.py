@@ -189,7 +189,7 @@ def _reclaim(
         )
         if row is None or row.placement is None or row.placement.placed_at != placed_at:
             return False  # it moved or ended meanwhile: judged again next pass
-        view = ClusterView(tx.session)
+        view = ClusterView(tx.session, from_cache=True)
         message = render(IDLE_RECLAIMED, peak=evidence["peak"], threshold=policy.threshold,
                          minutes=policy.window_s / 60, tenant=tenant)  # fmt: skip
         status = row.status

@@ -668,7 +668,7 @@ def report(store: Store, actor: Actor, name: str, body: Any) -> dict[str, Any]:
             before_blocks - (netstate.BLOCKS_ALL & set(reasons))
         )
         if freed:  # work that waited for this node's network may be placed now
-            view = ClusterView(tx.session)
+            view = ClusterView(tx.session, from_cache=True)
             reschedule_pending(tx, view)
             execution.dispatch_new(tx, view)
         return status_json(name, nn)

@@ -113,7 +113,10 @@ class ClusterView:
     (see ``SchedulerCache``): the hot path of submitting work then reads no cluster state.
     ``ClusterView(session, from_cache=True)`` takes the cache on first use instead, caught up
     from the events since its version, this transaction's own included: for a flow that
-    changes capacity itself (a cancel, a certification) before it may need to place."""
+    changes capacity itself (a cancel, a certification, a node leaving service, a drained
+    GPU, a quota) before it may need to place. Every write flow takes its view this way; a
+    second view in the same transaction is the first one's scheduler, caught up on what was
+    written since. ``ClusterView(session)`` is for readers that want a copy of their own."""
 
     def __init__(self, session: Session, *, from_cache: bool = False) -> None:
         # Loaded on first use: a flow that turns out to need no placement (no pending work,
@@ -240,7 +243,14 @@ class NodeRows(dict[str, NodeRow]):
 
 
 # Catching up from more events than this reads the cluster again instead.
-CATCH_UP_MAX = 2000
+CATCH_UP_MAX = 20_000
+# ... and so does one that would read again more targets of a kind than this (the rows are
+# read by ``IN`` lists), or more than this share of the nodes the cache holds: a fleet of
+# 10,000 nodes writes thousands of events a minute, mostly naming the same nodes again, and a
+# staleness pass on another process may change hundreds at once; reading those again costs a
+# fraction of a full load (issue 20).
+CATCH_UP_TARGETS_MAX = 5_000
+CATCH_UP_NODE_SHARE = 0.5
 # Targets of events that never change what placement sees (nodes, placements, quotas).
 UNPLACED_TARGETS = frozenset(
     {
@@ -275,8 +285,9 @@ class SchedulerCache:
     up from the event stream instead of reloading the cluster: each event names its target,
     so the nodes, workloads and tenants named by the events since its version are read again
     and applied (``upsert_node``, ``release``/``hold``, ``set_quota``). An event whose target
-    it cannot interpret (a cluster load, a type it does not know), or more than
-    ``CATCH_UP_MAX`` of them, means a full load.
+    it cannot interpret (a cluster load, a type it does not know), more than
+    ``CATCH_UP_MAX`` of them, or more nodes named than ``CATCH_UP_NODE_SHARE`` of those it
+    holds, means a full load.
 
     Readers that only look (``/metrics``, the capacity check: :meth:`reading`) use the same
     scheduler between transactions: they catch it up the same way and hold ``lock`` while they
@@ -413,6 +424,10 @@ class SchedulerCache:
                 targets[target_type].add(target_id)
             elif target_type not in UNPLACED_TARGETS:
                 return False
+        if any(len(names) > CATCH_UP_TARGETS_MAX for names in targets.values()):
+            return False
+        if len(targets["node"]) > max(1, CATCH_UP_NODE_SHARE * len(self.node_ids)):
+            return False
         try:
             self._refresh_nodes(session, scheduler, targets["node"])
             self._refresh_tenants(session, scheduler, targets["tenant"])

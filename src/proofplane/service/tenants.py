@@ -216,7 +216,7 @@ def set_quota(store: Store, actor: Actor, name: str, quota: Quota) -> Tenant:
                 "after": {"gpus": quota.gpus, "mig_slices": quota.mig_slices},
             },
         )
-        view = ClusterView(tx.session)
+        view = ClusterView(tx.session, from_cache=True)
         reschedule_pending(tx, view)
         execution.dispatch_new(tx, view)  # what the raised quota placed starts running now
         return tenant_from_row(row)
