@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -117,16 +118,21 @@ def test_a_group_carries_at_most_group_max_writes(store: Store) -> None:
     assert [len(b) for b in writes.batches()] == [1, GROUP_MAX, 3]
 
 
+def _only_refused(got: dict[str, Any], refused: str, landed: list[str]) -> None:
+    """``refused``'s caller got its own refusal; every other caller (``landed``) its result."""
+    with pytest.raises(ValidationFailed, match=f"{refused} is refused"):
+        got[refused].result()
+    assert {k: f.result() for k, f in got.items() if k != refused} == {
+        k: f"{k}@user:{k}" for k in landed
+    }
+
+
 def test_a_write_that_fails_in_a_group_fails_alone_and_the_others_land(store: Store) -> None:
     bad = ValidationFailed("w2 is refused", code="refused")
     writes = Writes(store, lambda item: bad if item == "w2" else None)
     items = [f"w{i}" for i in range(4)]
     got = writes.grouped(items)
-    with pytest.raises(ValidationFailed, match="w2 is refused"):
-        got["w2"].result()
-    assert {k: f.result() for k, f in got.items() if k != "w2"} == {
-        k: f"{k}@user:{k}" for k in ["first", "w0", "w1", "w3"]
-    }
+    _only_refused(got, "w2", ["first", "w0", "w1", "w3"])
     # the group rolled back at w2, then each was committed (or refused) alone
     assert writes.batches() == [["first"], items[:3], ["w0"], ["w1"], ["w2"], ["w3"]]
     assert sorted(t for _s, _a, t in _written(store)) == ["first", "w0", "w1", "w3"]
@@ -139,11 +145,7 @@ def test_a_write_refused_before_it_changed_anything_fails_alone_in_the_group(
     writes = Writes(store, lambda _item: None, refuse=lambda item: bad if item == "w1" else None)
     items = [f"w{i}" for i in range(4)]
     got = writes.grouped(items)
-    with pytest.raises(ValidationFailed, match="w1 is refused"):
-        got["w1"].result()
-    assert {k: f.result() for k, f in got.items() if k != "w1"} == {
-        k: f"{k}@user:{k}" for k in ["first", "w0", "w2", "w3"]
-    }
+    _only_refused(got, "w1", ["first", "w0", "w2", "w3"])
     assert writes.batches() == [["first"], items]  # one transaction, nothing retried
     assert sorted(t for _s, _a, t in _written(store)) == ["first", "w0", "w2", "w3"]
 

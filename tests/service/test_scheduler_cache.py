@@ -309,9 +309,9 @@ def test_node_changes_place_through_the_cache_not_a_cluster_load(
 ) -> None:
     """A node leaving service evicts its work and offers capacity to what waits through the
     cached scheduler, caught up on the change's own events; several nodes changed in one
-    transaction (a staleness pass, an incident, a cluster file) go on through one view. None
-    of it reads the whole cluster, and the cache stays what a fresh load is (issue 20: a
-    staleness pass under an overload loaded the cluster once per quarantined node)."""
+    transaction (a staleness pass, a cluster file) share that scheduler, events between the
+    changes or not. None of it reads the whole cluster, and the cache stays what a fresh
+    load is (issue 20: a staleness pass under overload loaded the cluster once per node)."""
     from proofplane.service.lifecycle import change_node_state
     from proofplane.store.tables import NodeRow
 

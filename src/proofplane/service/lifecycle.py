@@ -17,18 +17,10 @@ from proofplane.schedule.reasons import node_left_service
 from proofplane.service import execution
 from proofplane.service.context import Tx
 from proofplane.service.runbooks import with_runbook
-from proofplane.service.scheduling import (
-    ClusterView,
-    evict,
-    keep_view,
-    kept_view,
-    reschedule_pending,
-)
+from proofplane.service.scheduling import ClusterView, evict, reschedule_pending
 from proofplane.store.repo import WORKLOAD_LOAD
 from proofplane.store.tables import NodeRow, PlacementRow, WorkloadRow
 
-#: ``Tx.extras``: the view the previous node change of this transaction placed through
-_NODE_VIEW = "lifecycle.node_view"
 #: states in which a node's agent certificates are revoked at once
 REVOKING_STATES = frozenset({NodeState.QUARANTINED, NodeState.FAILED, NodeState.DECOMMISSIONED})
 
@@ -43,9 +35,8 @@ def change_node_state(tx: Tx, row: NodeRow, state: NodeState, reason: str | None
     cached scheduler caught up from the events, this change's own included: the changed node
     is read again, not the cluster (issue 20: a staleness pass quarantining hundreds of nodes
     under an overload loaded the whole cluster once for each, under the write lock). The next
-    change of the same transaction, with no event written between them (such a pass, an
-    incident's nodes, a cluster file), goes on through the same view."""
-    view = kept_view(tx, _NODE_VIEW)
+    change of the same transaction (such a pass, a cluster file) gets the same scheduler,
+    caught up on what was written since (``SchedulerCache``)."""
     current = NodeState(row.state)
     if current == state:
         raise InvalidState(
@@ -75,17 +66,13 @@ def change_node_state(tx: Tx, row: NodeRow, state: NodeState, reason: str | None
         from proofplane.service.pki import revoke_node
 
         revoke_node(tx, row.name, f"node {state.value}: {reason or 'no reason given'}")
-    if view is None:
-        view = ClusterView(tx.session, from_cache=True)
-    else:
-        view.node_changed(row)
+    view = ClusterView(tx.session, from_cache=True)
     if state not in KEEPS_WORK:
         code, why = node_left_service(row.name, state, reason)
         for wl in workloads_on(tx, row):
             evict(tx, wl, view, code, why)
     reschedule_pending(tx, view)
     execution.dispatch_new(tx, view)
-    keep_view(tx, _NODE_VIEW, view)
 
 
 def workloads_on(tx: Tx, node: NodeRow | int) -> list[WorkloadRow]:

@@ -190,12 +190,6 @@ class ClusterView:
         self._scheduler = server_scheduler(nodes, held, quotas)
         self._node_rows = node_rows
 
-    def node_changed(self, row: NodeRow) -> None:
-        """Tell this view that ``row`` changed in its transaction after the view was loaded
-        (its state, certifications…); a view not loaded yet reads it when it loads."""
-        if self._scheduler is not None:
-            sync_node(self, row)
-
     @classmethod
     def cached(cls, tx: Tx) -> ClusterView:
         """A view for a transaction whose only changes to capacity go through this view
@@ -203,20 +197,6 @@ class ClusterView:
         becomes the cache when this transaction commits. Take it before the transaction
         writes anything: the check compares the newest event with the cache's version."""
         return _cache_for(tx.session).view(tx.session)
-
-
-def kept_view(tx: Tx, key: str) -> ClusterView | None:
-    """The view an earlier write of this transaction left under ``key`` (``keep_view``), when
-    no event has been written since (it is current), else None. For a transaction that makes
-    many writes of one kind (a group's submits, a pass quarantining many nodes): the second
-    loads no cluster."""
-    kept = tx.extras.get(key)
-    return kept[0] if kept is not None and kept[1] == tx.last_seq else None
-
-
-def keep_view(tx: Tx, key: str, view: ClusterView) -> None:
-    """Leave ``view`` for the next write of this transaction, current as of its newest event."""
-    tx.extras[key] = (view, tx.last_seq)
 
 
 class NodeRows(dict[str, NodeRow]):
@@ -329,10 +309,7 @@ class SchedulerCache:
             # target is idempotent), instead of loading the cluster again.
             if self._synced == newest or self._catch_up(session, self.scheduler, self._synced):
                 self._synced = newest
-                view._scheduler = self.scheduler
-                view._node_rows = NodeRows(session, self.node_ids)
-                self.hits += 1
-                return view
+                return self._lend(session, view)
             self.scheduler = None  # half caught up: never reused; the load below replaces it
         if self.scheduler is not None and self.version is not None and self.version != newest:
             if self._catch_up(session, self.scheduler, self.version):
@@ -341,9 +318,7 @@ class SchedulerCache:
             else:
                 self.scheduler, self.version = None, None
         if self.scheduler is not None and self.version == newest:
-            view._scheduler = self.scheduler
-            view._node_rows = NodeRows(session, self.node_ids)
-            self.hits += 1
+            self._lend(session, view)
         else:
             self.loads += 1
         # Owned by this transaction until it ends; nobody else may see it meanwhile.
@@ -353,6 +328,14 @@ class SchedulerCache:
         sa_event.listen(session, "before_commit", lambda s: self._before_commit(s, held))
         sa_event.listen(session, "after_commit", lambda _s: self._after_commit(held))
         sa_event.listen(session, "after_rollback", lambda _s: self._drop(held))
+        return view
+
+    def _lend(self, session: Session, view: ClusterView) -> ClusterView:
+        """``view`` placing through the cached scheduler (a hit)."""
+        assert self.scheduler is not None
+        view._scheduler = self.scheduler
+        view._node_rows = NodeRows(session, self.node_ids)
+        self.hits += 1
         return view
 
     @contextmanager

@@ -57,8 +57,6 @@ from proofplane.service.scheduling import (
     decision_fields,
     defrag_for,
     job_of,
-    keep_view,
-    kept_view,
     placement_json,
     reschedule_pending,
     schedule,
@@ -298,14 +296,25 @@ _SUBMIT_VIEW = "workloads.submit_view"  # Tx.extras: (view, the newest seq it ha
 _CANCEL_VIEW = "workloads.cancel_view"
 
 
+def _kept_view(tx: Tx, key: str) -> ClusterView | None:
+    """The view the previous write of a group left under ``key``, when nothing else has
+    written since (it is current), else None."""
+    kept = tx.extras.get(key)
+    return kept[0] if kept is not None and kept[1] == tx.last_seq else None
+
+
+def _keep_view(tx: Tx, key: str, view: ClusterView) -> None:
+    tx.extras[key] = (view, tx.last_seq)
+
+
 def _submit_in_group(tx: Tx, item: tuple[WorkloadSpec, GpuRequest]) -> Workload:
     """One submit of those committed together (``Store.write_grouped``, issue 20): the group's
     submits place through one view, taken before the first of them writes and kept current by
     each placement (as ``insert_workloads`` does), so the second one loads no cluster."""
     spec, gpus = item
-    view = kept_view(tx, _SUBMIT_VIEW) or ClusterView.cached(tx)
+    view = _kept_view(tx, _SUBMIT_VIEW) or ClusterView.cached(tx)
     row = insert_workload(tx, spec, gpus, view=view)
-    keep_view(tx, _SUBMIT_VIEW, view)
+    _keep_view(tx, _SUBMIT_VIEW, view)
     return workload_from_row(row)
 
 
@@ -710,7 +719,7 @@ def _cancel_in_group(tx: Tx, item: tuple[str, str | None, str | None, Any]) -> W
     scheduler, caught up from the events (this cancel's included)."""
     name, reason, tenant, visible = item
     actor = tx.actor
-    view = kept_view(tx, _CANCEL_VIEW)
+    view = _kept_view(tx, _CANCEL_VIEW)
     row = workload_row(tx.session, name, tenant=tenant, visible=visible)
     status = WorkloadStatus(row.status)
     if status.is_terminal:
@@ -748,7 +757,7 @@ def _cancel_in_group(tx: Tx, item: tuple[str, str | None, str | None, Any]) -> W
         reschedule_pending(tx, view)
         execution.dispatch_new(tx, view)
     if view is not None:  # a pending workload's cancel frees no capacity: still current
-        keep_view(tx, _CANCEL_VIEW, view)
+        _keep_view(tx, _CANCEL_VIEW, view)
     return workload_from_row(row)
 
 
