@@ -48,6 +48,7 @@ from proofplane.service import audit as audit_svc
 from proofplane.service import changes as changes_svc
 from proofplane.service import execution as execution_svc
 from proofplane.service import keys as keys_svc
+from proofplane.service.access import last_used
 from proofplane.service.context import Store
 from proofplane.store import migrate
 from proofplane.web import console
@@ -132,7 +133,11 @@ def create_app(
             app.state.siem_exporter = worker
             app.state.audit_checkpointer = checkpointer
             app.state.execution_sync = syncer
-            yield
+            try:
+                yield
+            finally:  # the tokens' "last used" times this process noted and has not written
+                if store is not None:
+                    last_used.for_store(store).close()
 
     app = FastAPI(
         title="proofplane",

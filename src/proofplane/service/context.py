@@ -8,6 +8,7 @@ gap-free sequence numbers, and commits state and events together, or neither.
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 import time
 from collections import deque
@@ -377,6 +378,12 @@ class Store:
         self.backend = backend
         self._groups: dict[Callable[..., Any], _Group[Any, Any]] = {}  # write_grouped's
         self._groups_lock = threading.Lock()
+        self._at_dispose: list[Callable[[], None]] = []
+
+    def at_dispose(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` when the store is disposed, before its connections close (work a
+        service batches for it, such as tokens' "last used" times, is written then)."""
+        self._at_dispose.append(fn)
 
     @contextmanager
     def joined(self, tx: Tx) -> Iterator[None]:
@@ -468,6 +475,12 @@ class Store:
             session.close()
 
     def dispose(self) -> None:
+        hooks, self._at_dispose = self._at_dispose, []
+        for fn in hooks:
+            try:
+                fn()
+            except Exception:  # closing goes on; the hook logs what it lost
+                logging.getLogger(__name__).exception("store dispose hook failed")
         self.engine.dispose()
 
 

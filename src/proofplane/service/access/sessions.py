@@ -20,6 +20,7 @@ from proofplane.access import credentials as cred
 from proofplane.access.roles import MFA_REQUIRED, SCOPED_ROLES
 from proofplane.errors import Conflict, ProofplaneError
 from proofplane.model import Outcome
+from proofplane.service.access import last_used
 from proofplane.service.access.common import (
     AccountLocked,
     IssuedToken,
@@ -361,10 +362,13 @@ TOUCH_EVERY = timedelta(minutes=5)
 def authenticate(store: Store, token: str, now: datetime) -> Actor:
     """The actor a bearer token stands for, or Unauthenticated.
 
-    A successful check is kept in this process for a short while (``token_cache``): a cached
+    A successful check is kept in this process for a while (``token_cache``): a cached
     token costs no database read. A revocation, a disabled user or a changed role made in this
-    process takes effect at once; one made elsewhere within the cache's TTL (2 s by default,
-    ``PROOFPLANE_TOKEN_CACHE_SECONDS``). Expiry is checked against ``now`` every time."""
+    process takes effect at once; one made elsewhere, on PostgreSQL, milliseconds after it
+    commits (``token_push``), else within the cache's TTL (2 s by default,
+    ``PROOFPLANE_TOKEN_CACHE_SECONDS``). Expiry is checked against ``now`` every time. The
+    token's "last used" time is noted at most every five minutes and written in a batch
+    (``last_used``), never in this request's own write transaction."""
     key = cred.token_hash(token)
     cache = cache_for(store)
     entry = cache.get(key)
@@ -377,7 +381,7 @@ def authenticate(store: Store, token: str, now: datetime) -> Actor:
     last = entry.last_used_at
     if (last is None or now - last > TOUCH_EVERY) and cache.claim_touch(entry):
         assert entry.actor.token_id is not None
-        _touch(store, entry.actor.token_id, now)
+        last_used.for_store(store).note(entry.actor.token_id, now, entry.used)
     return entry.actor
 
 
@@ -404,6 +408,7 @@ def token_is_known(store: Store, token: str, now: datetime) -> bool:
 
 def _load(store: Store, key: str, now: datetime) -> Entry:
     """Read the token (and its owner) by its indexed hash; refusals raise and are not kept."""
+    began = time.monotonic()  # an entry is as old as its read's start (token_push.Push)
     with store.read() as session:
         row = session.scalar(select(TokenRow).where(TokenRow.token_hash == key))
         if row is None or row.revoked_at is not None:
@@ -412,7 +417,7 @@ def _load(store: Store, key: str, now: datetime) -> Entry:
             raise Unauthenticated("token expired", code="token_expired")
         if row.kind == "agent":
             actor = Actor(f"node:{row.node_name}", token_id=row.id)
-            return Entry(actor, row.expires_at, row.last_used_at, None, time.monotonic())
+            return Entry(actor, row.expires_at, row.last_used_at, None, began)
         user = row.user
         if user is None or user.disabled:
             raise Unauthenticated("invalid or revoked token", code="invalid_token")
@@ -424,16 +429,7 @@ def _load(store: Store, key: str, now: datetime) -> Entry:
             token_id=row.id,
             enrollment_only=row.kind == "enrollment",
         )
-        return Entry(actor, row.expires_at, row.last_used_at, user.id, time.monotonic())
-
-
-def _touch(store: Store, token_id: str, now: datetime) -> None:
-    """Note when a token was last used: at most every five minutes per token and process (not
-    an audit trail), so a hot read path takes the write lock no more often than that."""
-    with store.write(Actor("system"), now) as tx:
-        row = tx.session.get(TokenRow, token_id)
-        if row is not None:
-            row.last_used_at = now
+        return Entry(actor, row.expires_at, row.last_used_at, user.id, began)
 
 
 def logout(store: Store, actor: Actor, *, source: str | None = None) -> None:

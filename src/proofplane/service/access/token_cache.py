@@ -13,8 +13,13 @@ Freshness:
   affected entries from every cache of the process, when it is flushed and again when it
   commits (mapper and session events, so no service can forget to). A check that read the
   database before such a change commits does not store its answer (the generation counter).
-* **In another process** (another ``serve --workers`` worker, another replica) a revocation
-  is seen within ``ttl`` seconds: that is the bound, and why it is short.
+* **In another process** (another ``serve --workers`` worker, another replica): on
+  PostgreSQL the change is pushed (``token_push``: ``NOTIFY`` in the changing transaction, a
+  ``LISTEN`` in every process) and the entries it names are dropped milliseconds after it
+  commits; an entry the push covers lives ``pushed_ttl`` (5 minutes), so an agent attesting
+  every minute reads its token once, not every round. Any other entry (SQLite, or while the
+  push is down: losing it empties the cache) lives ``ttl`` seconds: that is the bound there,
+  and why it is short.
 * **Expiry** is checked against the request's ``now`` on every request, cached or not.
 """
 
@@ -32,10 +37,12 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session, object_session
 
 from proofplane.access import Actor
+from proofplane.service.access import token_push
+from proofplane.service.access.token_push import PUSHED_TTL_S, Push
 from proofplane.store.tables import TokenRow, UserRow
 
 DEFAULT_TTL_S = 2.0
-MAX_ENTRIES = 4096
+MAX_ENTRIES = 20_000  # 10,000 agents' tokens and the people's
 _INFO_KEY = "proofplane_token_cache_invalidate"
 
 
@@ -47,8 +54,14 @@ class Entry:
     expires_at: datetime
     last_used_at: datetime | None
     user_id: int | None
-    loaded: float  # time.monotonic() when read from the database
-    touching: bool = False  # a "last used" write for it is under way or done
+    loaded: float  # time.monotonic() when its database read began
+    touching: bool = False  # its "last used" is noted for the next batch (``last_used``)
+
+    def used(self, at: datetime) -> None:
+        """Its "last used" time ``at`` is stored: due again ``TOUCH_EVERY`` after it."""
+        if self.last_used_at is None or at > self.last_used_at:
+            self.last_used_at = at
+        self.touching = False
 
 
 class TokenCache:
@@ -58,6 +71,10 @@ class TokenCache:
         self.ttl = ttl
         self.max_entries = max_entries
         self.generation = 0  # bumped by every invalidation
+        # On PostgreSQL, what this process's revocation listener vouches for (token_push):
+        # an entry it covers lives ``pushed_ttl`` seconds instead of ``ttl``.
+        self.push: Push | None = None
+        self.pushed_ttl = PUSHED_TTL_S
         self.hits = 0
         self.misses = 0
         self._entries: OrderedDict[str, Entry] = OrderedDict()
@@ -66,7 +83,7 @@ class TokenCache:
     def get(self, key: str) -> Entry | None:
         with self._lock:
             entry = self._entries.get(key)
-            if entry is None or time.monotonic() - entry.loaded >= self.ttl:
+            if entry is None or not self._fresh(entry, time.monotonic()):
                 if entry is not None:
                     del self._entries[key]
                 self.misses += 1
@@ -74,6 +91,13 @@ class TokenCache:
             self._entries.move_to_end(key)
             self.hits += 1
             return entry
+
+    def _fresh(self, entry: Entry, now: float) -> bool:
+        age = now - entry.loaded
+        if age < self.ttl:
+            return True
+        push = self.push
+        return age < self.pushed_ttl and push is not None and push.covers(entry.loaded, now)
 
     def put(self, key: str, entry: Entry, generation: int) -> None:
         """Keep ``entry`` unless something was invalidated since ``generation`` was read
@@ -89,8 +113,8 @@ class TokenCache:
                 self._entries.popitem(last=False)
 
     def claim_touch(self, entry: Entry) -> bool:
-        """Whether this caller is the one to write ``entry``'s "last used" (once per entry:
-        the write drops the entry, and the next check reads the new time)."""
+        """Whether this caller is the one to note ``entry``'s "last used" (once, until the
+        batch that writes it has stored it: ``Entry.used``)."""
         with self._lock:
             if entry.touching:
                 return False
@@ -129,6 +153,9 @@ def cache_for(store: Any) -> TokenCache:
             cache = _CACHES.get(store)
             if cache is None:
                 cache = _CACHES[store] = TokenCache(token_cache_ttl_s())
+                if cache.ttl > 0:
+                    listener = token_push.start_listener(store, cache.invalidate, cache.clear)
+                    cache.push = None if listener is None else listener.push
     return cache
 
 
@@ -137,13 +164,14 @@ def _invalidate_everywhere(token_hashes: set[str], user_ids: set[int]) -> None:
         cache.invalidate(token_hashes, user_ids)
 
 
-def _changed(target: Any) -> None:
+def _changed(target: Any, connection: Any) -> None:
     tokens, users = set(), set()
     if isinstance(target, TokenRow):
         tokens.add(target.token_hash)
     elif target.id is not None:
         users.add(target.id)
     _invalidate_everywhere(tokens, users)
+    token_push.notify(connection, tokens, users)  # other processes, once this commits
     session = object_session(target)
     if session is not None:  # again once it commits (a check may have read it meanwhile)
         pending = session.info.setdefault(_INFO_KEY, (set(), set()))
@@ -155,8 +183,8 @@ def _changed(target: Any) -> None:
 @event.listens_for(TokenRow, "after_delete")
 @event.listens_for(UserRow, "after_update")
 @event.listens_for(UserRow, "after_delete")
-def _row_changed(_mapper: Any, _connection: Any, target: Any) -> None:
-    _changed(target)
+def _row_changed(_mapper: Any, connection: Any, target: Any) -> None:
+    _changed(target, connection)
 
 
 @event.listens_for(Session, "after_commit")
