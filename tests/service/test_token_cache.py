@@ -265,3 +265,23 @@ def test_ttl_setting() -> None:
     for bad in ("-1", "61", "nan", "x"):
         with pytest.raises(ValidationFailed):
             token_cache_ttl_s({"PROOFPLANE_TOKEN_CACHE_SECONDS": bad})
+
+
+def test_the_server_writes_what_waits_when_it_stops(store: Store) -> None:
+    from fastapi.testclient import TestClient
+
+    from proofplane.api.app import create_app
+
+    token = _user_token(store, "ops7")
+    batch = last_used.for_store(store)
+    batch.delay = 3600.0  # only the shutdown can write it
+    with TestClient(create_app(store), headers={"Authorization": f"Bearer {token}"}) as c:
+        assert c.get("/api/v1/auth/me").status_code == 200
+        assert batch.waiting() == 1
+        assert _last_used(store) is None
+    assert batch.waiting() == 0
+    assert _last_used(store) is not None
+    with TestClient(create_app(store)) as c:  # the store serves again: notes still count
+        assert c.get("/healthz").status_code == 200
+    svc.authenticate(store, token, datetime.now(UTC) + timedelta(minutes=6))
+    assert batch.waiting() == 1

@@ -137,7 +137,7 @@ def create_app(
                 yield
             finally:  # the tokens' "last used" times this process noted and has not written
                 if store is not None:
-                    last_used.for_store(store).close()
+                    last_used.flush_for(store)
 
     app = FastAPI(
         title="proofplane",

@@ -169,3 +169,12 @@ def for_store(store: Any) -> LastUsed:
             batch = _BATCHES[store] = LastUsed(write)
             store.at_dispose(batch.close)
     return batch
+
+
+def flush_for(store: Any) -> None:
+    """Write what waits for ``store`` now (a server shutting down: the store may serve again,
+    so later notes still count); nothing when it never noted any."""
+    with _BATCHES_LOCK:
+        batch = _BATCHES.get(store)
+    if batch is not None:
+        batch.flush()
