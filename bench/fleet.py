@@ -593,6 +593,17 @@ def verdicts(out: dict[str, Any]) -> dict[str, bool]:
     }
 
 
+def server_env(pairs: list[str]) -> dict[str, str]:
+    """``--server-env`` values: PROOFPLANE_* settings only (the bench sets the others)."""
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.startswith("PROOFPLANE_"):
+            raise SystemExit(f"--server-env takes PROOFPLANE_NAME=VALUE, not {pair!r}")
+        env[key] = value
+    return env
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -610,6 +621,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grace", type=float, default=None, help="default: 3 intervals, >= 10 s")
     ap.add_argument("--stale-check", type=float, default=None, help="default: interval / 2")
     ap.add_argument("--workers", type=int, default=1, help="serve --workers (when serve takes it)")
+    ap.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="PROOFPLANE_X=VALUE",
+        help="a setting for the server (repeatable), e.g. its in-flight budgets",
+    )
     ap.add_argument(
         "--auth",
         choices=("agent", "operator"),
@@ -641,6 +659,7 @@ def main(argv: list[str] | None = None) -> int:
         env = {
             "PROOFPLANE_ATTEST_GRACE_SECONDS": str(int(grace)),
             "PROOFPLANE_ATTEST_STALE_CHECK_SECONDS": str(int(stale_check)),
+            **server_env(args.server_env),
         }
         server = Server(url, tmp, workers=workers, env=env)
         try:
@@ -699,6 +718,7 @@ def main(argv: list[str] | None = None) -> int:
         "console_rate_rps": args.console_rate,
         "submit_rate_rps": args.submit_rate,
         "grace_s": grace,
+        "server_env": server_env(args.server_env),
         "stale_check_s": stale_check,
         "workers": workers or 1,
         "serve_supports_workers": supports,

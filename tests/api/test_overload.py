@@ -463,7 +463,7 @@ def test_the_api_refuses_in_its_error_shape_with_its_security_headers(store: Sto
 
 def test_settings_from_the_environment() -> None:
     s = from_env({})
-    assert s.max_inflight == MAX_INFLIGHT == {ATTESTATION: 16, READ: 6, WRITE: 16}
+    assert s.max_inflight == MAX_INFLIGHT == {ATTESTATION: 8, READ: 6, WRITE: 16}
     assert s.max_queue == MAX_QUEUE == {ATTESTATION: 8, READ: 3, WRITE: 8}
     assert s.max_queue_wait_ms == MAX_QUEUE_WAIT_MS == {ATTESTATION: 50, READ: 50, WRITE: 500}
     assert s.max_inflight_client_share == 0.5

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from ci import load_script
 
 API = load_script("bench/api.py", "bench_api_verdicts")
@@ -63,3 +65,12 @@ def test_the_fleet_is_met_only_at_its_size_with_every_round_answered_in_time() -
     assert not FLEET.verdicts(quarantined)["quarantined"]
     for smaller in (_fleet(agents=1000), _fleet(interval=120), _fleet(console=10)):
         assert not any(FLEET.verdicts(smaller).values())
+
+
+def test_the_fleet_bench_passes_only_server_settings_through() -> None:
+    assert FLEET.server_env([]) == {}
+    got = FLEET.server_env(["PROOFPLANE_MAX_INFLIGHT_ATTESTATION=8", "PROOFPLANE_X=a=b"])
+    assert got == {"PROOFPLANE_MAX_INFLIGHT_ATTESTATION": "8", "PROOFPLANE_X": "a=b"}
+    for bad in ("PROOFPLANE_X", "PATH=/tmp", "=1"):
+        with pytest.raises(SystemExit, match="PROOFPLANE_NAME=VALUE"):
+            FLEET.server_env([bad])
