@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import math
 import os
 import resource
 import socket
@@ -328,12 +329,59 @@ def write_lock(metrics_text: str) -> dict[str, float]:
     return out
 
 
-def write_slot(base: str, token: str) -> dict[str, float]:
-    """:func:`write_lock` of the server at ``base`` now (its ``/metrics``, read with ``token``)."""
+def metrics_text(base: str, token: str) -> str:
+    """The server's ``/metrics`` exposition (every worker's counts summed), read with ``token``."""
     r = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=30)
     if r.status_code != 200:
         raise SystemExit(f"GET /metrics: {r.status_code} {r.text[:300]}")
-    return write_lock(r.text)
+    return r.text
+
+
+def write_slot(base: str, token: str) -> dict[str, float]:
+    """:func:`write_lock` of the server at ``base`` now (its ``/metrics``, read with ``token``)."""
+    return write_lock(metrics_text(base, token))
+
+
+def loop_lag(metrics_text: str) -> dict[float, float]:
+    """From a ``/metrics`` exposition: ``proofplane_event_loop_lag_seconds``' cumulative bucket
+    counts, ``{upper bound: probes at most that late}``, summed over the workers."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[float, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != "proofplane_event_loop_lag_seconds":
+            continue
+        for s in family.samples:
+            if s.name.endswith("_bucket"):
+                le = float(s.labels["le"])
+                out[le] = out.get(le, 0.0) + s.value
+    return out
+
+
+def loop_lag_delta(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
+    """How late the workers' event loops woke between two :func:`loop_lag` readings: probes,
+    the share later than 10 ms, and p50/p99 as the bucket bound they fall within (ms; None:
+    past the last bound, 1 s). A request arriving at such a moment waits at least that
+    long before the loop can refuse it."""
+    bounds = sorted(after)
+    cum = {le: after[le] - before.get(le, 0.0) for le in bounds}
+    probes = cum.get(math.inf, 0.0)
+    if probes <= 0:
+        return {"probes": 0, "over_10ms_share": None, "p50_ms": None, "p99_ms": None}
+
+    def quantile(q: float) -> float | None:
+        for le in bounds:
+            if cum[le] >= q * probes:
+                return None if math.isinf(le) else round(le * 1000, 1)
+        return None
+
+    within_10ms = next((cum[le] for le in bounds if abs(le - 0.01) < 1e-9), None)
+    return {
+        "probes": int(probes),
+        "over_10ms_share": None if within_10ms is None else round(1 - within_10ms / probes, 4),
+        "p50_ms": quantile(0.5),
+        "p99_ms": quantile(0.99),
+    }
 
 
 def write_lock_delta(

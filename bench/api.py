@@ -27,6 +27,11 @@ Timed:
 3. **overload** — the same mix at 5× the rate for ``--overload-seconds``: how many 429s and how
    fast they come back (p50/p99 of a 429's latency; none: the server queues instead of shedding).
 
+For the mixed and overload phases, ``event_loop_lag``: how late the workers' event loops ran
+a timer due every 50 ms (``proofplane_event_loop_lag_seconds`` in ``/metrics``): probes, the
+share more than 10 ms late, p50/p99 as histogram bucket bounds. A request, a refusal included,
+arriving at such a moment waits that long before its loop can read it.
+
     .venv/bin/python bench/api.py --json [--quick] [--db postgresql://127.0.0.1:5432/test]
 """
 
@@ -57,12 +62,15 @@ from _server import (
     cpu_delta,
     http_head,
     load_demo,
+    loop_lag,
+    loop_lag_delta,
+    metrics_text,
     own_cpu_seconds,
     pct,
     serve_supports_workers,
     throwaway_postgres,
+    write_lock,
     write_lock_delta,
-    write_slot,
 )
 from proofplane.machine import machine
 
@@ -291,7 +299,7 @@ def _with_cpu(server: Server, phase: Any, *args: Any) -> dict[str, Any]:
     two-core box the generator's share is the capacity the server did not have) and what the
     write slot did meanwhile: ms held and waited for per write, and the share of the phase's
     wall time it was held (writes of every worker queue for that one slot)."""
-    slot0, before = write_slot(server.base, TOKEN), server.cpu_seconds()
+    text0, before = metrics_text(server.base, TOKEN), server.cpu_seconds()
     own = own_cpu_seconds(children=True)
     t0 = time.perf_counter()
     out: dict[str, Any] = phase(*args)
@@ -300,13 +308,16 @@ def _with_cpu(server: Server, phase: Any, *args: Any) -> dict[str, Any]:
         "server": cpu_delta(before, server.cpu_seconds())["total"],
         "generator": round(own_cpu_seconds(children=True) - own, 2),
     }
-    slot = write_lock_delta(slot0, write_slot(server.base, TOKEN), elapsed, 1)
+    text1 = metrics_text(server.base, TOKEN)
+    slot = write_lock_delta(write_lock(text0), write_lock(text1), elapsed, 1)
     slot.pop("writes_per_unit")
     slot["writes_per_s"] = round(
         sum(out["classes"].get(c, {}).get("status", {}).get(ok, 0)
             for c, ok in (("submit", "201"), ("cancel", "200"))) / elapsed, 1
     )  # fmt: skip
     out["write_lock"] = slot
+    # how late the workers' event loops woke meanwhile: a refusal waits for its loop too
+    out["event_loop_lag"] = loop_lag_delta(loop_lag(text0), loop_lag(text1))
     return out
 
 
@@ -427,6 +438,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             for cls, f in m["classes"].items():
                 print(f"   {cls:>15}: p50 {f['p50_ms']} p95 {f['p95_ms']} p99 {f['p99_ms']} ms")
+            lag = m["event_loop_lag"]
+            print(f"   event loop late: p50 {lag['p50_ms']} p99 {lag['p99_ms']} ms, "
+                  f"over 10 ms {lag['over_10ms_share']} of {lag['probes']} probes")  # fmt: skip
         print(f"meets: {meets}")
     return 0
 

@@ -380,3 +380,14 @@ def test_utilisation_per_tenant_under_dcgm_names(client: TestClient, store: Stor
     assert power == {(("dcgm_field", p), ("tenant", "acme")): 250.0}
     devices = series(samples, "proofplane_tenant_telemetry_devices")
     assert devices == {(("tenant", "acme"),): 1.0, (("tenant", "beta"),): 1.0}
+
+
+def test_the_event_loop_lag_is_exposed(client: TestClient) -> None:
+    import time
+
+    time.sleep(0.2)  # the lifespan's probe runs every 50 ms
+    text = client.get("/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    lag = families["proofplane_event_loop_lag_seconds"]
+    count = [s.value for s in lag.samples if s.name.endswith("_count")]
+    assert count and count[0] >= 1

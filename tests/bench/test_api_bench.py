@@ -6,6 +6,7 @@ nothing answered 5xx."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -53,6 +54,9 @@ def test_bench_api_quick(tmp_path: Path) -> None:
         assert written > 0 and slot["writes_per_s"] > 0, (written, slot)
         assert slot["held_ms_per_write"] > 0 and 0 < slot["busy_share"] <= 1.05, slot
         assert slot["wait_ms_per_write"] >= 0, slot
+        lag = m["event_loop_lag"]  # the workers' loops were probed every 50 ms meanwhile
+        assert lag["probes"] > 0 and 0 <= lag["over_10ms_share"] <= 1, lag
+        assert lag["p50_ms"] is None or lag["p50_ms"] <= (lag["p99_ms"] or math.inf), lag
         for cls, f in m["classes"].items():
             assert f["requests"] > 0 and f["p50_ms"] >= 0, (cls, f)
             assert not [s for s in f["status"] if s.startswith("5")], (cls, f)

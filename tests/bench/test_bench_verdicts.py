@@ -74,3 +74,24 @@ def test_the_fleet_bench_passes_only_server_settings_through() -> None:
     for bad in ("PROOFPLANE_X", "PATH=/tmp", "=1"):
         with pytest.raises(SystemExit, match="PROOFPLANE_NAME=VALUE"):
             FLEET.server_env([bad])
+
+
+def _lag_text(counts: dict[str, int]) -> str:
+    """Two workers' ``proofplane_event_loop_lag_seconds`` buckets (cumulative), summed."""
+    lines = ["# TYPE proofplane_event_loop_lag_seconds histogram"]
+    for le, n in counts.items():
+        for _ in range(2):
+            lines.append(f'proofplane_event_loop_lag_seconds_bucket{{le="{le}",loop="http"}} {n}')
+    return "\n".join(lines) + "\n"
+
+
+def test_the_loop_lag_is_read_from_the_metrics_over_a_phase() -> None:
+    read, delta = API.loop_lag, API.loop_lag_delta  # bench/_server.py's, as api.py uses them
+    before = read(_lag_text({"0.005": 10, "0.01": 10, "0.02": 10, "1.0": 10, "+Inf": 10}))
+    assert before[float("inf")] == 20  # summed over the two workers
+    after = read(_lag_text({"0.005": 60, "0.01": 100, "0.02": 109, "1.0": 110, "+Inf": 110}))
+    got = delta(before, after)  # 200 probes: 100 within 5 ms, 80 more within 10, ...
+    assert got == {"probes": 200, "over_10ms_share": 0.1, "p50_ms": 5.0, "p99_ms": 20.0}
+    late = read(_lag_text({"0.005": 0, "0.01": 0, "0.02": 0, "1.0": 0, "+Inf": 5}))
+    assert delta({}, late)["p99_ms"] is None  # past the last bound
+    assert delta(after, after)["probes"] == 0

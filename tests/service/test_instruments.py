@@ -70,3 +70,27 @@ def test_kms_operations_are_counted(sqlite_store: Store) -> None:
     with sqlite_store.read() as session, pytest.raises(Exception):  # noqa: B017
         keys_svc.open_secret(kms, session, sealed, b"other aad")
     assert value("proofplane_kms_operations_total", failed) == before + 1
+
+
+def _lag_count(le: str) -> float:
+    return value("proofplane_event_loop_lag_seconds_bucket", {"loop": "http", "le": le})
+
+
+def test_the_loop_lag_probe_sees_a_loop_held_by_blocking_work() -> None:
+    import asyncio
+    import time
+
+    async def run() -> None:
+        probe = asyncio.create_task(instruments.probe_loop_lag(0.01))
+        await asyncio.sleep(0.05)  # on time: the loop is free
+        time.sleep(0.06)  # the loop cannot run its timer: a probe wakes >= 50 ms late
+        await asyncio.sleep(0.03)
+        probe.cancel()
+
+    total, within_25ms = _lag_count("+Inf"), _lag_count("0.02")
+    asyncio.run(run())
+    probes = _lag_count("+Inf") - total
+    assert probes >= 3
+    late = probes - (_lag_count("0.02") - within_25ms)
+    assert late >= 1  # the one the blocking call held back
+    assert late < probes  # and only that one

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
@@ -47,6 +48,7 @@ from proofplane.service import alerts as alerts_svc
 from proofplane.service import audit as audit_svc
 from proofplane.service import changes as changes_svc
 from proofplane.service import execution as execution_svc
+from proofplane.service import instruments
 from proofplane.service import keys as keys_svc
 from proofplane.service.access import last_used
 from proofplane.service.context import Store
@@ -133,9 +135,12 @@ def create_app(
             app.state.siem_exporter = worker
             app.state.audit_checkpointer = checkpointer
             app.state.execution_sync = syncer
+            probe = asyncio.create_task(instruments.probe_loop_lag())
             try:
                 yield
-            finally:  # the tokens' "last used" times this process noted and has not written
+            finally:
+                probe.cancel()
+                # the tokens' "last used" times this process noted and has not written
                 if store is not None:
                     last_used.flush_for(store)
 

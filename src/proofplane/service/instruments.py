@@ -98,6 +98,18 @@ WRITE_LOCK = Histogram(
     registry=REGISTRY,
 )
 
+#: How often a worker's event loop is probed (a timer that should fire this many seconds on).
+LOOP_LAG_PROBE_S = 0.05
+LOOP_LAG = Histogram(
+    "proofplane_event_loop_lag_seconds",
+    "How late a worker's event loop ran a timer due every 50 ms: the time a request that "
+    "arrives then waits before the loop can read it, route it or refuse it (429), because the "
+    "threads running endpoints hold the interpreter lock.",
+    ["loop"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
+    registry=REGISTRY,
+)
+
 ATTESTATION_VERDICTS = Counter(
     "proofplane_attestation_verdicts",
     "Attestation verdicts recorded, by verdict (pass or fail) and reason code (one count per "
@@ -128,6 +140,21 @@ def observe_http(method: str, route: str, code: int, seconds: float) -> None:
     m = method_label(method)
     HTTP_REQUESTS.labels(m, route, str(code)).inc()
     HTTP_DURATION.labels(m, route).observe(seconds)
+
+
+def observe_loop_lag(seconds: float) -> None:
+    LOOP_LAG.labels("http").observe(seconds)
+
+
+async def probe_loop_lag(interval: float = LOOP_LAG_PROBE_S) -> None:
+    """Until cancelled: every ``interval`` seconds, how late the running event loop woke."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    while True:
+        start = loop.time()
+        await asyncio.sleep(interval)
+        observe_loop_lag(max(0.0, loop.time() - start - interval))
 
 
 def observe_decision(placed: bool, seconds: float) -> None:
