@@ -285,3 +285,27 @@ def test_the_server_writes_what_waits_when_it_stops(store: Store) -> None:
         assert c.get("/healthz").status_code == 200
     svc.authenticate(store, token, datetime.now(UTC) + timedelta(minutes=6))
     assert batch.waiting() == 1
+
+
+def test_a_store_used_after_dispose_gets_a_new_batch_cache_and_listener(store: Store) -> None:
+    """``serve --workers N`` disposes the parent's store and uses it again at shutdown."""
+    from proofplane.service.access import token_push
+
+    token = _user_token(store, "ops8")
+    now = datetime.now(UTC)
+    svc.authenticate(store, token, now)
+    batch, cache = last_used.for_store(store), cache_for(store)
+    assert batch.waiting() == 1
+    store.dispose()  # writes what waits; the engine opens new connections when used again
+    assert _last_used(store) == now
+    assert last_used.for_store(store) is not batch
+    assert cache_for(store) is not cache
+    svc.authenticate(store, token, now + timedelta(minutes=6))  # noted in the new batch
+    assert last_used.for_store(store).flush() == 1
+    assert _last_used(store) == now + timedelta(minutes=6)
+    listener = token_push.listener_for(store)
+    if store.engine.dialect.name == "postgresql":
+        assert listener is not None and listener.wait_listening(10)
+        assert cache_for(store).push is listener.push
+    else:
+        assert listener is None

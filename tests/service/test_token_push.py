@@ -97,7 +97,7 @@ def test_another_process_revocation_is_pushed_at_once(pg_store: Store) -> None:
         check=True,
         timeout=120,
     )
-    assert _refused_within(pg_store, issued.token, 5.0) < 5.0
+    assert _refused_within(pg_store, issued.token, 2.0) < 2.0
     assert listener.notices > notices  # by the notice, not by the entry's age
 
 

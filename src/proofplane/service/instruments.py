@@ -29,6 +29,7 @@ from the inventory.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
@@ -148,8 +149,6 @@ def observe_loop_lag(seconds: float) -> None:
 
 async def probe_loop_lag(interval: float = LOOP_LAG_PROBE_S) -> None:
     """Until cancelled: every ``interval`` seconds, how late the running event loop woke."""
-    import asyncio
-
     loop = asyncio.get_running_loop()
     while True:
         start = loop.time()

@@ -60,18 +60,10 @@ class LastUsed:
         with self._lock:
             if self._closed:
                 return
-            held = self._waiting.get(token_id)
-            when = at if held is None else max(at, held[0])
-            callbacks = [] if held is None else held[1]
-            if done is not None:
-                callbacks.append(done)
-            self._waiting[token_id] = (when, callbacks)
+            self._merge(token_id, at, [] if done is None else [done])
             full = len(self._waiting) >= MAX_WAITING
-            if not full and self._timer is None:
-                self._timer = threading.Timer(self.delay, self._fire)
-                self._timer.daemon = True
-                self._timer.name = "proofplane-last-used"
-                self._timer.start()
+            if not full:
+                self._arm()
         if full:
             self.flush()
 
@@ -102,7 +94,8 @@ class LastUsed:
         return len(batch)
 
     def close(self) -> None:
-        """Write what waits; later notes are ignored."""
+        """Write what waits; later notes to this batch are ignored (a disposed store's:
+        ``for_store`` gives such a store a new batch)."""
         self.flush()
         with self._lock:
             self._closed = True
@@ -121,15 +114,25 @@ class LastUsed:
             if self._closed:
                 return
             for token, (when, callbacks) in batch.items():
-                held = self._waiting.get(token)
-                if held is None:
-                    self._waiting[token] = (when, callbacks)
-                else:
-                    self._waiting[token] = (max(when, held[0]), callbacks + held[1])
-            if self._timer is None:
-                self._timer = threading.Timer(self.delay, self._fire)
-                self._timer.daemon = True
-                self._timer.start()
+                self._merge(token, when, callbacks)
+            self._arm()
+
+    def _merge(self, token_id: str, at: datetime, callbacks: list[Done]) -> None:
+        """(Under ``_lock``.) ``token_id`` waits with the later of its times, every caller's
+        callback kept."""
+        held = self._waiting.get(token_id)
+        if held is None:
+            self._waiting[token_id] = (at, callbacks)
+        else:
+            self._waiting[token_id] = (max(at, held[0]), held[1] + callbacks)
+
+    def _arm(self) -> None:
+        """(Under ``_lock``.) Start the timer that writes what waits, unless it runs."""
+        if self._timer is None:
+            self._timer = threading.Timer(self.delay, self._fire)
+            self._timer.daemon = True
+            self._timer.name = "proofplane-last-used"
+            self._timer.start()
 
 
 _TOKENS: Table = TokenRow.__table__  # type: ignore[assignment]
@@ -146,8 +149,8 @@ _BATCHES_LOCK = threading.Lock()
 
 
 def for_store(store: Any) -> LastUsed:
-    """The batch of ``store`` (a ``service.context.Store``), made on first use; the store
-    writes what waits when it is disposed."""
+    """The batch of ``store`` (a ``service.context.Store``), made on first use; disposing
+    the store writes what waits and retires the batch."""
     batch = _BATCHES.get(store)
     if batch is not None:
         return batch
@@ -167,8 +170,18 @@ def for_store(store: Any) -> LastUsed:
                     )
 
             batch = _BATCHES[store] = LastUsed(write)
-            store.at_dispose(batch.close)
+            store.at_dispose(lambda: _retire(ref, batch))
     return batch
+
+
+def _retire(ref: weakref.ref[Any], batch: LastUsed) -> None:
+    """A store is disposed: write what waits, and forget the batch (an engine can be used
+    again after ``dispose``; the next note starts a new batch, with a new hook)."""
+    batch.close()
+    store = ref()
+    with _BATCHES_LOCK:
+        if store is not None and _BATCHES.get(store) is batch:
+            del _BATCHES[store]
 
 
 def flush_for(store: Any) -> None:

@@ -144,7 +144,8 @@ _CACHES_LOCK = threading.Lock()
 
 
 def cache_for(store: Any) -> TokenCache:
-    """The token cache of ``store`` (made on first use, TTL from the environment)."""
+    """The token cache of ``store`` (made on first use, TTL from the environment, with its
+    revocation listener on PostgreSQL); disposing the store forgets both."""
     cache = _CACHES.get(store)
     if cache is None:
         from proofplane.config import token_cache_ttl_s
@@ -156,7 +157,17 @@ def cache_for(store: Any) -> TokenCache:
                 if cache.ttl > 0:
                     listener = token_push.start_listener(store, cache.invalidate, cache.clear)
                     cache.push = None if listener is None else listener.push
+                ref = weakref.ref(store)
+                store.at_dispose(lambda: _retire(ref, cache))
     return cache
+
+
+def _retire(ref: weakref.ref[Any], cache: TokenCache) -> None:
+    cache.clear()
+    store = ref()
+    with _CACHES_LOCK:
+        if store is not None and _CACHES.get(store) is cache:
+            del _CACHES[store]
 
 
 def _invalidate_everywhere(token_hashes: set[str], user_ids: set[int]) -> None:

@@ -190,8 +190,8 @@ def start_listener(
     on_notice: Callable[[set[str], set[int]], None],
     on_lost: Callable[[], None],
 ) -> Listener | None:
-    """Start ``store``'s listener if its database is PostgreSQL (once); it stops when the
-    store is disposed."""
+    """Start ``store``'s listener if its database is PostgreSQL (once); disposing the store
+    stops it and forgets it (a store used again after ``dispose`` starts a new one)."""
     if store.engine.dialect.name != "postgresql":
         return None
     with _LISTENERS_LOCK:
@@ -199,5 +199,14 @@ def start_listener(
         if listener is None:
             listener = _LISTENERS[store] = Listener(store.engine, on_notice, on_lost, store)
             listener.start()
-            store.at_dispose(listener.stop)
+            ref = weakref.ref(store)
+            store.at_dispose(lambda: _retire(ref, listener))
     return listener
+
+
+def _retire(ref: weakref.ref[Any], listener: Listener) -> None:
+    listener.stop()
+    store = ref()
+    with _LISTENERS_LOCK:
+        if store is not None and _LISTENERS.get(store) is listener:
+            del _LISTENERS[store]
