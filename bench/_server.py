@@ -337,24 +337,67 @@ def metrics_text(base: str, token: str) -> str:
     return r.text
 
 
-def write_slot(base: str, token: str) -> dict[str, float]:
-    """:func:`write_lock` of the server at ``base`` now (its ``/metrics``, read with ``token``)."""
-    return write_lock(metrics_text(base, token))
-
-
-def loop_lag(metrics_text: str) -> dict[float, float]:
-    """From a ``/metrics`` exposition: ``proofplane_event_loop_lag_seconds``' cumulative bucket
-    counts, ``{upper bound: probes at most that late}``, summed over the workers."""
+def histogram_buckets(metrics_text: str, family_name: str, **labels: str) -> dict[float, float]:
+    """From a ``/metrics`` exposition: a histogram's cumulative bucket counts, ``{upper bound:
+    observations at most that}``, summed over the workers (and over the labels not given)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[float, float] = {}
     for family in text_string_to_metric_families(metrics_text):
-        if family.name != "proofplane_event_loop_lag_seconds":
+        if family.name != family_name:
             continue
         for s in family.samples:
-            if s.name.endswith("_bucket"):
+            if s.name.endswith("_bucket") and all(s.labels.get(k) == v for k, v in labels.items()):
                 le = float(s.labels["le"])
                 out[le] = out.get(le, 0.0) + s.value
+    return out
+
+
+def loop_lag(metrics_text: str) -> dict[float, float]:
+    """``proofplane_event_loop_lag_seconds``' cumulative buckets, summed over the workers."""
+    return histogram_buckets(metrics_text, "proofplane_event_loop_lag_seconds")
+
+
+def gc_pauses(metrics_text: str) -> dict[str, tuple[dict[float, float], float]]:
+    """``proofplane_gc_pause_seconds`` by generation ("0", "1", "2"), summed over the workers:
+    (cumulative buckets, seconds in all)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    name = "proofplane_gc_pause_seconds"
+    total = {g: 0.0 for g in ("0", "1", "2")}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == name:
+            for s in family.samples:
+                if s.name.endswith("_sum") and s.labels.get("generation") in total:
+                    total[s.labels["generation"]] += s.value
+    return {g: (histogram_buckets(metrics_text, name, generation=g), total[g]) for g in total}
+
+
+def gc_pauses_delta(
+    before: dict[str, tuple[dict[float, float], float]],
+    after: dict[str, tuple[dict[float, float], float]],
+    seconds: float,
+) -> dict[str, Any]:
+    """The workers' garbage collections between two :func:`gc_pauses` readings, by
+    generation: how many, the bucket bound the longest fell within (ms; None: past 1 s), and
+    ``stopped_share``: the collections' time over ``seconds`` (summed over the workers, so
+    two workers each stopped 1 % of the time give 0.02)."""
+    out: dict[str, Any] = {}
+    for g, (cum_after, sum_after) in after.items():
+        cum_before, sum_before = before.get(g, ({}, 0.0))
+        bounds = sorted(cum_after)
+        cum = {le: cum_after[le] - cum_before.get(le, 0.0) for le in bounds}
+        count = cum.get(math.inf, 0.0)
+        longest: float | None = 0.0
+        for le in bounds:
+            if cum[le] >= count:
+                longest = None if math.isinf(le) else round(le * 1000, 1)
+                break
+        out[g] = {
+            "collections": int(count),
+            "longest_within_ms": longest if count else 0.0,
+            "stopped_share": round((sum_after - sum_before) / seconds, 4) if seconds > 0 else None,
+        }
     return out
 
 

@@ -60,6 +60,8 @@ from _server import (
     RawConn,
     Server,
     cpu_delta,
+    gc_pauses,
+    gc_pauses_delta,
     http_head,
     load_demo,
     loop_lag,
@@ -318,6 +320,8 @@ def _with_cpu(server: Server, phase: Any, *args: Any) -> dict[str, Any]:
     out["write_lock"] = slot
     # how late the workers' event loops woke meanwhile: a refusal waits for its loop too
     out["event_loop_lag"] = loop_lag_delta(loop_lag(text0), loop_lag(text1))
+    # and their garbage collections, which stop a worker's every thread and its loop
+    out["gc"] = gc_pauses_delta(gc_pauses(text0), gc_pauses(text1), elapsed)
     return out
 
 

@@ -71,15 +71,18 @@ from _server import (
     RawConn,
     Server,
     cpu_delta,
+    gc_pauses,
+    gc_pauses_delta,
     http_head,
+    metrics_text,
     own_cpu_seconds,
     pct,
     process_cpu_seconds,
     serve_supports_workers,
     throwaway_postgres,
     usable_cores,
+    write_lock,
     write_lock_delta,
-    write_slot,
 )
 from proofplane.access import SYSTEM
 from proofplane.attest import eventlog as el
@@ -667,13 +670,13 @@ def main(argv: list[str] | None = None) -> int:
             cpu0, own0 = server.cpu_seconds(), own_cpu_seconds()
             enrolled = asyncio.run(enroll_all(server.base, agents, args.enroll_concurrency))
             cpu1, own1 = server.cpu_seconds(), own_cpu_seconds()
-            slot1 = write_slot(server.base, TOKEN)
+            text1 = metrics_text(server.base, TOKEN)
             pg1 = process_cpu_seconds("postgres")
             with LockSampler(url) as sampler:
                 run = asyncio.run(steady(server.base, agents, args))
             cpu2, own2 = server.cpu_seconds(), own_cpu_seconds()
             pg2 = process_cpu_seconds("postgres")
-            slot2 = write_slot(server.base, TOKEN)
+            text2 = metrics_text(server.base, TOKEN)
             if server.proc.poll() is not None:
                 raise SystemExit(f"the server died:\n{server.errors_tail()}")
         finally:
@@ -685,7 +688,9 @@ def main(argv: list[str] | None = None) -> int:
     enrolled["generator_cpu_s"] = round(own1 - own0, 2)
     run["generator_cpu_s"] = round(own2 - own1, 2)
     # the one write lock every worker's writes take (a round: its evidence's; a nonce is a read)
-    tx = write_lock_delta(slot1, slot2, run["seconds"], run["rounds_answered"])
+    tx = write_lock_delta(
+        write_lock(text1), write_lock(text2), run["seconds"], run["rounds_answered"]
+    )
     run["write_lock"] = {
         **sampler.summary(),  # sampled from pg_locks: share of samples held or waited for
         "writes_per_round": tx["writes_per_unit"],
@@ -694,6 +699,8 @@ def main(argv: list[str] | None = None) -> int:
         "write_tx_ms": round(tx["held_ms_per_write"], 2),
         "write_tx_in_progress": tx["busy_share"],  # their mean number at any moment
     }
+    # the workers' garbage collections: each stops its worker, every request in it waits
+    run["gc"] = gc_pauses_delta(gc_pauses(text1), gc_pauses(text2), run["seconds"])
     run["postgres_cpu_s"] = round(pg2 - pg1, 2)
     answered = run["rounds_answered"]
     run["server_cpu_per_evidence_ms"] = (

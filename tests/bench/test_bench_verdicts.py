@@ -95,3 +95,29 @@ def test_the_loop_lag_is_read_from_the_metrics_over_a_phase() -> None:
     late = read(_lag_text({"0.005": 0, "0.01": 0, "0.02": 0, "1.0": 0, "+Inf": 5}))
     assert delta({}, late)["p99_ms"] is None  # past the last bound
     assert delta(after, after)["probes"] == 0
+
+
+def _gc_text(gen2: dict[str, int], gen2_sum: float) -> str:
+    """Two workers' ``proofplane_gc_pause_seconds``: generation 2's cumulative buckets and
+    seconds (each worker's half), generation 0 one fast collection each."""
+    lines = ["# TYPE proofplane_gc_pause_seconds histogram"]
+    for _ in range(2):
+        for le, n in gen2.items():
+            lines.append(f'proofplane_gc_pause_seconds_bucket{{generation="2",le="{le}"}} {n}')
+        lines.append(f'proofplane_gc_pause_seconds_sum{{generation="2"}} {gen2_sum / 2}')
+        lines.append(f'proofplane_gc_pause_seconds_count{{generation="2"}} {gen2["+Inf"]}')
+        for le in ("0.001", "+Inf"):
+            lines.append(f'proofplane_gc_pause_seconds_bucket{{generation="0",le="{le}"}} 1')
+    return "\n".join(lines) + "\n"
+
+
+def test_the_collections_are_read_from_the_metrics_over_a_phase() -> None:
+    read, delta = FLEET.gc_pauses, FLEET.gc_pauses_delta  # bench/_server.py's, as fleet.py uses
+    before = read(_gc_text({"0.01": 1, "0.1": 1, "0.25": 1, "+Inf": 1}, 0.01))
+    after = read(_gc_text({"0.01": 1, "0.1": 3, "0.25": 4, "+Inf": 4}, 0.51))
+    got = delta(before, after, 10.0)  # 6 full collections, 0.5 s of them over 10 s
+    assert got["2"] == {"collections": 6, "longest_within_ms": 250.0, "stopped_share": 0.05}
+    assert got["0"] == {"collections": 0, "longest_within_ms": 0.0, "stopped_share": 0.0}
+    assert got["1"]["collections"] == 0  # none exposed: none counted
+    past = read(_gc_text({"0.01": 0, "0.1": 0, "0.25": 0, "+Inf": 2}, 3.0))
+    assert delta(read(""), past, 1.0)["2"]["longest_within_ms"] is None  # past the last bound

@@ -94,3 +94,19 @@ def test_the_loop_lag_probe_sees_a_loop_held_by_blocking_work() -> None:
     late = probes - (_lag_count("0.02") - within_20ms)
     assert late >= 1  # the one the blocking call held back
     assert late < probes  # and only that one
+
+
+def test_garbage_collections_are_timed_by_generation() -> None:
+    import gc
+
+    instruments.watch_gc()
+    instruments.watch_gc()  # once per process, however often it is called
+    assert gc.callbacks.count(instruments._on_gc) == 1
+    name = "proofplane_gc_pause_seconds_count"
+    full, young = value(name, {"generation": "2"}), value(name, {"generation": "0"})
+    total = value("proofplane_gc_pause_seconds_sum", {"generation": "2"})
+    gc.collect()  # a full collection
+    gc.collect(0)
+    assert value(name, {"generation": "2"}) == full + 1
+    assert value(name, {"generation": "0"}) >= young + 1
+    assert value("proofplane_gc_pause_seconds_sum", {"generation": "2"}) > total

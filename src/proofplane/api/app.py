@@ -48,7 +48,7 @@ from proofplane.service import alerts as alerts_svc
 from proofplane.service import audit as audit_svc
 from proofplane.service import changes as changes_svc
 from proofplane.service import execution as execution_svc
-from proofplane.service import instruments
+from proofplane.service import heap, instruments
 from proofplane.service import keys as keys_svc
 from proofplane.service.access import last_used
 from proofplane.service.context import Store
@@ -88,12 +88,18 @@ def _execution(
 
 
 def create_app(
-    store: Store, settings: Settings | None = None, execution: ExecutionSettings | None = None
+    store: Store,
+    settings: Settings | None = None,
+    execution: ExecutionSettings | None = None,
+    *,
+    settle_heap: bool = False,
 ) -> FastAPI:
     """The API on ``store``. ``execution`` (``config.execution_from_env()``; ``serve`` and ``up``
     pass it): while the server runs, placed workloads are dispatched to that engine (built at
     start unless the store already has one) and reconciled every ``sync_interval_s``. Without
-    it and without ``store.backend``, placements are decisions only."""
+    it and without ``store.backend``, placements are decisions only. ``settle_heap`` (``serve``
+    and its workers): once started, the process's garbage collector is set for a serving
+    process (``service.heap``); a test's process keeps Python's defaults."""
     settings = settings or Settings()
     # The KMS (PROOFPLANE_KMS): a bad setting (a master key file others can read, an HSM
     # library that is missing…) fails here, at start, with its message (a KmsError).
@@ -135,6 +141,9 @@ def create_app(
             app.state.siem_exporter = worker
             app.state.audit_checkpointer = checkpointer
             app.state.execution_sync = syncer
+            instruments.watch_gc()
+            if settle_heap:  # a serving worker: its collector set for a long-lived heap
+                heap.settle()
             probe = asyncio.create_task(instruments.probe_loop_lag())
             try:
                 yield

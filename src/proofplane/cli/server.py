@@ -630,7 +630,7 @@ def _serve(
                 instruments.forget_multiprocess(metrics_dir, made)
             return
         with store_errors("cannot start the server"):  # e.g. a KMS setting that is wrong
-            application = create_app(store, settings, execution)
+            application = create_app(store, settings, execution, settle_heap=True)
         uvicorn.run(
             application,
             host=host,

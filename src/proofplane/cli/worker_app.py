@@ -34,7 +34,7 @@ def app_from_env() -> FastAPI:
     url = os.environ[SERVE_URL_ENV]
     store = Store(url)  # migrated by the parent
     store.sink_policy = load_sink_policy()
-    return create_app(store, load_settings(), load_execution(url))
+    return create_app(store, load_settings(), load_execution(url), settle_heap=True)
 
 
 class TlsContextFactory:

@@ -30,9 +30,11 @@ from the inventory.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -111,6 +113,16 @@ LOOP_LAG = Histogram(
     registry=REGISTRY,
 )
 
+GC_PAUSE = Histogram(
+    "proofplane_gc_pause_seconds",
+    "How long each of the interpreter's garbage collections stopped this process, by "
+    "generation (0, 1, 2): while it runs no request moves, so a slow generation-2 pass "
+    "shows as a latency tail on every endpoint at once.",
+    ["generation"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+    registry=REGISTRY,
+)
+
 ATTESTATION_VERDICTS = Counter(
     "proofplane_attestation_verdicts",
     "Attestation verdicts recorded, by verdict (pass or fail) and reason code (one count per "
@@ -154,6 +166,26 @@ async def probe_loop_lag(interval: float = LOOP_LAG_PROBE_S) -> None:
         start = loop.time()
         await asyncio.sleep(interval)
         observe_loop_lag(max(0.0, loop.time() - start - interval))
+
+
+_gc_started: dict[int, float] = {}  # the running collection's start, by generation
+
+
+def _on_gc(phase: str, info: dict[str, Any]) -> None:
+    generation = info.get("generation", 0)
+    if phase == "start":
+        _gc_started[generation] = time.perf_counter()
+        return
+    began = _gc_started.pop(generation, None)
+    if began is not None:
+        GC_PAUSE.labels(str(generation)).observe(time.perf_counter() - began)
+
+
+def watch_gc() -> None:
+    """Time this process's garbage collections (``proofplane_gc_pause_seconds``), once per
+    process however often it is called."""
+    if _on_gc not in gc.callbacks:
+        gc.callbacks.append(_on_gc)
 
 
 def observe_decision(placed: bool, seconds: float) -> None:
