@@ -255,6 +255,7 @@ def open_loop(
     for cls in sorted({r[0] for r in records}):
         rs = [r for r in records if r[0] == cls]
         ok = [r[2] for r in rs if 200 <= r[1] < 300]
+        refused = [r[2] for r in rs if r[1] == 429]
         statuses: dict[str, int] = {}
         for r in rs:
             key = {-1: "timeout", -2: "error", -3: "not_sent_late"}.get(r[1], str(r[1]))
@@ -265,6 +266,8 @@ def open_loop(
             "p95_ms": round(pct(ok, 0.95), 2),
             "p99_ms": round(pct(ok, 0.99), 2),
             "status": statuses,
+            # how fast this class's refusals came back (a write may wait in its level's queue)
+            "p99_429_ms": round(pct(refused, 0.99), 2) if refused else None,
         }
     lat429 = [r[2] for r in records if r[1] == 429]
     late = [r[3] for r in records]
