@@ -57,7 +57,11 @@ def test_bench_api_quick(tmp_path: Path) -> None:
         lag = m["event_loop_lag"]  # the workers' loops were probed every 50 ms meanwhile
         assert lag["probes"] > 0 and 0 <= lag["over_10ms_share"] <= 1, lag
         assert lag["p50_ms"] is None or lag["p50_ms"] <= (lag["p99_ms"] or math.inf), lag
+        assert set(m["gc"]) == {"0", "1", "2"}, m["gc"]  # the workers' collections, timed
+        assert all(0 <= g["stopped_share"] < 1 for g in m["gc"].values()), m["gc"]
         for cls, f in m["classes"].items():
             assert f["requests"] > 0 and f["p50_ms"] >= 0, (cls, f)
+            refused = f["status"].get("429", 0)
+            assert (f["p99_429_ms"] is None) == (refused == 0), (cls, f)
             assert not [s for s in f["status"] if s.startswith("5")], (cls, f)
     assert data["overload"]["rate_rps"] == 5 * data["mixed"]["rate_rps"]

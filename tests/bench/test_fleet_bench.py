@@ -51,6 +51,11 @@ def test_bench_fleet_quick(tmp_path: Path) -> None:
     lock = s["write_lock"]  # a round writes once (its evidence: a nonce is a read)
     assert lock["samples"] > 0 and 0 <= lock["write_lock_busy"] <= 1, lock
     assert lock["writes_per_round"] >= 1 and lock["write_tx_ms"] > 0, lock
+    gc = s["gc"]  # the workers' garbage collections over the phase, by generation
+    assert set(gc) == {"0", "1", "2"}, gc
+    for g in gc.values():  # (a quick run may see none: serve collects every 10,000 allocations)
+        assert g["collections"] >= 0 and 0 <= g["stopped_share"] < 1, gc
+        assert (g["longest_within_ms"] == 0.0) == (g["collections"] == 0), gc
     # the fleet target's verdicts: a 50-agent run is not the fleet, so it meets none of them
     assert data["targets"]["agents"] == 10000 and data["targets"]["evidence_p99_ms"] == 200
     assert data["meets"] == {
