@@ -38,7 +38,7 @@ def test_settle_freezes_what_is_alive_and_raises_the_first_threshold() -> None:
     kept = _Cycle()  # alive at the time: frozen
     gen1, gen2 = gc.get_threshold()[1:]
     frozen = heap.settle(5_000)
-    assert frozen == gc.get_freeze_count() > 0
+    assert frozen > 0 and gc.get_freeze_count() > 0  # (a frozen object freed leaves the count)
     assert gc.get_threshold() == (5_000, gen1, gen2)
     made = _Cycle()  # the collector still runs: a cycle made after settling is collected
     made_id = id(made)
