@@ -401,30 +401,46 @@ def gc_pauses_delta(
     return out
 
 
-def loop_lag_delta(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
-    """How late the workers' event loops woke between two :func:`loop_lag` readings: probes,
-    the share later than 10 ms, and p50/p99 as the bucket bound they fall within (ms; None:
-    past the last bound, 1 s). A request arriving at such a moment waits at least that
-    long before the loop can refuse it."""
+def histogram_delta(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
+    """Between two cumulative bucket readings (:func:`histogram_buckets`): how many
+    observations, the share above 10 ms, and p50/p99 as the bucket bound they fall within
+    (ms; None: past the last bound)."""
     bounds = sorted(after)
     cum = {le: after[le] - before.get(le, 0.0) for le in bounds}
-    probes = cum.get(math.inf, 0.0)
-    if probes <= 0:
-        return {"probes": 0, "over_10ms_share": None, "p50_ms": None, "p99_ms": None}
+    count = cum.get(math.inf, 0.0)
+    if count <= 0:
+        return {"count": 0, "over_10ms_share": None, "p50_ms": None, "p99_ms": None}
 
     def quantile(q: float) -> float | None:
         for le in bounds:
-            if cum[le] >= q * probes:
+            if cum[le] >= q * count:
                 return None if math.isinf(le) else round(le * 1000, 1)
         return None
 
     within_10ms = next((cum[le] for le in bounds if abs(le - 0.01) < 1e-9), None)
     return {
-        "probes": int(probes),
-        "over_10ms_share": None if within_10ms is None else round(1 - within_10ms / probes, 4),
+        "count": int(count),
+        "over_10ms_share": None if within_10ms is None else round(1 - within_10ms / count, 4),
         "p50_ms": quantile(0.5),
         "p99_ms": quantile(0.99),
     }
+
+
+def loop_lag_delta(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
+    """How late the workers' event loops woke between two :func:`loop_lag` readings: probes,
+    the share later than 10 ms, and p50/p99 as the bucket bound they fall within (ms; None:
+    past the last bound, 1 s). A request arriving at such a moment waits at least that
+    long before the loop can refuse it."""
+    out = histogram_delta(before, after)
+    return {"probes": out.pop("count"), **out}
+
+
+def refusals(metrics_text: str) -> dict[float, float]:
+    """``proofplane_http_request_duration_seconds`` of the requests refused before routing
+    (route ``<refused>``: the overload's 429s, a body limit's 413s), summed over the workers:
+    the server's own time for them, from the ASGI call to the answer's last byte."""
+    name = "proofplane_http_request_duration_seconds"
+    return histogram_buckets(metrics_text, name, route="<refused>")
 
 
 def write_lock_delta(

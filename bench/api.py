@@ -63,6 +63,7 @@ from _server import (
     cpu_delta,
     gc_pauses,
     gc_pauses_delta,
+    histogram_delta,
     http_head,
     load_demo,
     loop_lag,
@@ -70,6 +71,7 @@ from _server import (
     metrics_text,
     own_cpu_seconds,
     pct,
+    refusals,
     serve_supports_workers,
     throwaway_postgres,
     write_lock,
@@ -329,6 +331,9 @@ def _with_cpu(server: Server, phase: Any, *args: Any) -> dict[str, Any]:
     out["event_loop_lag"] = loop_lag_delta(loop_lag(text0), loop_lag(text1))
     # and their garbage collections, which stop a worker's every thread and its loop
     out["gc"] = gc_pauses_delta(gc_pauses(text0), gc_pauses(text1), elapsed)
+    # the refusals as the server timed them (arrival at the application to the last byte
+    # sent): what the client's ``latency_429_ms`` adds beyond it is the loop, kernel, generator
+    out["server_429_ms"] = histogram_delta(refusals(text0), refusals(text1))
     return out
 
 

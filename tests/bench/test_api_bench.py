@@ -57,6 +57,8 @@ def test_bench_api_quick(tmp_path: Path) -> None:
         lag = m["event_loop_lag"]  # the workers' loops were probed every 50 ms meanwhile
         assert lag["probes"] > 0 and 0 <= lag["over_10ms_share"] <= 1, lag
         assert lag["p50_ms"] is None or lag["p50_ms"] <= (lag["p99_ms"] or math.inf), lag
+        own = m["server_429_ms"]  # the refusals as the server timed them
+        assert own["count"] == m["status_429"] or m["status_429"] == 0, (own, m["status_429"])
         assert set(m["gc"]) == {"0", "1", "2"}, m["gc"]  # the workers' collections, timed
         assert all(0 <= g["stopped_share"] < 1 for g in m["gc"].values()), m["gc"]
         for cls, f in m["classes"].items():

@@ -121,3 +121,19 @@ def test_the_collections_are_read_from_the_metrics_over_a_phase() -> None:
     assert got["1"]["collections"] == 0  # none exposed: none counted
     past = read(_gc_text({"0.01": 0, "0.1": 0, "0.25": 0, "+Inf": 2}, 3.0))
     assert delta(read(""), past, 1.0)["2"]["longest_within_ms"] is None  # past the last bound
+
+
+def test_the_servers_own_refusal_times_are_read_from_the_metrics() -> None:
+    lines = ["# TYPE proofplane_http_request_duration_seconds histogram"]
+    for route, counts in (("<refused>", (90, 99, 100)), ("/api/v1/nodes", (0, 0, 50))):
+        for method in ("GET", "POST"):  # summed over methods (and workers)
+            for le, n in zip(("0.001", "0.01", "+Inf"), counts, strict=True):
+                lines.append(
+                    "proofplane_http_request_duration_seconds_bucket"
+                    f'{{le="{le}",method="{method}",route="{route}"}} {n}'
+                )
+    after = API.refusals("\n".join(lines) + "\n")
+    assert after == {0.001: 180, 0.01: 198, float("inf"): 200}  # the routed ones left out
+    got = API.histogram_delta({}, after)
+    assert got == {"count": 200, "over_10ms_share": 0.01, "p50_ms": 1.0, "p99_ms": 10.0}
+    assert API.histogram_delta(after, after)["count"] == 0
