@@ -195,8 +195,8 @@ def _writing(engine: Engine) -> Engine:
 # How long a read starting in one thread waits while another thread of the same process holds
 # the database's SQLite write slot (``yield_to_writer``). A write alone holds it ~7 ms; a group
 # of writes committed together (``Store.write_grouped``) longer. At 50 ms the reads' p99 in
-# bench/api.py's 500 req/s mix sat at that cap (46-54 ms in five runs); at 20 ms it was 32-45
-# ms, the writes unchanged (issue 20).
+# bench/api.py's 500 req/s mix sat at that cap (the worst kind's 50-57 ms in four runs); at
+# 20 ms the worst kind's was 39-55 ms (median ~44 in eight), the writes unchanged (issue 20).
 READ_YIELD_S = 0.02
 
 
