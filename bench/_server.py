@@ -363,14 +363,38 @@ def gc_pauses(metrics_text: str) -> dict[str, tuple[dict[float, float], float]]:
     (cumulative buckets, seconds in all)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    name = "proofplane_gc_pause_seconds"
-    total = {g: 0.0 for g in ("0", "1", "2")}
+    out: dict[str, tuple[dict[float, float], float]] = {g: ({}, 0.0) for g in ("0", "1", "2")}
     for family in text_string_to_metric_families(metrics_text):
-        if family.name == name:
-            for s in family.samples:
-                if s.name.endswith("_sum") and s.labels.get("generation") in total:
-                    total[s.labels["generation"]] += s.value
-    return {g: (histogram_buckets(metrics_text, name, generation=g), total[g]) for g in total}
+        if family.name != "proofplane_gc_pause_seconds":
+            continue
+        for s in family.samples:
+            g = s.labels.get("generation")
+            if g not in out:
+                continue
+            buckets, total = out[g]
+            if s.name.endswith("_bucket"):
+                le = float(s.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + s.value
+            elif s.name.endswith("_sum"):
+                out[g] = (buckets, total + s.value)
+    return out
+
+
+def _bucket_delta(
+    before: dict[float, float], after: dict[float, float]
+) -> tuple[list[float], dict[float, float], float]:
+    """(bounds, cumulative counts between two bucket readings, how many in all)."""
+    bounds = sorted(after)
+    cum = {le: after[le] - before.get(le, 0.0) for le in bounds}
+    return bounds, cum, cum.get(math.inf, 0.0)
+
+
+def _bound_of(bounds: list[float], cum: dict[float, float], n: float) -> float | None:
+    """The first bucket bound (ms) by which ``n`` observations are in; None past the last."""
+    for le in bounds:
+        if cum[le] >= n:
+            return None if math.isinf(le) else round(le * 1000, 1)
+    return None
 
 
 def gc_pauses_delta(
@@ -385,17 +409,10 @@ def gc_pauses_delta(
     out: dict[str, Any] = {}
     for g, (cum_after, sum_after) in after.items():
         cum_before, sum_before = before.get(g, ({}, 0.0))
-        bounds = sorted(cum_after)
-        cum = {le: cum_after[le] - cum_before.get(le, 0.0) for le in bounds}
-        count = cum.get(math.inf, 0.0)
-        longest: float | None = 0.0
-        for le in bounds:
-            if cum[le] >= count:
-                longest = None if math.isinf(le) else round(le * 1000, 1)
-                break
+        bounds, cum, count = _bucket_delta(cum_before, cum_after)
         out[g] = {
             "collections": int(count),
-            "longest_within_ms": longest if count else 0.0,
+            "longest_within_ms": _bound_of(bounds, cum, count) if count else 0.0,
             "stopped_share": round((sum_after - sum_before) / seconds, 4) if seconds > 0 else None,
         }
     return out
@@ -405,24 +422,15 @@ def histogram_delta(before: dict[float, float], after: dict[float, float]) -> di
     """Between two cumulative bucket readings (:func:`histogram_buckets`): how many
     observations, the share above 10 ms, and p50/p99 as the bucket bound they fall within
     (ms; None: past the last bound)."""
-    bounds = sorted(after)
-    cum = {le: after[le] - before.get(le, 0.0) for le in bounds}
-    count = cum.get(math.inf, 0.0)
+    bounds, cum, count = _bucket_delta(before, after)
     if count <= 0:
         return {"count": 0, "over_10ms_share": None, "p50_ms": None, "p99_ms": None}
-
-    def quantile(q: float) -> float | None:
-        for le in bounds:
-            if cum[le] >= q * count:
-                return None if math.isinf(le) else round(le * 1000, 1)
-        return None
-
     within_10ms = next((cum[le] for le in bounds if abs(le - 0.01) < 1e-9), None)
     return {
         "count": int(count),
         "over_10ms_share": None if within_10ms is None else round(1 - within_10ms / count, 4),
-        "p50_ms": quantile(0.5),
-        "p99_ms": quantile(0.99),
+        "p50_ms": _bound_of(bounds, cum, 0.5 * count),
+        "p99_ms": _bound_of(bounds, cum, 0.99 * count),
     }
 
 

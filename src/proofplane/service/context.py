@@ -11,6 +11,7 @@ import copy
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -482,6 +483,49 @@ class Store:
             except Exception:  # closing goes on; the hook logs what it lost
                 logging.getLogger(__name__).exception("store dispose hook failed")
         self.engine.dispose()
+
+
+_T = TypeVar("_T")
+
+
+class PerStore(Generic[_T]):
+    """One ``_T`` per store (a batch, a cache, a listener), made on first use and held no
+    longer than the store. Disposing the store runs ``retire`` on it and forgets it: an engine
+    can be used again after ``dispose``, and its next use makes a new one (with a new hook)."""
+
+    def __init__(self, retire: Callable[[_T], None]) -> None:
+        self._items: weakref.WeakKeyDictionary[Store, _T] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+        self._retire = retire
+
+    def get(self, store: Store) -> _T | None:
+        with self._lock:
+            return self._items.get(store)
+
+    def values(self) -> list[_T]:
+        with self._lock:
+            return list(self._items.values())
+
+    def get_or_make(self, store: Store, make: Callable[[Store], _T]) -> _T:
+        """The store's item, else ``make(store)``'s (called once, under this registry's
+        lock)."""
+        item = self._items.get(store)
+        if item is not None:
+            return item
+        with self._lock:
+            item = self._items.get(store)
+            if item is None:
+                made = item = self._items[store] = make(store)
+                ref = weakref.ref(store)
+                store.at_dispose(lambda: self._forget(ref, made))
+        return item
+
+    def _forget(self, ref: weakref.ref[Store], item: _T) -> None:
+        self._retire(item)
+        store = ref()
+        with self._lock:
+            if store is not None and self._items.get(store) is item:
+                del self._items[store]
 
 
 def _unstorable(exc: DataError) -> ValidationFailed:

@@ -168,17 +168,15 @@ async def probe_loop_lag(interval: float = LOOP_LAG_PROBE_S) -> None:
         observe_loop_lag(max(0.0, loop.time() - start - interval))
 
 
-_gc_started: dict[int, float] = {}  # the running collection's start, by generation
+_gc_began = 0.0  # when the running collection started (one runs at a time in a process)
 
 
 def _on_gc(phase: str, info: dict[str, Any]) -> None:
-    generation = info.get("generation", 0)
+    global _gc_began
     if phase == "start":
-        _gc_started[generation] = time.perf_counter()
-        return
-    began = _gc_started.pop(generation, None)
-    if began is not None:
-        GC_PAUSE.labels(str(generation)).observe(time.perf_counter() - began)
+        _gc_began = time.perf_counter()
+    else:
+        GC_PAUSE.labels(str(info["generation"])).observe(time.perf_counter() - _gc_began)
 
 
 def watch_gc() -> None:

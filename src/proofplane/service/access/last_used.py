@@ -25,6 +25,7 @@ from typing import Any
 from sqlalchemy import Table, bindparam, or_, update
 
 from proofplane.access import Actor
+from proofplane.service.context import PerStore
 from proofplane.store.tables import TokenRow
 
 log = logging.getLogger(__name__)
@@ -144,50 +145,36 @@ _SET_LAST_USED = (  # on the table, not the mapped class: an executemany, never 
     )
     .values(last_used_at=bindparam("at"))
 )
-_BATCHES: weakref.WeakKeyDictionary[Any, LastUsed] = weakref.WeakKeyDictionary()
-_BATCHES_LOCK = threading.Lock()
+
+
+def _made(store: Any) -> LastUsed:
+    ref = weakref.ref(store)
+
+    def write(times: Mapping[str, datetime]) -> None:
+        target = ref()
+        if target is None:
+            return
+        with target.write(Actor("system")) as tx:
+            tx.session.connection().execute(
+                _SET_LAST_USED, [{"tid": token, "at": at} for token, at in sorted(times.items())]
+            )
+
+    return LastUsed(write)
+
+
+# disposing a store writes what waits and retires its batch
+_BATCHES: PerStore[LastUsed] = PerStore(LastUsed.close)
 
 
 def for_store(store: Any) -> LastUsed:
     """The batch of ``store`` (a ``service.context.Store``), made on first use; disposing
     the store writes what waits and retires the batch."""
-    batch = _BATCHES.get(store)
-    if batch is not None:
-        return batch
-    with _BATCHES_LOCK:
-        batch = _BATCHES.get(store)
-        if batch is None:
-            ref = weakref.ref(store)
-
-            def write(times: Mapping[str, datetime]) -> None:
-                target = ref()
-                if target is None:
-                    return
-                with target.write(Actor("system")) as tx:
-                    tx.session.connection().execute(
-                        _SET_LAST_USED,
-                        [{"tid": token, "at": at} for token, at in sorted(times.items())],
-                    )
-
-            batch = _BATCHES[store] = LastUsed(write)
-            store.at_dispose(lambda: _retire(ref, batch))
-    return batch
-
-
-def _retire(ref: weakref.ref[Any], batch: LastUsed) -> None:
-    """A store is disposed: write what waits, and forget the batch (an engine can be used
-    again after ``dispose``; the next note starts a new batch, with a new hook)."""
-    batch.close()
-    store = ref()
-    with _BATCHES_LOCK:
-        if store is not None and _BATCHES.get(store) is batch:
-            del _BATCHES[store]
+    return _BATCHES.get_or_make(store, _made)
 
 
 def flush_for(store: Any) -> None:
     """Write what waits for ``store`` now (a server shutting down: the store may serve again,
     so later notes still count); nothing when it never noted any."""
-    with _BATCHES_LOCK:
-        batch = _BATCHES.get(store)
+    batch = _BATCHES.get(store)
     if batch is not None:
         batch.flush()

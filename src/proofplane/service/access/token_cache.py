@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import threading
 import time
-import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
@@ -39,6 +38,7 @@ from sqlalchemy.orm import Session, object_session
 from proofplane.access import Actor
 from proofplane.service.access import token_push
 from proofplane.service.access.token_push import PUSHED_TTL_S, Push
+from proofplane.service.context import PerStore
 from proofplane.store.tables import TokenRow, UserRow
 
 DEFAULT_TTL_S = 2.0
@@ -139,39 +139,28 @@ class TokenCache:
         return len(self._entries)
 
 
-_CACHES: weakref.WeakKeyDictionary[Any, TokenCache] = weakref.WeakKeyDictionary()
-_CACHES_LOCK = threading.Lock()
+def _made(store: Any) -> TokenCache:
+    from proofplane.config import token_cache_ttl_s
+
+    cache = TokenCache(token_cache_ttl_s())
+    if cache.ttl > 0:
+        listener = token_push.start_listener(store, cache.invalidate, cache.clear)
+        cache.push = None if listener is None else listener.push
+    return cache
+
+
+# disposing a store forgets its cached checks and its cache
+_CACHES: PerStore[TokenCache] = PerStore(TokenCache.clear)
 
 
 def cache_for(store: Any) -> TokenCache:
     """The token cache of ``store`` (made on first use, TTL from the environment, with its
     revocation listener on PostgreSQL); disposing the store forgets both."""
-    cache = _CACHES.get(store)
-    if cache is None:
-        from proofplane.config import token_cache_ttl_s
-
-        with _CACHES_LOCK:
-            cache = _CACHES.get(store)
-            if cache is None:
-                cache = _CACHES[store] = TokenCache(token_cache_ttl_s())
-                if cache.ttl > 0:
-                    listener = token_push.start_listener(store, cache.invalidate, cache.clear)
-                    cache.push = None if listener is None else listener.push
-                ref = weakref.ref(store)
-                store.at_dispose(lambda: _retire(ref, cache))
-    return cache
-
-
-def _retire(ref: weakref.ref[Any], cache: TokenCache) -> None:
-    cache.clear()
-    store = ref()
-    with _CACHES_LOCK:
-        if store is not None and _CACHES.get(store) is cache:
-            del _CACHES[store]
+    return _CACHES.get_or_make(store, _made)
 
 
 def _invalidate_everywhere(token_hashes: set[str], user_ids: set[int]) -> None:
-    for cache in list(_CACHES.values()):
+    for cache in _CACHES.values():
         cache.invalidate(token_hashes, user_ids)
 
 

@@ -30,6 +30,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
+from proofplane.service.context import PerStore
+
 log = logging.getLogger(__name__)
 
 CHANNEL = "proofplane_credentials"
@@ -174,15 +176,14 @@ class Listener:
                 checked = self.push.alive_at = time.monotonic()
 
 
-_LISTENERS: weakref.WeakKeyDictionary[Any, Listener] = weakref.WeakKeyDictionary()
-_LISTENERS_LOCK = threading.Lock()
+# disposing a store stops its listener and forgets it
+_LISTENERS: PerStore[Listener] = PerStore(Listener.stop)
 
 
 def listener_for(store: Any) -> Listener | None:
     """The running listener of ``store`` (a ``service.context.Store``), or None when its
     database cannot push (SQLite)."""
-    with _LISTENERS_LOCK:
-        return _LISTENERS.get(store)
+    return _LISTENERS.get(store)
 
 
 def start_listener(
@@ -194,19 +195,10 @@ def start_listener(
     stops it and forgets it (a store used again after ``dispose`` starts a new one)."""
     if store.engine.dialect.name != "postgresql":
         return None
-    with _LISTENERS_LOCK:
-        listener = _LISTENERS.get(store)
-        if listener is None:
-            listener = _LISTENERS[store] = Listener(store.engine, on_notice, on_lost, store)
-            listener.start()
-            ref = weakref.ref(store)
-            store.at_dispose(lambda: _retire(ref, listener))
-    return listener
 
+    def made(s: Any) -> Listener:
+        listener = Listener(s.engine, on_notice, on_lost, s)
+        listener.start()
+        return listener
 
-def _retire(ref: weakref.ref[Any], listener: Listener) -> None:
-    listener.stop()
-    store = ref()
-    with _LISTENERS_LOCK:
-        if store is not None and _LISTENERS.get(store) is listener:
-            del _LISTENERS[store]
+    return _LISTENERS.get_or_make(store, made)
