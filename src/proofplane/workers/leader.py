@@ -70,7 +70,7 @@ class Leadership:
         with self._lock:
             self._users = max(0, self._users - 1)
             if self._users == 0:
-                self._drop()
+                self._drop(unlock=True)
                 self._leading = False
 
     @property
@@ -99,7 +99,7 @@ class Leadership:
         """Give the lease up (at shutdown: a successor need not wait for this process to
         exit)."""
         with self._lock:
-            self._drop()
+            self._drop(unlock=True)
             self._leading = False
 
     # --- the two kinds of lease -------------------------------------------------------------
@@ -178,8 +178,17 @@ class Leadership:
         self._conn = conn
         return True
 
-    def _drop(self) -> None:
+    def _drop(self, *, unlock: bool = False) -> None:
+        """Let the lease go. ``unlock`` (a deliberate release, on a live connection) unlocks
+        before closing: the server drops a closed session's locks only once its backend
+        notices the disconnect, so without it a successor that asks at once can be refused."""
         conn, self._conn = self._conn, None
+        if conn is not None and unlock:
+            try:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": LEADER_LOCK_KEY})
+                conn.commit()
+            except Exception:  # closing below ends the session and its lock all the same
+                log.debug("leader lease: unlocking before close failed", exc_info=True)
         if conn is not None:
             try:  # closing the connection ends the session, and the session's lock
                 conn.invalidate()
