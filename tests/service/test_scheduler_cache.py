@@ -116,6 +116,30 @@ def test_another_writer_invalidates_the_cache(demo: Store, db_url: str) -> None:
     _assert_cache_is_a_fresh_load(demo)
 
 
+def test_a_cancel_on_a_current_cache_reads_nothing_back(demo: Store, db_url: str) -> None:
+    """A cancel takes the cache before it writes when the cache is current and releases the
+    capacity in it (no catch-up reading its own workload back); when another process wrote
+    first, it takes the cache after, caught up on both at once. Either way the cache is what
+    a fresh load is, and the capacity is free to place on."""
+    cache = _cache(demo)
+    first, second = _submit(demo, "c-0", count=8), _submit(demo, "c-1", count=8)
+    assert first.placement is not None and second.placement is not None
+    loads, catch_ups = cache.loads, cache.catch_ups
+    workloads_svc.cancel_workload(demo, SYSTEM, "c-0")
+    assert (cache.loads, cache.catch_ups) == (loads, catch_ups)
+    _assert_cache_is_a_fresh_load(demo)
+    again = _submit(demo, "c-2", count=8)  # the freed node, decided from the cache
+    assert again.placement is not None and again.placement.node == first.placement.node
+    other = Store(db_url)  # another process, as far as the cache can tell
+    try:
+        _submit(other, "c-3")
+    finally:
+        other.dispose()
+    workloads_svc.cancel_workload(demo, SYSTEM, "c-1")
+    assert cache.loads == loads and cache.catch_ups == catch_ups + 1
+    _assert_cache_is_a_fresh_load(demo)
+
+
 def test_random_mix_of_operations_matches_a_fresh_load(demo: Store) -> None:
     rnd = random.Random(7)
     checked = 0

@@ -79,6 +79,9 @@ class Tx:
         self.now = now
         self._next_seq: int | None = None
         self._audit: Appender | None = None  # the Merkle log's right edge, loaded on first use
+        # The edge this process's last commit left (its tree size, its hashes; None: none
+        # known): when the log still holds that many leaves, it is the edge, read no more.
+        self.edge_hint: tuple[int, list[bytes]] | None = None
         # The newest event before this transaction wrote its first one (None: none written
         # yet): the state a per-store cache must be current at to be reused by this one.
         self.base_seq: int | None = None
@@ -160,7 +163,14 @@ class Tx:
             self._next_seq = (last or 0) + 1
             self.base_seq = last or 0
         if self._audit is None:
-            self._audit = Appender.load(session, self._next_seq - 1)
+            size, hint = self._next_seq - 1, self.edge_hint
+            if hint is not None and hint[0] == size:
+                # Under the write lock the log holds ``size`` leaves, as it did when this
+                # process committed that edge: nobody appended since (every append moves
+                # the newest seq), so the edge is the same and two reads are saved.
+                self._audit = Appender(size, hint[1])
+            else:
+                self._audit = Appender.load(session, size)
         ts_db: Any = _sqlite_ts(self.now, session.get_bind().dialect) if sqlite else self.now
         actor = self.actor.name
         first = seq = self._next_seq
@@ -198,6 +208,10 @@ class Tx:
         if self._newest is None:
             self._newest = _read_last_seq(self.session, sqlite_connection(self.session)) or 0
         return self._newest
+
+    def audit_edge(self) -> tuple[int, list[bytes]] | None:
+        """The Merkle log's right edge after this transaction's events (None: none loaded)."""
+        return None if self._audit is None else (self._audit.size, self._audit.range.hashes)
 
     @property
     def last_seq(self) -> int | None:
@@ -380,6 +394,9 @@ class Store:
         self._groups: dict[Callable[..., Any], _Group[Any, Any]] = {}  # write_grouped's
         self._groups_lock = threading.Lock()
         self._at_dispose: list[Callable[[], None]] = []
+        # The audit log's edge this store's last commit left (``Tx.edge_hint``); replaced
+        # whole, so a reader sees one commit's pair.
+        self._audit_edge: tuple[int, list[bytes]] | None = None
 
     def at_dispose(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` when the store is disposed, before its connections close (work a
@@ -445,9 +462,13 @@ class Store:
                 tx = Tx(session, actor, now or datetime.now(UTC))
                 tx.backend = self.backend
                 tx.network_settings = self.network
+                tx.edge_hint = self._audit_edge
                 session.info[_TX_INFO] = tx
                 yield tx
                 tx.finish()
+            edge = tx.audit_edge()  # committed (a rollback raised past this)
+            if edge is not None:
+                self._audit_edge = edge
         except IntegrityError as exc:
             # Services check uniqueness first under the writer lock; this is the safety net.
             raise Conflict(

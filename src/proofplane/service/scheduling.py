@@ -198,6 +198,13 @@ class ClusterView:
         writes anything: the check compares the newest event with the cache's version."""
         return _cache_for(tx.session).view(tx.session)
 
+    @classmethod
+    def cached_if_current(cls, tx: Tx) -> ClusterView | None:
+        """``cached`` when the cached scheduler is current (a hit: nothing to read), else None
+        and the cache left alone, for a transaction that can as well take it later, caught up
+        on everything at once (a cancel: other processes' writes and its own)."""
+        return _cache_for(tx.session).view_if_current(tx.session)
+
 
 class NodeRows(dict[str, NodeRow]):
     """Node rows by name, loaded from the session on first use (the cached view keeps only
@@ -297,6 +304,13 @@ class SchedulerCache:
         # certification) cannot deadlock with one that takes it first thing (a submit).
         session.connection()
         with self.lock:
+            return self._view(session)
+
+    def view_if_current(self, session: Session) -> ClusterView | None:
+        session.connection()  # the write lock first, as in ``view``
+        with self.lock:
+            if self.scheduler is None or self.version != newest_seq(session):
+                return None  # none, behind, or taken by a transaction (version None)
             return self._view(session)
 
     def _view(self, session: Session) -> ClusterView:

@@ -716,10 +716,12 @@ def _cancel_in_group(tx: Tx, item: tuple[str, str | None, str | None, Any]) -> W
     """One cancel of those committed together. The capacity it frees is offered to pending work
     through the view the group's previous cancel left current (its own release applied to it),
     so the second cancel of a group loads no cluster; else through the process's cached
-    scheduler, caught up from the events (this cancel's included)."""
+    scheduler: taken before this cancel writes when it is current, and told of the release here
+    (nothing read back); when it is behind (another process wrote), taken after, caught up on
+    those writes and this cancel's at once."""
     name, reason, tenant, visible = item
     actor = tx.actor
-    view = _kept_view(tx, _CANCEL_VIEW)
+    view = _kept_view(tx, _CANCEL_VIEW) or ClusterView.cached_if_current(tx)
     row = workload_row(tx.session, name, tenant=tenant, visible=visible)
     status = WorkloadStatus(row.status)
     if status.is_terminal:
@@ -751,10 +753,9 @@ def _cancel_in_group(tx: Tx, item: tuple[str, str | None, str | None, Any]) -> W
         if view is not None:
             view.scheduler.release(row.id)
         else:
-            # pending work may take the capacity, placed from the cached scheduler caught up
-            # from the events (this cancel's included): no cluster load
+            # placed from the cached scheduler caught up from the events: no cluster load
             view = ClusterView(tx.session, from_cache=True)
-        reschedule_pending(tx, view)
+        reschedule_pending(tx, view)  # pending work may take the capacity
         execution.dispatch_new(tx, view)
     if view is not None:  # a pending workload's cancel frees no capacity: still current
         _keep_view(tx, _CANCEL_VIEW, view)
