@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy import bindparam, or_, select
 from sqlalchemy import event as sa_event
-from sqlalchemy import or_, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import flag_modified
@@ -359,15 +359,18 @@ def exhaustion_recorded(
         raise
 
 
+# The statements a write's network sync runs, built once (statement and cache key: building
+# them cost about as much as running them, issue 20).
+_TENANT_SEGMENT = select(SegmentRow).where(
+    SegmentRow.tenant == bindparam("tenant"),
+    SegmentRow.state == ACTIVE,
+    SegmentRow.workload_id.is_(None),
+)
+
+
 def tenant_segment(session: Session, tenant: str) -> SegmentRow | None:
     """The tenant's own (shared) active segment."""
-    return session.scalar(
-        select(SegmentRow).where(
-            SegmentRow.tenant == tenant,
-            SegmentRow.state == ACTIVE,
-            SegmentRow.workload_id.is_(None),
-        )
-    )
+    return session.scalar(_TENANT_SEGMENT, {"tenant": tenant})
 
 
 # --- endpoints -----------------------------------------------------------------------------------
@@ -391,6 +394,31 @@ def _parts_nodes(node: str | None, members: list[dict[str, Any]] | None) -> list
     return [node] if node is not None else []
 
 
+_TOUCHED = (
+    select(
+        WorkloadRow.id,
+        WorkloadRow.name,
+        WorkloadRow.status,
+        TenantRow.name,
+        TenantRow.profile,
+        NodeRow.name,
+        PlacementRow.members,
+    )
+    .join(TenantRow, TenantRow.id == WorkloadRow.tenant_id)
+    .outerjoin(PlacementRow, PlacementRow.workload_id == WorkloadRow.id)
+    .outerjoin(NodeRow, NodeRow.id == PlacementRow.node_id)
+    .where(WorkloadRow.id.in_(bindparam("ids", expanding=True)))
+    .order_by(WorkloadRow.id)
+)
+_ENDPOINTS_OF = select(EndpointRow).where(
+    EndpointRow.workload_id.in_(bindparam("ids", expanding=True))
+)
+_OWN_SEGMENTS_OF = select(SegmentRow).where(
+    SegmentRow.workload_id.in_(bindparam("ids", expanding=True)), SegmentRow.state == ACTIVE
+)
+_IPS_OF = select(EndpointRow.ip).where(EndpointRow.vni == bindparam("vni"))
+
+
 def _sync_endpoints(tx: Tx, st: _NetTx) -> tuple[dict[str, _Ep | None], bool]:
     """Bring the touched workloads' endpoints in line with their placements. Returns every
     endpoint key they had or have now → its state (None: gone), and whether anything was
@@ -406,32 +434,13 @@ def _sync_endpoints(tx: Tx, st: _NetTx) -> tuple[dict[str, _Ep | None], bool]:
     own_segments: dict[int | None, SegmentRow] = {}
     for at in range(0, len(ids), _IN_CHUNK):
         chunk = ids[at : at + _IN_CHUNK]
-        rows.extend(
-            session.execute(
-                select(
-                    WorkloadRow.id,
-                    WorkloadRow.name,
-                    WorkloadRow.status,
-                    TenantRow.name,
-                    TenantRow.profile,
-                    NodeRow.name,
-                    PlacementRow.members,
-                )
-                .join(TenantRow, TenantRow.id == WorkloadRow.tenant_id)
-                .outerjoin(PlacementRow, PlacementRow.workload_id == WorkloadRow.id)
-                .outerjoin(NodeRow, NodeRow.id == PlacementRow.node_id)
-                .where(WorkloadRow.id.in_(chunk))
-                .order_by(WorkloadRow.id)
-            ).all()
-        )
+        rows.extend(session.execute(_TOUCHED, {"ids": chunk}).all())
         stored = [i for i in chunk if i not in st.created]  # the others have none stored
         if not stored:
             continue
-        for ep in session.scalars(select(EndpointRow).where(EndpointRow.workload_id.in_(stored))):
+        for ep in session.scalars(_ENDPOINTS_OF, {"ids": stored}):
             existing.setdefault(ep.workload_id, {})[ep.member] = ep
-        for seg in session.scalars(
-            select(SegmentRow).where(SegmentRow.workload_id.in_(stored), SegmentRow.state == ACTIVE)
-        ):
+        for seg in session.scalars(_OWN_SEGMENTS_OF, {"ids": stored}):
             own_segments[seg.workload_id] = seg
     for wid in st.created.intersection(ids):
         own = st.own.get(wid)
@@ -560,9 +569,7 @@ def _ensure_tenant_vni(tx: Tx, tenant: str) -> int | None:
 def _used_ips(tx: Tx, st: _NetTx, vni: int) -> set[str]:
     used = st.used_ips.get(vni)
     if used is None:
-        used = st.used_ips[vni] = set(
-            tx.session.scalars(select(EndpointRow.ip).where(EndpointRow.vni == vni))
-        )
+        used = st.used_ips[vni] = set(tx.session.scalars(_IPS_OF, {"vni": vni}))
     return used
 
 
@@ -824,6 +831,13 @@ _GENERATION_COLUMNS = (
 )  # fmt: skip
 
 
+_NODE_NETWORK_OF = (
+    select(NodeNetworkRow, NodeRow.name)
+    .join(NodeRow, NodeRow.id == NodeNetworkRow.node_id)
+    .where(NodeRow.name.in_(bindparam("names", expanding=True)))
+)
+
+
 def _bump(tx: Tx, st: _NetTx, index: NetworkIndex, affected: Iterable[str]) -> None:
     """Give each affected node whose desired SHA-256 changed the next generation (and record
     which segments each generation brought); one ``network.desired`` event for them all.
@@ -831,11 +845,7 @@ def _bump(tx: Tx, st: _NetTx, index: NetworkIndex, affected: Iterable[str]) -> N
     names = sorted(n for n in affected if n in index.nodes)
     updates: list[tuple[NodeNetworkRow, NodeDesired, str | None]] = []
     for at in range(0, len(names), _IN_CHUNK):
-        rows = tx.session.execute(
-            select(NodeNetworkRow, NodeRow.name)
-            .join(NodeRow, NodeRow.id == NodeNetworkRow.node_id)
-            .where(NodeRow.name.in_(names[at : at + _IN_CHUNK]))
-        ).all()
+        rows = tx.session.execute(_NODE_NETWORK_OF, {"names": names[at : at + _IN_CHUNK]}).all()
         for row, name in rows:
             d = index.desired(name)
             if d.sha256 != row.desired_sha256:
@@ -941,14 +951,17 @@ class Readiness:
         return self.blocked_all | blocked
 
 
+_REPORTING = (
+    select(NodeNetworkRow, NodeRow.name)
+    .join(NodeRow, NodeRow.id == NodeNetworkRow.node_id)
+    .where(NodeNetworkRow.reported_at.is_not(None))
+)
+
+
 def load_readiness(session: Session) -> Readiness | None:
     """The readiness of the nodes under network management; None when no node reports (the
     common case: then placement filters nothing)."""
-    rows = session.execute(
-        select(NodeNetworkRow, NodeRow.name)
-        .join(NodeRow, NodeRow.id == NodeNetworkRow.node_id)
-        .where(NodeNetworkRow.reported_at.is_not(None))
-    ).all()
+    rows = session.execute(_REPORTING).all()
     if not rows:
         return None
     blocked_all: set[str] = set()

@@ -662,6 +662,12 @@ def _workload_of(
     )
 
 
+# Built once (statement and cache key): every submit runs it.
+_NAME_TAKEN = select(WorkloadRow.id).where(
+    WorkloadRow.name == bindparam("name"), WorkloadRow.tenant_id == bindparam("tenant_id")
+)
+
+
 def insert_workload(
     tx: Tx, spec: WorkloadSpec, gpus: GpuRequest, *, view: ClusterView | None = None
 ) -> WorkloadRow:
@@ -673,9 +679,7 @@ def insert_workload(
     trow = tenant_row(tx.session, spec.tenant)
     tenant = tenant_from_row(trow)
     tags, isolation, note = resolve(spec, tenant)
-    if tx.session.scalar(
-        select(WorkloadRow.id).where(WorkloadRow.name == spec.name, WorkloadRow.tenant == trow)
-    ):
+    if tx.session.scalar(_NAME_TAKEN, {"name": spec.name, "tenant_id": trow.id}):
         raise Conflict(
             f"workload {spec.name!r} already exists in tenant {spec.tenant!r}",
             details={"workload": spec.name, "tenant": spec.tenant},

@@ -360,10 +360,13 @@ def load_workloads(session: Session, query: Select[Any]) -> list[Workload]:
     return out
 
 
+_TENANT_BY_NAME = select(TenantRow).where(
+    TenantRow.name == bindparam("name"), TenantRow.deleted_at.is_(None)
+)  # built once, as _NODE_BY_NAME below
+
+
 def tenant_row(session: Session, name: str) -> TenantRow:
-    row = session.scalar(
-        select(TenantRow).where(TenantRow.name == name, TenantRow.deleted_at.is_(None))
-    )
+    row = session.scalar(_TENANT_BY_NAME, {"name": name})
     if row is None:  # a deleted tenant is gone for every use case
         raise NotFound(f"tenant {name!r} not found", details={"tenant": name})
     return row
