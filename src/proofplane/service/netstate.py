@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, or_, select
+from sqlalchemy import bindparam, or_, select, update
 from sqlalchemy import event as sa_event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
-from sqlalchemy.orm.attributes import flag_modified
+from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.pool import Pool
 
 from proofplane.access import Actor
@@ -825,16 +825,23 @@ def _listen(tx: Tx, cache: NetworkCache, st: _NetTx) -> None:
     sa_event.listen(session, "after_rollback", after_rollback)
 
 
-_GENERATION_COLUMNS = (
-    "segment_since", "desired_generation", "desired_sha256", "expected_ruleset_sha256", "drift",
-    "updated_at",
-)  # fmt: skip
-
-
 _NODE_NETWORK_OF = (
     select(NodeNetworkRow, NodeRow.name)
     .join(NodeRow, NodeRow.id == NodeNetworkRow.node_id)
     .where(NodeRow.name.in_(bindparam("names", expanding=True)))
+)
+_NETWORK_TABLE = NodeNetworkRow.__table__
+# A new generation's columns, for every bumped node in one executemany UPDATE: Core, not the
+# ORM's flush (whose unit of work cost more than the statement), the loaded rows told the
+# values they now hold (``set_committed_value``: nothing left for a flush to write).
+_GENERATION_COLUMNS = (
+    "segment_since", "desired_generation", "desired_sha256", "expected_ruleset_sha256", "drift",
+    "updated_at",
+)  # fmt: skip
+_BUMP_ROWS = (
+    update(_NETWORK_TABLE)
+    .where(_NETWORK_TABLE.c.node_id == bindparam("b_node_id"))
+    .values({c: bindparam(f"b_{c}") for c in _GENERATION_COLUMNS})
 )
 
 
@@ -843,6 +850,7 @@ def _bump(tx: Tx, st: _NetTx, index: NetworkIndex, affected: Iterable[str]) -> N
     which segments each generation brought); one ``network.desired`` event for them all.
     Everything is computed before the first row changes: a refusal leaves no node half-done."""
     names = sorted(n for n in affected if n in index.nodes)
+    tx.session.flush()  # nothing of these rows pending: the values set below are the stored ones
     updates: list[tuple[NodeNetworkRow, NodeDesired, str | None]] = []
     for at in range(0, len(names), _IN_CHUNK):
         rows = tx.session.execute(_NODE_NETWORK_OF, {"names": names[at : at + _IN_CHUNK]}).all()
@@ -851,27 +859,30 @@ def _bump(tx: Tx, st: _NetTx, index: NetworkIndex, affected: Iterable[str]) -> N
             if d.sha256 != row.desired_sha256:
                 updates.append((row, d, expected_ruleset_sha256(d)))
     changed: dict[str, dict[str, Any]] = {}
+    params: list[dict[str, Any]] = []
     for row, d, ruleset in updates:
-        # Every column a new generation sets is written, changed or not (the same values):
-        # one UPDATE statement for all the nodes instead of one per set of changed columns.
-        for column in _GENERATION_COLUMNS:
-            flag_modified(row, column)
         generation = row.desired_generation + 1
         since = dict(row.segment_since or {})
-        row.segment_since = {str(s.vni): int(since.get(str(s.vni), generation))
-                             for s in d.segments}  # fmt: skip
-        row.desired_generation = generation
-        row.desired_sha256 = d.sha256
-        row.expected_ruleset_sha256 = ruleset
-        row.drift = note_drift(row)
-        row.updated_at = tx.now
+        values: dict[str, Any] = {
+            "segment_since": {str(s.vni): int(since.get(str(s.vni), generation))
+                              for s in d.segments},
+            "desired_generation": generation,
+            "desired_sha256": d.sha256,
+            "expected_ruleset_sha256": ruleset,
+            "updated_at": tx.now,
+        }  # fmt: skip
+        for column, value in values.items():
+            set_committed_value(row, column, value)
+        values["drift"] = note_drift(row)  # from the new desired state
+        set_committed_value(row, "drift", values["drift"])
+        params.append({"b_node_id": row.node_id, **{f"b_{c}": v for c, v in values.items()}})
         changed[d.node] = {
             "generation": generation,
             "sha256": d.sha256,
             "segments": [s.vni for s in d.segments],
         }
     if changed:
-        tx.session.flush()
+        tx.session.connection().execute(_BUMP_ROWS, params)
         st.events.append(NewEvent("network.desired", "network", "desired", {"nodes": changed}))
 
 
