@@ -598,18 +598,29 @@ def _follow(session: Session, index: NetworkIndex, names: set[str]) -> frozenset
     stored = [
         Endpoint(key, tenant, node, vni, ip, mac)
         for key, tenant, node, vni, ip, mac in session.execute(
-            select(EndpointRow.key, EndpointRow.tenant, EndpointRow.node, EndpointRow.vni,
-                   EndpointRow.ip, EndpointRow.mac)
-            .join(WorkloadRow, WorkloadRow.id == EndpointRow.workload_id)
-            .where(WorkloadRow.name.in_(sorted(names)))
+            _ENDPOINTS_NAMED, {"names": sorted(names)}
         )
-    ]  # fmt: skip
+    ]
     gone = [k for k in index.endpoints if _workload_of_key(k) in names]
     affected = set(index.remove(gone))
     here = [e for e in stored if e.node is not None and e.node in index.nodes
             and e.vni in index.segments]  # fmt: skip
     affected |= place_endpoints(index, here)
     return frozenset(affected)
+
+
+# What following another writer reads, built once.
+_ENDPOINTS_NAMED = (
+    select(EndpointRow.key, EndpointRow.tenant, EndpointRow.node, EndpointRow.vni,
+           EndpointRow.ip, EndpointRow.mac)
+    .join(WorkloadRow, WorkloadRow.id == EndpointRow.workload_id)
+    .where(WorkloadRow.name.in_(bindparam("names", expanding=True)))
+)  # fmt: skip
+_EVENTS_BETWEEN = (
+    select(EventRow.action, EventRow.target_type, EventRow.target_id)
+    .where(EventRow.seq > bindparam("after"), EventRow.seq <= bindparam("upto"))
+    .limit(bindparam("cap"))
+)
 
 
 def _relevant(action: str) -> bool:
@@ -639,9 +650,7 @@ class NetworkCache:
         if self.version == base:
             return self.index, frozenset()
         events = session.execute(
-            select(EventRow.action, EventRow.target_type, EventRow.target_id)
-            .where(EventRow.seq > self.version, EventRow.seq <= base)
-            .limit(CATCH_UP_MAX + 1)
+            _EVENTS_BETWEEN, {"after": self.version, "upto": base, "cap": CATCH_UP_MAX + 1}
         ).all()
         if len(events) > CATCH_UP_MAX:
             return None

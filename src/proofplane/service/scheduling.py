@@ -18,10 +18,10 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import bindparam, func, select
 from sqlalchemy import event as sa_event
-from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session, joinedload, selectinload
+from sqlalchemy.orm import Session, contains_eager, joinedload, selectinload
 from sqlalchemy.pool import Pool
 
 from proofplane.config import mig_auto_layout
@@ -256,6 +256,27 @@ UNPLACED_TARGETS = frozenset(
 )
 
 
+_EVENTS_AFTER = (
+    select(EventRow.target_type, EventRow.target_id)
+    .where(EventRow.seq > bindparam("since"))
+    .order_by(EventRow.seq)
+    .limit(bindparam("cap"))
+)
+# The placed workloads of some names with their tenant, placement and node in one statement
+# (scalar relationships joined: no row repeats), built once; WORKLOAD_LOAD's "SELECT … IN"
+# loads, made for a whole cluster, cost three statements more for the few a catch-up reads.
+_PLACED_NAMED = (
+    select(WorkloadRow)
+    .join(WorkloadRow.placement)
+    .where(WorkloadRow.name.in_(bindparam("names", expanding=True)))
+    .options(
+        joinedload(WorkloadRow.tenant),
+        contains_eager(WorkloadRow.placement).joinedload(PlacementRow.node),
+    )
+    .order_by(PlacementRow.placed_at, PlacementRow.id)
+)
+
+
 class SchedulerCache:
     """The scheduler one database's last write transaction left behind, and the event
     sequence number it is current at.
@@ -407,12 +428,7 @@ class SchedulerCache:
     def _catch_up(self, session: Session, scheduler: Scheduler, since: int) -> bool:
         """Apply the events after ``since`` to ``scheduler`` by reading their targets again.
         False (and nothing trustworthy left) when they cannot be applied one by one."""
-        events = session.execute(
-            select(EventRow.target_type, EventRow.target_id)
-            .where(EventRow.seq > since)
-            .order_by(EventRow.seq)
-            .limit(CATCH_UP_MAX + 1)
-        ).all()
+        events = session.execute(_EVENTS_AFTER, {"since": since, "cap": CATCH_UP_MAX + 1}).all()
         if len(events) > CATCH_UP_MAX:
             return False
         targets: dict[str, set[str]] = {"node": set(), "workload": set(), "tenant": set()}
@@ -475,13 +491,7 @@ class SchedulerCache:
             return
         for key in [k for k, h in scheduler.held.items() if h.name in names]:
             scheduler.release(key)
-        placed = session.scalars(
-            select(WorkloadRow)
-            .join(WorkloadRow.placement)
-            .where(WorkloadRow.name.in_(names))
-            .options(*WORKLOAD_LOAD)
-            .order_by(PlacementRow.placed_at, PlacementRow.id)
-        )
+        placed = session.scalars(_PLACED_NAMED, {"names": sorted(names)}).unique()
         for row in placed:
             if row.placement is not None:
                 scheduler.hold(held_of(row))
