@@ -328,6 +328,7 @@ class SchedulerCache:
             return self._view(session)
 
     def view_if_current(self, session: Session) -> ClusterView | None:
+        """``view`` when the cache is current, else None (see ``ClusterView.cached_if_current``)."""
         session.connection()  # the write lock first, as in ``view``
         with self.lock:
             if self.scheduler is None or self.version != newest_seq(session):
@@ -492,9 +493,8 @@ class SchedulerCache:
         for key in [k for k, h in scheduler.held.items() if h.name in names]:
             scheduler.release(key)
         placed = session.scalars(_PLACED_NAMED, {"names": sorted(names)}).unique()
-        for row in placed:
-            if row.placement is not None:
-                scheduler.hold(held_of(row))
+        for row in placed:  # joined to its placement: every row holds one
+            scheduler.hold(held_of(row))
 
     def _before_commit(self, session: Session, held: Scheduler) -> None:
         if self.scheduler is held:
