@@ -333,3 +333,17 @@ def test_golden_rulesets_pass_nft_check(tmp_path: Path) -> None:
     bad = tmp_path / "bad.nft"
     bad.write_text("table inet proofplane {\n\tchain fwd {\n\t}\n}\n")
     assert subprocess.run([nft, "-c", "-f", str(bad)], capture_output=True).returncode != 0
+
+
+def test_the_expected_ruleset_hash_is_the_rendered_rulesets_whatever_came_before() -> None:
+    """The services' ruleset hash (memoised by the desired state's SHA-256) is the hash of the
+    ruleset rendered for that state: for every node of the scenario, before and after a
+    failover, asked once or again, in either order."""
+    from proofplane.service.render_support import expected_ruleset_sha256
+
+    before, after = _failover()
+    states = [sc.index().desired(node) for node in NODES] + [after]  # ``before`` is gpu-b's
+    assert len({d.sha256 for d in states}) == len(states)  # distinct states, distinct keys
+    for d in states + states[::-1]:
+        assert expected_ruleset_sha256(d) == ruleset_sha256(render_nftables(d))
+    assert expected_ruleset_sha256(before) != expected_ruleset_sha256(after)

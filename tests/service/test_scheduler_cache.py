@@ -381,3 +381,49 @@ def test_node_changes_place_through_the_cache_not_a_cluster_load(
     nodes_svc.set_node_state(demo, SYSTEM, busy[0], NodeState.ADMITTED, "repaired")
     assert full_loads == []
     is_a_fresh_load()
+
+
+def test_pending_work_is_read_as_columns_and_loaded_only_to_change_it(demo: Store) -> None:
+    """A cancel offers its capacity to what waits deciding from the waiting workloads' columns:
+    one that still does not fit, for the reason it already has, is neither loaded as an ORM
+    object nor given another ``workload.pending`` event; one the capacity fits is loaded and
+    placed (issue 20: every cancel loaded every waiting workload as ORM objects)."""
+    from sqlalchemy import event as sa_event
+
+    assert _submit(demo, "small", count=1).placement is not None
+    placed = [_submit(demo, f"w-{i}", count=8) for i in range(30)]
+    waiting = {w.name for w in placed if w.placement is None}
+    assert len(waiting) >= 2, "the demo cluster should be full enough that several wait"
+    loaded: list[str] = []
+
+    def on_load(target: WorkloadRow, _context: object) -> None:
+        loaded.append(target.name)
+
+    def pending_events() -> int:
+        with demo.read() as session:
+            return session.scalar(
+                select(func.count())
+                .select_from(EventRow)
+                .where(EventRow.action == "workload.pending", EventRow.target_id.in_(waiting))
+            )
+
+    sa_event.listen(WorkloadRow, "load", on_load)
+    try:
+        before = pending_events()
+        workloads_svc.cancel_workload(demo, SYSTEM, "small")  # one GPU back: fits none of them
+        assert not waiting & set(loaded), loaded
+        assert pending_events() == before
+        assert all(
+            workloads_svc.get_workload(demo, SYSTEM, name).placement is None for name in waiting
+        )
+        loaded.clear()
+        running = next(w for w in placed if w.placement is not None)
+        workloads_svc.cancel_workload(demo, SYSTEM, running.name)  # eight GPUs back
+    finally:
+        sa_event.remove(WorkloadRow, "load", on_load)
+    now_placed = {
+        name for name in waiting
+        if workloads_svc.get_workload(demo, SYSTEM, name).placement is not None
+    }  # fmt: skip
+    assert now_placed and now_placed <= set(loaded)  # loaded to be placed, and placed
+    _assert_cache_is_a_fresh_load(demo)

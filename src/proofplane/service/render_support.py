@@ -12,10 +12,24 @@ FORMATS = ("json", "iproute2", "nftables", "partitions")
 TEXT_FORMATS = ("iproute2", "nftables", "partitions")
 
 
+# Ruleset hashes by the desired state's own SHA-256, which covers everything the ruleset is
+# rendered from (``desired_sha256``): a node's state recurs (a workload placed and cancelled
+# gives back the state before it), and each new generation rendered its ruleset again under
+# the write lock (issue 20). Bounded: emptied when full.
+_RULESETS: dict[str, str] = {}
+_RULESETS_MAX = 4096
+
+
 def expected_ruleset_sha256(d: NodeDesired) -> str:
     """SHA-256 of the nftables ruleset rendered for ``d``: what the node's agent reports as its
     ``ruleset_sha256`` once that ruleset is loaded."""
-    return ruleset_sha256(render_nftables(d))
+    known = _RULESETS.get(d.sha256)
+    if known is None:
+        known = ruleset_sha256(render_nftables(d))
+        if len(_RULESETS) >= _RULESETS_MAX:
+            _RULESETS.clear()
+        _RULESETS[d.sha256] = known
+    return known
 
 
 def render_text(d: NodeDesired, fmt: str, index: NetworkIndex, generation: int) -> str:

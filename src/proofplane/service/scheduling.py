@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import bindparam, func, select
 from sqlalchemy import event as sa_event
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session, contains_eager, joinedload, selectinload
+from sqlalchemy.orm import Session, contains_eager, joinedload
 from sqlalchemy.pool import Pool
 
 from proofplane.config import mig_auto_layout
@@ -33,6 +33,7 @@ from proofplane.model import (
     Outcome,
     Placement,
     Quota,
+    TopologyRequest,
     WorkloadStatus,
 )
 from proofplane.schedule.defrag import (
@@ -793,18 +794,7 @@ def apply_outcome(
         for held in sorted(outcome.preempted, key=lambda h: -h.priority):
             schedule(tx, victims[held.key], view, preempt=preempt)
         return True
-    reason_details: dict[str, Any] = {
-        "message": outcome.message,
-        "rejections": outcome.rejections,
-        **outcome.details,
-    }
-    if row.reason == PREEMPTED and row.reason_details:
-        # Keep saying why it left its node; the new message says why it still waits.
-        for key in ("preempted_by", "from_node"):
-            reason_details[key] = row.reason_details.get(key)
-        reason = PREEMPTED
-    else:
-        reason = outcome.reason
+    reason, reason_details = _waiting(outcome, row.reason, row.reason_details)
     if row.reason != reason or row.reason_details != reason_details:
         row.reason = reason
         row.reason_details = reason_details
@@ -817,6 +807,24 @@ def apply_outcome(
             details={**decision_details(row), "reason": reason, **reason_details},
         )
     return False
+
+
+def _waiting(
+    outcome: Decision, reason: str | None, details: dict[str, Any] | None
+) -> tuple[str | None, dict[str, Any]]:
+    """The reason and details a workload now waiting with ``outcome`` is stored with, given
+    those it has (``reason``, ``details``)."""
+    reason_details: dict[str, Any] = {
+        "message": outcome.message,
+        "rejections": outcome.rejections,
+        **outcome.details,
+    }
+    if reason == PREEMPTED and details:
+        # Keep saying why it left its node; the new message says why it still waits.
+        for key in ("preempted_by", "from_node"):
+            reason_details[key] = details.get(key)
+        return PREEMPTED, reason_details
+    return outcome.reason, reason_details
 
 
 def _load(session: Session, ids: list[Any]) -> dict[Any, WorkloadRow]:
@@ -873,17 +881,35 @@ def sync_node(view: ClusterView, row: NodeRow) -> None:
     view.scheduler.upsert_node(schedulable(node_from_row(row), drained))
 
 
-# Built once (its cache key too): building the statement cost more than running it. Pending
-# work holds no placement: the (empty) placement is joined in rather than read by one more
-# statement; the tenants, few and wide (their profiles), are read once each by "SELECT … IN".
-_PENDING = (
-    select(WorkloadRow)
-    .where(WorkloadRow.status == WorkloadStatus.PENDING.value)
-    .options(
-        selectinload(WorkloadRow.tenant),
-        joinedload(WorkloadRow.placement).joinedload(PlacementRow.node),
-    )
-    .order_by(WorkloadRow.priority.desc(), WorkloadRow.created_at, WorkloadRow.id)
+# Built once (its cache key too): building the statement cost more than running it. What a
+# decision for a pending workload reads, without ORM objects: most pending work stays pending
+# when capacity is offered to it, with the reason it already has, and then nothing is written
+# (issue 20: with two pending workloads, loading them as ORM objects was ~7 % of a cancel's
+# and submit's time together).
+_WL = WorkloadRow.__table__.c
+_PENDING_JOBS = (
+    select(
+        _WL.id,
+        _WL.name,
+        TenantRow.__table__.c.name,
+        _WL.tags,
+        _WL.isolation,
+        _WL.gpu_count,
+        _WL.gpu_model,
+        _WL.mig_profile,
+        _WL.share_milli,
+        _WL.gpu_nodes,
+        _WL.priority,
+        _WL.co_residency,
+        _WL.cpu_milli,
+        _WL.memory_mib,
+        _WL.topology,
+        _WL.reason,
+        _WL.reason_details,
+    )  # fmt: skip
+    .join(TenantRow.__table__, TenantRow.__table__.c.id == _WL.tenant_id)
+    .where(_WL.status == WorkloadStatus.PENDING.value)
+    .order_by(_WL.priority.desc(), _WL.created_at, _WL.id)
 )
 
 
@@ -898,13 +924,42 @@ _ANY_PENDING = (
 
 
 def reschedule_pending(tx: Tx, view: ClusterView | None = None) -> None:
-    """Offer capacity to every pending workload, highest priority first, oldest first."""
+    """Offer capacity to every pending workload, highest priority first, oldest first.
+
+    Each is decided from its columns (``_PENDING_JOBS``); its ORM row is loaded only to
+    persist a change: a placement, or a reason to wait that differs from the one stored. A
+    pending workload this transaction already holds as an ORM object goes through
+    ``schedule`` as it is (its status checked: a preemption chain may have placed it)."""
     session = tx.session
     session.flush()  # work added in this transaction and not yet flushed counts too
     if session.connection().execute(_ANY_PENDING).first() is None:
         return
     view = view or ClusterView(session)
-    pending = session.scalars(_PENDING)
-    for row in list(pending):
-        if row.status == WorkloadStatus.PENDING.value:  # a preemption chain may have placed it
-            schedule(tx, row, view)
+    mapper = WorkloadRow.__mapper__
+    for (
+        wid, name, tenant, tags, isolation, count, model, mig_profile, share, nodes, priority,
+        co_residency, cpu_milli, memory_mib, topology, reason, details,
+    ) in session.connection().execute(_PENDING_JOBS).all():  # fmt: skip
+        held = session.identity_map.get(mapper.identity_key_from_primary_key((wid,)))
+        if held is not None:
+            if held.status == WorkloadStatus.PENDING.value:
+                schedule(tx, held, view)
+            continue
+        gpus = GpuRequest(
+            count=count, model=model, mig_profile=mig_profile, share_milli=share, nodes=nodes
+        )
+        request = Request(
+            name, tenant, dict(tags), IsolationLevel(isolation), gpus, co_residency,
+            cpu_milli, memory_mib, TopologyRequest.from_json(topology),
+        )  # fmt: skip
+        defrag = defrag_for(tx, view, gpus)
+        started = time.perf_counter()
+        outcome = view.scheduler.schedule(
+            Job(wid, request, priority), preempt=True, unready=view.unready(tenant, wid),
+            defrag=defrag,
+        )  # fmt: skip
+        observe_decision(outcome.placement is not None, time.perf_counter() - started)
+        outcome = with_refusal(outcome, defrag)
+        if outcome.placement is None and _waiting(outcome, reason, details) == (reason, details):
+            continue  # waits as it did, for the reason it has: nothing to write
+        apply_outcome(tx, _load(session, [wid])[wid], view, outcome)
