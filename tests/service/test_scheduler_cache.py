@@ -427,3 +427,44 @@ def test_pending_work_is_read_as_columns_and_loaded_only_to_change_it(demo: Stor
     }  # fmt: skip
     assert now_placed and now_placed <= set(loaded)  # loaded to be placed, and placed
     _assert_cache_is_a_fresh_load(demo)
+
+
+def test_a_catch_up_reads_a_tenant_again_only_for_what_placement_sees(
+    demo: Store, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process's placement writes a ``network.endpoints`` event naming the tenant: the
+    catch-up does not read that tenant again (the scheduler holds a tenant's quota only); its
+    quota change is read again, and the next decision obeys it."""
+    from proofplane.model import Quota
+    from proofplane.service import tenants as tenants_svc
+    from proofplane.service.scheduling import SchedulerCache
+
+    read_again: list[set[str]] = []
+    real = SchedulerCache._refresh_tenants
+
+    def counted(session: object, scheduler: object, names: set[str]) -> None:
+        read_again.append(set(names))
+        real(session, scheduler, names)
+
+    monkeypatch.setattr(SchedulerCache, "_refresh_tenants", staticmethod(counted))
+    cache = _cache(demo)
+    _submit(demo, "own-0")
+    other = Store(db_url)
+    try:
+        assert _submit(other, "theirs-0").placement is not None
+        with demo.read() as session:
+            actions = session.scalars(
+                select(EventRow.action).where(EventRow.seq > cache.version)
+            ).all()
+        assert "network.endpoints" in actions  # the event that names the tenant
+        catch_ups = cache.catch_ups
+        assert _submit(demo, "own-1").placement is not None
+        assert cache.catch_ups == catch_ups + 1
+        assert not any(read_again), read_again
+        tenants_svc.set_quota(other, SYSTEM, "research-lab", Quota(gpus=3, mig_slices=None))
+        refused = _submit(demo, "own-2", count=2)  # 3 held (own-0, theirs-0, own-1) + 2 > 3
+        assert {"research-lab"} in read_again
+        assert refused.placement is None and refused.reason == "quota_exceeded", refused
+        _assert_cache_is_a_fresh_load(demo)
+    finally:
+        other.dispose()

@@ -257,8 +257,22 @@ UNPLACED_TARGETS = frozenset(
 )
 
 
+# A tenant's events that change nothing placement sees: the scheduler holds a tenant's quota
+# only, and these record its network endpoints and segments (read per transaction, as
+# readiness). Every placement writes one (``network.endpoints``): without this, each write of
+# another process made the next catch-up read the tenant again (issue 20).
+UNPLACED_TENANT_ACTIONS = frozenset(
+    {
+        "network.endpoints",
+        "network.segment.allocate",
+        "network.segment.release",
+        "network.segment.exhausted",
+    }
+)
+
+
 _EVENTS_AFTER = (
-    select(EventRow.target_type, EventRow.target_id)
+    select(EventRow.target_type, EventRow.target_id, EventRow.action)
     .where(EventRow.seq > bindparam("since"))
     .order_by(EventRow.seq)
     .limit(bindparam("cap"))
@@ -434,7 +448,9 @@ class SchedulerCache:
         if len(events) > CATCH_UP_MAX:
             return False
         targets: dict[str, set[str]] = {"node": set(), "workload": set(), "tenant": set()}
-        for target_type, target_id in events:
+        for target_type, target_id, action in events:
+            if target_type == "tenant" and action in UNPLACED_TENANT_ACTIONS:
+                continue
             if target_type in targets:
                 targets[target_type].add(target_id)
             elif target_type not in UNPLACED_TARGETS:
