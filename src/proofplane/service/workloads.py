@@ -8,7 +8,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sqlalchemy import and_, bindparam, insert, or_, select, update
+from sqlalchemy import and_, bindparam, delete, insert, or_, select, update
+from sqlalchemy.orm import Session
 
 from proofplane.access import Actor, Permission, authorize
 from proofplane.errors import Conflict, InvalidState, NotFound, ProofplaneError, ValidationFailed
@@ -66,6 +67,7 @@ from proofplane.store.repo import (
     WORKLOAD_LOAD,
     WorkloadColumns,
     devices_to_json,
+    load_workload_targets,
     load_workloads,
     members_to_json,
     tenant_from_row,
@@ -74,6 +76,7 @@ from proofplane.store.repo import (
     workload_on_node,
     workload_row,
     workload_select,
+    workload_target_select,
 )
 from proofplane.store.tables import (
     PlacementRow,
@@ -722,32 +725,64 @@ def _cancel_in_group(tx: Tx, item: tuple[str, str | None, str | None, Any]) -> W
     so the second cancel of a group loads no cluster; else through the process's cached
     scheduler: taken before this cancel writes when it is current, and told of the release here
     (nothing read back); when it is behind (another process wrote), taken after, caught up on
-    those writes and this cancel's at once."""
+    those writes and this cancel's at once.
+
+    The workload is read and changed by Core statements, no ORM object built (issue 20: the
+    ORM's load and flush were a fifth of a cancel); the ORM does it when the transaction
+    already holds the workload or its placement as objects, or has an engine whose job the
+    cancel stops (``_cancel_row``)."""
     name, reason, tenant, visible = item
     actor = tx.actor
     view = _kept_view(tx, _CANCEL_VIEW) or ClusterView.cached_if_current(tx)
-    row = workload_row(tx.session, name, tenant=tenant, visible=visible)
-    status = WorkloadStatus(row.status)
+    session = tx.session
+    session.flush()  # what this transaction changed is what the read below sees
+    query = workload_target_select().where(WL.name == name).order_by(WL.tenant)
+    if tenant is not None:
+        query = query.where(WL.tenant == tenant)
+    if visible is not None:
+        query = query.where(WL.tenant.in_(visible))
+    found = load_workload_targets(session, query)
+    if not found:
+        raise NotFound(f"workload {name!r} not found", details={"workload": name})
+    if len(found) > 1:
+        raise Conflict(
+            f"several tenants have a workload {name!r}: say which with tenant=",
+            code="ambiguous_name",
+            details={"workload": name, "tenants": sorted(w.tenant for _, _, w in found)},
+        )
+    wid, pid, workload = found[0]
+    status = workload.status
     if status.is_terminal:
         raise InvalidState(
             f"workload {name!r} is already {status.value}",
             details={"workload": name, "status": status.value},
         )
-    node = row.placement.node.name if row.placement else None
-    jobs.cancel_engine_job(tx, row)
-    netstate.touch(tx, [row.id])  # its endpoints (and its own segment) end with it
-    row.placement = None
-    row.status = WorkloadStatus.CANCELLED.value
-    row.reason = CANCELLED
-    row.reason_details = {"message": reason or render(CANCELLED, actor=actor.name)}
-    row.updated_at = tx.now
-    tx.session.flush()
+    node = workload.placement.node if workload.placement is not None else None
+    message = reason or render(CANCELLED, actor=actor.name)
+    if tx.backend is not None or _held_as_objects(session, wid, pid):
+        cancelled = _cancel_row(tx, workload_row(session, name, tenant=workload.tenant), message)
+    else:
+        netstate.touch(tx, [wid])  # its endpoints (and its own segment) end with it
+        connection = session.connection()
+        if pid is not None:  # its node links go with it (ON DELETE CASCADE)
+            connection.execute(_DELETE_PLACEMENT, {"pid": pid})
+        values = {"wid": wid, "status": WorkloadStatus.CANCELLED.value, "reason": CANCELLED,
+                  "details": {"message": message}, "now": tx.now}  # fmt: skip
+        connection.execute(_CANCEL_ROW, values)
+        cancelled = replace(
+            workload,
+            status=WorkloadStatus.CANCELLED,
+            reason=CANCELLED,
+            reason_details=values["details"],
+            placement=None,
+            updated_at=tx.now,
+        )
     tx.record(
         "workload.cancel",
         "workload",
         name,
         details={
-            "tenant": row.tenant.name,
+            "tenant": workload.tenant,
             "from_status": status.value,
             "node": node,
             "reason": reason,
@@ -755,7 +790,7 @@ def _cancel_in_group(tx: Tx, item: tuple[str, str | None, str | None, Any]) -> W
     )
     if node is not None:
         if view is not None:
-            view.scheduler.release(row.id)
+            view.scheduler.release(wid)
         else:
             # placed from the cached scheduler caught up from the events: no cluster load
             view = ClusterView(tx.session, from_cache=True)
@@ -763,6 +798,46 @@ def _cancel_in_group(tx: Tx, item: tuple[str, str | None, str | None, Any]) -> W
         execution.dispatch_new(tx, view)
     if view is not None:  # a pending workload's cancel frees no capacity: still current
         _keep_view(tx, _CANCEL_VIEW, view)
+    return cancelled
+
+
+_DELETE_PLACEMENT = delete(PlacementRow.__table__).where(
+    PlacementRow.__table__.c.id == bindparam("pid")
+)
+_CANCEL_ROW = (
+    update(WorkloadRow.__table__)
+    .where(WorkloadRow.__table__.c.id == bindparam("wid"))
+    .values(
+        status=bindparam("status"),
+        reason=bindparam("reason"),
+        reason_details=bindparam("details"),
+        updated_at=bindparam("now"),
+    )
+)
+
+
+def _held_as_objects(session: Session, wid: int, pid: int | None) -> bool:
+    """Whether ``session`` holds the workload row ``wid`` or its placement ``pid`` as ORM
+    objects, which statements behind its back would leave stale."""
+    identity = session.identity_map
+    if identity.get(WorkloadRow.__mapper__.identity_key_from_primary_key((wid,))) is not None:
+        return True
+    if pid is None:
+        return False
+    key = PlacementRow.__mapper__.identity_key_from_primary_key((pid,))
+    return identity.get(key) is not None
+
+
+def _cancel_row(tx: Tx, row: WorkloadRow, message: str) -> Workload:
+    """The cancel's change through the ORM: its engine job stopped, its placement deleted."""
+    jobs.cancel_engine_job(tx, row)
+    netstate.touch(tx, [row.id])  # its endpoints (and its own segment) end with it
+    row.placement = None
+    row.status = WorkloadStatus.CANCELLED.value
+    row.reason = CANCELLED
+    row.reason_details = {"message": message}
+    row.updated_at = tx.now
+    tx.session.flush()
     return workload_from_row(row)
 
 

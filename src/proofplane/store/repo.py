@@ -317,47 +317,62 @@ def workload_on_node(node: str) -> Any:
 
 def load_workloads(session: Session, query: Select[Any]) -> list[Workload]:
     """The workloads ``query`` (a ``workload_select()``) selects, in its order."""
-    out = []
-    for (
+    return [_workload(values) for values in session.connection().execute(query)]
+
+
+def workload_target_select() -> Select[Any]:
+    """``workload_select()`` with the workload's row id and its placement's id after its
+    columns (None for a workload that holds no placement): what ``load_workload_targets``
+    reads, for a write that changes the rows it finds without loading them as ORM objects."""
+    return workload_select().add_columns(_W.id, _P.id)
+
+
+def load_workload_targets(
+    session: Session, query: Select[Any]
+) -> list[tuple[int, int | None, Workload]]:
+    """Each workload a ``workload_target_select()`` selects, with its row id and its
+    placement's id, in its order."""
+    return [
+        (*values[-2:], _workload(values[:-2])) for values in session.connection().execute(query)
+    ]
+
+
+def _workload(values: Sequence[Any]) -> Workload:
+    (
         name, tenant, tags, isolation, count, model, mig_profile, share, nodes, priority,
         command, status, reason, details, created, updated, co_residency,
         cpu_milli, memory_mib, restartable, topology, node, devices, members,
-    ) in session.connection().execute(query):  # fmt: skip
-        placement = None
-        if node is not None:
-            parts = tuple(
-                Placement(m["node"], devices_from_json(m["devices"])) for m in members or ()
-            )
-            placement = Placement(node, devices_from_json(devices), parts)
-        out.append(
-            Workload(
-                name=name,
-                tenant=tenant,
-                tags=dict(tags),
-                isolation=IsolationLevel(isolation),
-                gpus=GpuRequest(
-                    count=count,
-                    model=model,
-                    mig_profile=mig_profile,
-                    share_milli=share,
-                    nodes=nodes,
-                ),
-                priority=priority,
-                command=tuple(command),
-                status=WorkloadStatus(status),
-                reason=reason,
-                reason_details=details,
-                placement=placement,
-                created_at=created,
-                updated_at=updated,
-                co_residency=co_residency,
-                cpu_milli=cpu_milli,
-                memory_mib=memory_mib,
-                restartable=restartable,
-                topology=TopologyRequest.from_json(topology),
-            )
-        )
-    return out
+    ) = values  # fmt: skip
+    placement = None
+    if node is not None:
+        parts = tuple(Placement(m["node"], devices_from_json(m["devices"])) for m in members or ())
+        placement = Placement(node, devices_from_json(devices), parts)
+    return Workload(
+        name=name,
+        tenant=tenant,
+        tags=dict(tags),
+        isolation=IsolationLevel(isolation),
+        gpus=GpuRequest(
+            count=count,
+            model=model,
+            mig_profile=mig_profile,
+            share_milli=share,
+            nodes=nodes,
+        ),
+        priority=priority,
+        command=tuple(command),
+        status=WorkloadStatus(status),
+        reason=reason,
+        reason_details=details,
+        placement=placement,
+        created_at=created,
+        updated_at=updated,
+        co_residency=co_residency,
+        cpu_milli=cpu_milli,
+        memory_mib=memory_mib,
+        restartable=restartable,
+        topology=TopologyRequest.from_json(topology),
+    )
 
 
 _TENANT_BY_NAME = select(TenantRow).where(
