@@ -269,6 +269,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=200, help="attestation rounds")
     ap.add_argument("--concurrency", type=int, default=8, help="threads sending rounds at once")
     args = ap.parse_args()
+    if args.pairs < 1 or args.warmup < 0 or args.rounds < 1:
+        ap.error("--pairs and --rounds must be at least 1, --warmup at least 0")
+    if args.rounds < 2 * args.concurrency:  # each thread sends rounds // concurrency of them
+        ap.error(f"--rounds must be at least twice --concurrency ({2 * args.concurrency})")
     with throwaway_postgres(args.db) as url:
         load_demo(url, TOKEN)
         one = phase(url, 1, args.pairs, args.warmup, "a")

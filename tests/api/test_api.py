@@ -474,9 +474,9 @@ def test_a_crash_mid_transaction_leaves_nothing(
     def boom(*_a: Any, **_k: Any) -> None:
         raise RuntimeError("power cut between the change and the commit")
 
-    # The workload row and its submit event are written before placement runs: a failure
-    # inside placement must take both back.
-    monkeypatch.setattr("proofplane.service.workloads.schedule", boom)
+    # The workload row is written before placement decides: a failure inside placement must
+    # take it back (and whatever else the transaction wrote).
+    monkeypatch.setattr("proofplane.schedule.engine.Scheduler.schedule", boom)
     r = client.post("/api/v1/workloads", json={"name": "w", "tenant": "lab"})
     error(r, 500, "internal_error")
     assert "Traceback" not in r.text and "power cut" not in r.text

@@ -47,3 +47,16 @@ def test_bench_write_path_prints_both_phases(tmp_path: Path) -> None:
     assert 0 < together["evidence_ms_p50"] <= together["evidence_ms_p99"]
     assert 0 < together["writes_per_round"] <= 1  # a group commits one or more rounds
     assert together["lock_held_ms_per_round"] > 0
+
+
+def test_bench_write_path_refuses_sizes_it_cannot_measure() -> None:
+    """Too few rounds for the threads (each sends rounds // threads), or nothing to time:
+    a usage error before any database is made, not a traceback after."""
+    for args in (["--rounds", "5"], ["--rounds", "6", "--concurrency", "4"], ["--pairs", "0"]):
+        out = subprocess.run(
+            [sys.executable, str(REPO / "bench" / "write_path.py"), "--json", *args,
+             "--db", "postgresql://127.0.0.1:1/none"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 2, (args, out.stderr)
+        assert "error: --" in out.stderr and "Traceback" not in out.stderr

@@ -316,9 +316,11 @@ def _submit_in_group(tx: Tx, item: tuple[WorkloadSpec, GpuRequest]) -> Workload:
     each placement (as ``insert_workloads`` does), so the second one loads no cluster."""
     spec, gpus = item
     view = _kept_view(tx, _SUBMIT_VIEW) or ClusterView.cached(tx)
-    row = insert_workload(tx, spec, gpus, view=view)
+    # The batch's path for one: a plain outcome written by Core statements, its two events in
+    # one insert (issue 20: the ORM's insert and flushes were a quarter of a submit).
+    (workload,) = insert_workloads(tx, [(spec, gpus)], view=view, indexed=False)
     _keep_view(tx, _SUBMIT_VIEW, view)
-    return workload_from_row(row)
+    return workload
 
 
 def _check_spec(spec: WorkloadSpec) -> GpuRequest:
@@ -404,7 +406,13 @@ def submit_workloads(store: Store, actor: Actor, specs: Sequence[WorkloadSpec]) 
         return insert_workloads(tx, items)
 
 
-def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -> list[Workload]:
+def insert_workloads(
+    tx: Tx,
+    items: Sequence[tuple[WorkloadSpec, GpuRequest]],
+    *,
+    view: ClusterView | None = None,
+    indexed: bool = True,
+) -> list[Workload]:
     """``insert_workload`` for many checked specs in one transaction, with the persistence
     batched: one tenant query, one name-conflict query per 500 names, one flush for the
     rows, the events of the plain outcomes (placed without preemption or repartitioning, or
@@ -413,31 +421,31 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
     to) first writes what is buffered, then takes the one-workload path, so the events keep
     the order and content that one ``insert_workload`` per spec would write (the network
     bookkeeping aside: endpoints and desired state are settled once, at the end of the
-    transaction, by ``service.netstate``)."""
-    view = ClusterView.cached(tx)  # before anything is written (see ClusterView.cached)
+    transaction, by ``service.netstate``).
+
+    ``view``: the transaction's view, current with everything it wrote (a group's earlier
+    write left it); None: taken here, before anything is written. ``indexed``: a refused item
+    names its index (``batch_item``); one submit's errors do not."""
+    if view is None:
+        view = ClusterView.cached(tx)  # before anything is written (see ClusterView.cached)
     session = tx.session
     names = sorted({spec.tenant for spec, _ in items})
-    live = TenantRow.deleted_at.is_(None)
-    trows = {
-        r.name: r for r in session.scalars(select(TenantRow).where(TenantRow.name.in_(names), live))
-    }
+    trows = {r.name: r for r in session.scalars(_TENANTS_NAMED, {"names": names})}
     tenants = {name: tenant_from_row(r) for name, r in trows.items()}
     by_id = {r.id: name for name, r in trows.items()}
     wanted = {(spec.tenant, spec.name) for spec, _ in items}
     taken: set[tuple[str, str]] = set()
     wl_names = sorted({spec.name for spec, _ in items})
     for at in range(0, len(wl_names), _IN_CHUNK):
-        query = select(WorkloadRow.tenant_id, WorkloadRow.name).where(
-            WorkloadRow.name.in_(wl_names[at : at + _IN_CHUNK]),
-            WorkloadRow.tenant_id.in_(list(by_id)),
-        )
-        for tenant_id, name in session.execute(query):
+        chunk = {"names": wl_names[at : at + _IN_CHUNK], "tenant_ids": list(by_id)}
+        for tenant_id, name in session.execute(_NAMES_TAKEN, chunk):
             if (by_id[tenant_id], name) in wanted:
                 taken.add((by_id[tenant_id], name))
+    item = batch_item if indexed else _unindexed
     values: list[dict[str, Any]] = []
     notes: list[str] = []
     for i, (spec, gpus) in enumerate(items):
-        with batch_item(i):
+        with item(i):
             tenant = tenants.get(spec.tenant)
             if tenant is None:
                 raise NotFound(f"tenant {spec.tenant!r} not found", details={"tenant": spec.tenant})
@@ -455,12 +463,9 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
         notes.append(note)
     # Core, not ORM objects: one INSERT … RETURNING for the ids, in order. The rows are not in
     # the session; a path that needs one as an object loads it (``session.get``).
-    table = WorkloadRow.__table__
-    ids: list[int] = list(
-        session.execute(
-            insert(table).returning(table.c.id, sort_by_parameter_order=True), values
-        ).scalars()
-    )
+    ids: list[int] = list(session.execute(_INSERT_WORKLOADS, values).scalars())
+    for wid in ids:
+        netstate.created(tx, wid)  # nor endpoints: nothing to read back when they are synced
 
     events: list[NewEvent] = []
     placed: list[tuple[int, Placement]] = []
@@ -493,7 +498,7 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
         events.append(NewEvent("workload.submit", "workload", name, details))
         if netstate.is_per_workload(trows[spec.tenant].profile):
             write_buffered()  # its segment's event after its submission, as one by one
-            with batch_item(i):
+            with item(i):
                 netstate.allocate_segment(tx, spec.tenant, workload=name, workload_id=wid)
         request = Request(
             name,
@@ -572,7 +577,21 @@ def insert_workloads(tx: Tx, items: Sequence[tuple[WorkloadSpec, GpuRequest]]) -
     return [workload_from_row(loaded[wid]) for wid in ids]
 
 
+@contextmanager
+def _unindexed(_index: int) -> Iterator[None]:
+    yield
+
+
+# Built once (statement and cache key): every submit runs them.
+_TENANTS_NAMED = select(TenantRow).where(
+    TenantRow.name.in_(bindparam("names", expanding=True)), TenantRow.deleted_at.is_(None)
+)
+_NAMES_TAKEN = select(WorkloadRow.tenant_id, WorkloadRow.name).where(
+    WorkloadRow.name.in_(bindparam("names", expanding=True)),
+    WorkloadRow.tenant_id.in_(bindparam("tenant_ids", expanding=True)),
+)
 _WL = WorkloadRow.__table__
+_INSERT_WORKLOADS = insert(_WL).returning(_WL.c.id, sort_by_parameter_order=True)
 _SET_OUTCOME = (
     update(_WL)
     .where(_WL.c.id == bindparam("b_id"))
