@@ -254,3 +254,47 @@ def test_dispatch_reads_only_placed_workloads_with_a_command(
     report = reconcile.sync(store, backend)  # "job" took the freed GPU; dispatched now
     assert status(client, "job")["status"] in ("placed", "running", "succeeded")
     assert "job" in (report.dispatched or []) or _jobs(store, "job")
+
+
+def test_a_submit_with_an_engine_dispatches_what_has_a_command_and_writes_the_rest_in_bulk(
+    client: TestClient, store: Store, db_url: str, tmp_path: Path
+) -> None:
+    """With an engine, a workload without a command is never dispatched, so its submit takes
+    the bulk path (no ORM object); one with a command is dispatched in its submit; and work an
+    earlier flow placed without dispatching is dispatched by the next submit, whose answer
+    then is what a read gives (issue 20)."""
+    from sqlalchemy import event as sa_event
+
+    from proofplane.model import GpuRequest
+    from proofplane.service import workloads as workloads_svc
+
+    setup_cluster(client)
+    submit(client, "straggler", [PY, "-c", "pass"])  # placed by a store without an engine
+    assert actions(store, "straggler")[-1] == ("workload.place", "success")
+    engine = Store(db_url, backend=local(tmp_path))
+    loaded: list[str] = []
+
+    def on_load(target: WorkloadRow, _context: object) -> None:
+        loaded.append(target.name)
+
+    sa_event.listen(WorkloadRow, "load", on_load)
+    try:
+        spec = workloads_svc.WorkloadSpec("reserve", "t1", gpus=GpuRequest(count=1))
+        answer = workloads_svc.submit_workload(engine, SYSTEM, spec)
+        assert ("workload.dispatch", "success") in actions(store, "straggler")
+        assert answer == workloads_svc.get_workload(store, SYSTEM, "reserve")
+        assert answer.placement is not None
+        assert [a for a, _ in actions(store, "reserve")] == ["workload.submit", "workload.place"]
+        loaded.clear()  # (the straggler's dispatch read the rows back)
+        spec = workloads_svc.WorkloadSpec("another", "t1", gpus=GpuRequest(count=0), cpu_milli=100)
+        answer = workloads_svc.submit_workload(engine, SYSTEM, spec)
+        assert "another" not in loaded  # nothing left to dispatch: nothing read back
+        assert answer == workloads_svc.get_workload(store, SYSTEM, "another")
+        spec = workloads_svc.WorkloadSpec(
+            "run-me", "t1", gpus=GpuRequest(count=0), cpu_milli=100, command=(PY, "-c", "pass")
+        )
+        workloads_svc.submit_workload(engine, SYSTEM, spec)
+        assert ("workload.dispatch", "success") in actions(store, "run-me")
+    finally:
+        sa_event.remove(WorkloadRow, "load", on_load)
+        engine.dispose()

@@ -484,7 +484,10 @@ def insert_workloads(
             _insert_placements(tx, view, placed)
             placed.clear()
 
-    plain = tx.backend is None
+    # With an engine, only a workload with a command is dispatched (``dispatch_new``): one
+    # without takes the bulk path too, and whatever an earlier flow left undispatched is
+    # dispatched once, after the loop.
+    engine = tx.backend is not None
     for i, (wid, v, note, (spec, gpus)) in enumerate(zip(ids, values, notes, items, strict=True)):
         name = v["name"]
         fields = decision_fields(spec.tenant, v["tags"], v["isolation"], gpus, v["co_residency"])
@@ -519,6 +522,7 @@ def insert_workloads(
         )
         observe_decision(outcome.placement is not None, time.perf_counter() - started)
         outcome = with_refusal(outcome, defrag)
+        plain = not (engine and v["command"])
         if plain and not outcome.preempted and not outcome.repartitions and not outcome.moves:
             if outcome.placement is not None:
                 change = {"b_id": wid, "b_status": WorkloadStatus.PLACED.value,
@@ -559,6 +563,12 @@ def insert_workloads(
         apply_outcome(tx, row, view, outcome)
         execution.dispatch_new(tx, view)
     write_buffered()
+    if engine and exact:
+        before = tx.last_seq
+        execution.dispatch_new(tx, view)
+        # what it dispatched (or, a job refused, placed from the capacity freed) was written
+        # behind the values kept above: read the rows back
+        exact = tx.last_seq == before
     if exact:
         return [
             _workload_of(spec, v, *known[wid])
