@@ -298,3 +298,40 @@ def test_a_submit_with_an_engine_dispatches_what_has_a_command_and_writes_the_re
     finally:
         sa_event.remove(WorkloadRow, "load", on_load)
         engine.dispose()
+
+
+def test_a_cancel_with_an_engine_stops_a_job_and_writes_the_rest_by_core(
+    client: TestClient, store: Store, db_url: str, tmp_path: Path
+) -> None:
+    """With an engine, a cancel loads its workload as an ORM object only when it has a command
+    (a job to stop); one without (never dispatched) is cancelled by Core statements (issue
+    20). Either way the answer is what a read gives."""
+    from sqlalchemy import event as sa_event
+
+    from proofplane.service import workloads as workloads_svc
+
+    setup_cluster(client)
+    submit(client, "reserve", [])
+    submit(client, "long", [PY, "-c", "import time; time.sleep(60)"])
+    backend = local(tmp_path)
+    engine = Store(db_url, backend=backend)
+    reconcile.sync(store, backend)
+    sync_until(store, backend, client, "long", "running")
+    loaded: list[str] = []
+
+    def on_load(target: WorkloadRow, _context: object) -> None:
+        loaded.append(target.name)
+
+    sa_event.listen(WorkloadRow, "load", on_load)
+    try:
+        answer = workloads_svc.cancel_workload(engine, SYSTEM, "reserve")
+        assert "reserve" not in loaded
+        assert answer == workloads_svc.get_workload(store, SYSTEM, "reserve")
+        answer = workloads_svc.cancel_workload(engine, SYSTEM, "long")
+        assert "long" in loaded  # its job is stopped through the ORM path
+        assert answer == workloads_svc.get_workload(store, SYSTEM, "long")
+        assert ("workload.engine_cancel", "success") in actions(store, "long")
+        assert [j["state"] for j in _jobs(store, "long")] == ["cancelled"]
+    finally:
+        sa_event.remove(WorkloadRow, "load", on_load)
+        engine.dispose()

@@ -758,8 +758,8 @@ def _cancel_in_group(tx: Tx, item: tuple[str, str | None, str | None, Any]) -> W
 
     The workload is read and changed by Core statements, no ORM object built (issue 20: the
     ORM's load and flush were a fifth of a cancel); the ORM does it when the transaction
-    already holds the workload or its placement as objects, or has an engine whose job the
-    cancel stops (``_cancel_row``)."""
+    already holds the workload or its placement as objects, or when the workload has a command
+    and the transaction an engine, whose job the cancel stops (``_cancel_row``)."""
     name, reason, tenant, visible = item
     actor = tx.actor
     view = _kept_view(tx, _CANCEL_VIEW) or ClusterView.cached_if_current(tx)
@@ -788,7 +788,9 @@ def _cancel_in_group(tx: Tx, item: tuple[str, str | None, str | None, Any]) -> W
         )
     node = workload.placement.node if workload.placement is not None else None
     message = reason or render(CANCELLED, actor=actor.name)
-    if tx.backend is not None or _held_as_objects(session, wid, pid):
+    # Only a workload with a command is ever dispatched: one without has no engine job to stop.
+    engine_job = tx.backend is not None and bool(workload.command)
+    if engine_job or _held_as_objects(session, wid, pid):
         cancelled = _cancel_row(tx, workload_row(session, name, tenant=workload.tenant), message)
     else:
         netstate.touch(tx, [wid])  # its endpoints (and its own segment) end with it
