@@ -664,12 +664,22 @@ def _apply_repartition(
 def schedule(tx: Tx, row: WorkloadRow, view: ClusterView, *, preempt: bool = True) -> bool:
     """Try to place one pending workload; record the placement (with any repartitioning and
     preemption it took) or why it waits. Preempted workloads are offered capacity again."""
-    unready = view.unready(row.tenant.name, row.id)
-    defrag = defrag_for(tx, view, GpuRequest.from_row(row))
+    outcome = decide(tx, view, job_of(row), GpuRequest.from_row(row), preempt=preempt)
+    return apply_outcome(tx, row, view, outcome, preempt=preempt)
+
+
+def decide(
+    tx: Tx, view: ClusterView, job: Job, gpus: GpuRequest, *, preempt: bool = True
+) -> Decision:
+    """The scheduler's decision for ``job`` (``gpus``: its request) in ``view``, nothing
+    persisted: the nodes its segment is not ready on left out, defragmentation tried where it
+    applies (and said when it could not help), the decision's time observed."""
+    unready = view.unready(job.request.tenant, job.key)
+    defrag = defrag_for(tx, view, gpus)
     started = time.perf_counter()
-    outcome = view.scheduler.schedule(job_of(row), preempt=preempt, unready=unready, defrag=defrag)
+    outcome = view.scheduler.schedule(job, preempt=preempt, unready=unready, defrag=defrag)
     observe_decision(outcome.placement is not None, time.perf_counter() - started)
-    return apply_outcome(tx, row, view, with_refusal(outcome, defrag), preempt=preempt)
+    return with_refusal(outcome, defrag)
 
 
 def defrag_for(tx: Tx, view: ClusterView, g: GpuRequest) -> Defragmenter | None:
@@ -968,14 +978,7 @@ def reschedule_pending(tx: Tx, view: ClusterView | None = None) -> None:
             name, tenant, dict(tags), IsolationLevel(isolation), gpus, co_residency,
             cpu_milli, memory_mib, TopologyRequest.from_json(topology),
         )  # fmt: skip
-        defrag = defrag_for(tx, view, gpus)
-        started = time.perf_counter()
-        outcome = view.scheduler.schedule(
-            Job(wid, request, priority), preempt=True, unready=view.unready(tenant, wid),
-            defrag=defrag,
-        )  # fmt: skip
-        observe_decision(outcome.placement is not None, time.perf_counter() - started)
-        outcome = with_refusal(outcome, defrag)
+        outcome = decide(tx, view, Job(wid, request, priority), gpus)
         if outcome.placement is None and _waiting(outcome, reason, details) == (reason, details):
             continue  # waits as it did, for the reason it has: nothing to write
         apply_outcome(tx, _load(session, [wid])[wid], view, outcome)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sqlalchemy import and_, bindparam, delete, insert, or_, select, update
+from sqlalchemy import Select, and_, bindparam, delete, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from proofplane.access import Actor, Permission, authorize
@@ -44,7 +43,6 @@ from proofplane.schedule.reasons import CANCELLED, DEFRAGMENTATION, render
 from proofplane.schedule.values import MODEL_SEPARATOR, Request
 from proofplane.service import execution, jobs, mig_explain, netstate
 from proofplane.service.context import NewEvent, Store, Tx
-from proofplane.service.instruments import observe_decision
 from proofplane.service.pagination import (
     Page,
     check_limit,
@@ -54,14 +52,13 @@ from proofplane.service.pagination import (
 from proofplane.service.scheduling import (
     ClusterView,
     apply_outcome,
+    decide,
     decision_details,
     decision_fields,
-    defrag_for,
     job_of,
     placement_json,
     reschedule_pending,
     schedule,
-    with_refusal,
 )
 from proofplane.store.repo import (
     WORKLOAD_LOAD,
@@ -70,6 +67,7 @@ from proofplane.store.repo import (
     load_workload_targets,
     load_workloads,
     members_to_json,
+    only_named,
     tenant_from_row,
     tenant_row,
     workload_from_row,
@@ -441,7 +439,7 @@ def insert_workloads(
         for tenant_id, name in session.execute(_NAMES_TAKEN, chunk):
             if (by_id[tenant_id], name) in wanted:
                 taken.add((by_id[tenant_id], name))
-    item = batch_item if indexed else _unindexed
+    item = batch_item if indexed else lambda _i: nullcontext()
     values: list[dict[str, Any]] = []
     notes: list[str] = []
     for i, (spec, gpus) in enumerate(items):
@@ -514,14 +512,7 @@ def insert_workloads(
             spec.memory_mib,
             spec.topology,
         )
-        unready = view.unready(spec.tenant, wid)
-        defrag = defrag_for(tx, view, gpus)
-        started = time.perf_counter()
-        outcome = view.scheduler.schedule(
-            Job(wid, request, spec.priority), unready=unready, defrag=defrag
-        )
-        observe_decision(outcome.placement is not None, time.perf_counter() - started)
-        outcome = with_refusal(outcome, defrag)
+        outcome = decide(tx, view, Job(wid, request, spec.priority), gpus)
         plain = not (engine and v["command"])
         if plain and not outcome.preempted and not outcome.repartitions and not outcome.moves:
             if outcome.placement is not None:
@@ -585,11 +576,6 @@ def insert_workloads(
         )
     }
     return [workload_from_row(loaded[wid]) for wid in ids]
-
-
-@contextmanager
-def _unindexed(_index: int) -> Iterator[None]:
-    yield
 
 
 # Built once (statement and cache key): every submit runs them.
@@ -765,21 +751,9 @@ def _cancel_in_group(tx: Tx, item: tuple[str, str | None, str | None, Any]) -> W
     view = _kept_view(tx, _CANCEL_VIEW) or ClusterView.cached_if_current(tx)
     session = tx.session
     session.flush()  # what this transaction changed is what the read below sees
-    query = workload_target_select().where(WL.name == name).order_by(WL.tenant)
-    if tenant is not None:
-        query = query.where(WL.tenant == tenant)
-    if visible is not None:
-        query = query.where(WL.tenant.in_(visible))
+    query = _named(workload_target_select(), name, tenant, visible)
     found = load_workload_targets(session, query)
-    if not found:
-        raise NotFound(f"workload {name!r} not found", details={"workload": name})
-    if len(found) > 1:
-        raise Conflict(
-            f"several tenants have a workload {name!r}: say which with tenant=",
-            code="ambiguous_name",
-            details={"workload": name, "tenants": sorted(w.tenant for _, _, w in found)},
-        )
-    wid, pid, workload = found[0]
+    wid, pid, workload = only_named(found, name, lambda f: f[2].tenant)
     status = workload.status
     if status.is_terminal:
         raise InvalidState(
@@ -877,22 +851,23 @@ def get_workload(store: Store, actor: Actor, name: str, *, tenant: str | None = 
     given); a name several visible tenants use needs ``tenant`` (409 ``ambiguous_name``)."""
     authorize(actor, Permission.WORKLOADS_READ)
     visible = actor.visible_tenants(Permission.WORKLOADS_READ)
-    query = workload_select().where(WL.name == name).order_by(WL.tenant)
+    query = _named(workload_select(), name, tenant, visible)
+    with store.read() as session:
+        found = load_workloads(session, query)
+    return only_named(found, name, lambda w: w.tenant)
+
+
+def _named(
+    query: Select[Any], name: str, tenant: str | None, visible: frozenset[str] | None
+) -> Select[Any]:
+    """``query`` (a ``workload_select()``) narrowed to the workloads called ``name`` among the
+    ``visible`` tenants (None: all), in ``tenant`` when given, ordered by tenant."""
+    query = query.where(WL.name == name).order_by(WL.tenant)
     if tenant is not None:
         query = query.where(WL.tenant == tenant)
     if visible is not None:
         query = query.where(WL.tenant.in_(visible))
-    with store.read() as session:
-        found = load_workloads(session, query)
-    if not found:
-        raise NotFound(f"workload {name!r} not found", details={"workload": name})
-    if len(found) > 1:
-        raise Conflict(
-            f"several tenants have a workload {name!r}: say which with tenant=",
-            code="ambiguous_name",
-            details={"workload": name, "tenants": sorted(w.tenant for w in found)},
-        )
-    return found[0]
+    return query
 
 
 # A workload's key in a list: its name, then its tenant's (names are unique per tenant only).

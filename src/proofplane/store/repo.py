@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Select, Text, bindparam, cast, select
 from sqlalchemy.orm import Session, joinedload, selectinload
@@ -39,6 +39,8 @@ from proofplane.store.tables import (
     WorkloadRow,
     placement_nodes,
 )
+
+_T = TypeVar("_T")
 
 NODE_LOAD = (selectinload(NodeRow.gpus), selectinload(NodeRow.certifications))
 WORKLOAD_LOAD = (
@@ -423,13 +425,19 @@ def workload_row(
         query = query.where(WorkloadRow.tenant.has(TenantRow.name == tenant))
     if visible is not None:
         query = query.where(WorkloadRow.tenant.has(TenantRow.name.in_(visible)))
-    rows = list(session.scalars(query))
-    if not rows:
+    return only_named(list(session.scalars(query)), name, lambda r: r.tenant.name)
+
+
+def only_named(found: Sequence[_T], name: str, tenant_of: Callable[[_T], str]) -> _T:
+    """The one workload called ``name`` in ``found`` (what a lookup by name among the
+    caller's tenants gave): 404 when none, 409 ``ambiguous_name`` when several tenants have
+    one (``tenant_of``: the tenant of each)."""
+    if not found:
         raise NotFound(f"workload {name!r} not found", details={"workload": name})
-    if len(rows) > 1:
+    if len(found) > 1:
         raise Conflict(
             f"several tenants have a workload {name!r}: say which with tenant=",
             code="ambiguous_name",
-            details={"workload": name, "tenants": sorted(r.tenant.name for r in rows)},
+            details={"workload": name, "tenants": sorted(tenant_of(w) for w in found)},
         )
-    return rows[0]
+    return found[0]
