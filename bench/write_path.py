@@ -12,7 +12,9 @@ the calls the API routes make, after ``--warmup`` untimed pairs, in two phases:
   catches its caches up on the other's writes.
 
 Each write transaction holds the database's one write lock from its first statement to its
-commit, so ``ms_per_pair`` is lock time. ``statements_per_pair`` counts SQL statements.
+commit, so ``ms_per_pair`` is lock time. ``statements_per_pair`` counts SQL statements;
+``python_calls_per_pair`` the Python function calls of up to 50 more pairs run under cProfile
+(deterministic, where a busy machine moves the times).
 ``cpu_ms_per_pair`` is the CPU that time is made of, which a busy machine does not inflate as
 it does the wall time: this process's (``service``: the service code, SQLAlchemy, the driver)
 and that of the PostgreSQL backends serving its connections (``postgres``, from /proc).
@@ -32,8 +34,10 @@ one holds the lock commit as one group, ``Store.write_grouped``) and the lock he
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import statistics
 import sys
 import time
@@ -104,12 +108,22 @@ def phase(url: str, stores: int, pairs: int, warmup: int, prefix: str) -> dict[s
             pair(i)
             ms.append((time.perf_counter() - t0) * 1000)
         cpu, pg = time.process_time() - cpu0, backend_cpu_seconds(backends) - pg0
+        # Python function calls a pair, under cProfile after the timed pairs: a count that a
+        # busy machine does not change, as it does the times above
+        counted = min(pairs, 50)
+        profile = cProfile.Profile()
+        profile.enable()
+        for i in range(warmup + pairs, warmup + pairs + counted):
+            pair(i)
+        profile.disable()
+        calls = pstats.Stats(profile).total_calls  # type: ignore[attr-defined]
         return {
             "stores": stores,
             "pairs": pairs,
             "ms_per_pair_p50": round(statistics.median(ms), 2),
             "ms_per_pair_mean": round(statistics.fmean(ms), 2),
             "statements_per_pair": round(count[0] / pairs, 1),
+            "python_calls_per_pair": round(calls / counted),
             "cpu_ms_per_pair": {
                 "service": round(cpu * 1000 / pairs, 2),
                 "postgres": round(pg * 1000 / pairs, 2),

@@ -28,6 +28,7 @@ def test_bench_write_path_prints_both_phases(tmp_path: Path) -> None:
         run = data[name]
         assert run["stores"] == stores and run["pairs"] == 4
         assert run["ms_per_pair_p50"] > 0 and run["statements_per_pair"] > 10
+        assert run["python_calls_per_pair"] > 1000
         cpu = run["cpu_ms_per_pair"]
         assert cpu["service"] > 0 and cpu["postgres"] >= 0  # PostgreSQL is local here
     assert data["two_over_one"] == round(
