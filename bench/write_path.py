@@ -108,6 +108,7 @@ def phase(url: str, stores: int, pairs: int, warmup: int, prefix: str) -> dict[s
             pair(i)
             ms.append((time.perf_counter() - t0) * 1000)
         cpu, pg = time.process_time() - cpu0, backend_cpu_seconds(backends) - pg0
+        statements = count[0]
         # Python function calls a pair, under cProfile after the timed pairs: a count that a
         # busy machine does not change, as it does the times above
         counted = min(pairs, 50)
@@ -122,7 +123,7 @@ def phase(url: str, stores: int, pairs: int, warmup: int, prefix: str) -> dict[s
             "pairs": pairs,
             "ms_per_pair_p50": round(statistics.median(ms), 2),
             "ms_per_pair_mean": round(statistics.fmean(ms), 2),
-            "statements_per_pair": round(count[0] / pairs, 1),
+            "statements_per_pair": round(statements / pairs, 1),
             "python_calls_per_pair": round(calls / counted),
             "cpu_ms_per_pair": {
                 "service": round(cpu * 1000 / pairs, 2),
