@@ -118,6 +118,45 @@ def test_a_group_carries_at_most_group_max_writes(store: Store) -> None:
     assert [len(b) for b in writes.batches()] == [1, GROUP_MAX, 3]
 
 
+def test_writes_queued_while_the_leader_waits_for_the_lock_join_its_batch(store: Store) -> None:
+    """A leader forms its batch once it holds the write lock, not before it waits for it: the
+    writes that queue while another transaction (another group, process or replica) holds the
+    lock commit with the leader's write, in one transaction."""
+    writes = Writes(store, lambda _item: None)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with store.write(SYSTEM) as tx:
+            tx.session.connection()
+            held.set()
+            assert release.wait(10)
+
+    pool = ThreadPoolExecutor(6)
+    holder = pool.submit(hold)
+    assert held.wait(10)
+    got = {"lead": pool.submit(writes.send, "lead")}
+    group = None
+    for _ in range(1000):
+        group = store._groups.get(writes)
+        if group is not None and group.leading:
+            break
+        threading.Event().wait(0.01)
+    assert group is not None and group.leading  # the leader waits for the lock
+    items = [f"w{i}" for i in range(4)]
+    got |= {i: pool.submit(writes.send, i) for i in items}
+    for _ in range(1000):
+        if sum(1 for p in group.queue if p.item in items) == len(items):
+            break
+        threading.Event().wait(0.01)
+    release.set()
+    writes.queued.set()
+    pool.shutdown(wait=True)
+    holder.result()
+    assert {k: f.result() for k, f in got.items()} == {k: f"{k}@user:{k}" for k in got}
+    assert writes.batches() == [["lead", *items]]  # one transaction for all five
+    assert sorted(t for _s, _a, t in _written(store)) == sorted(["lead", *items])
+
+
 def _only_refused(got: dict[str, Any], refused: str, landed: list[str]) -> None:
     """``refused``'s caller got its own refusal; every other caller (``landed``) its result."""
     with pytest.raises(ValidationFailed, match=f"{refused} is refused"):

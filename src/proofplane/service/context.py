@@ -310,10 +310,7 @@ class _Group(Generic[_I, _R]):
         if lead:
             try:
                 while not pending.done:
-                    with self.cv:
-                        take = min(GROUP_MAX, len(self.queue))
-                        batch = [self.queue.popleft() for _ in range(take)]
-                    self._commit(batch)
+                    self._commit(None)
                     with self.cv:
                         self.cv.notify_all()  # the batch's callers have their outcome
             finally:
@@ -324,10 +321,26 @@ class _Group(Generic[_I, _R]):
             raise pending.error
         return pending.result  # type: ignore[return-value]
 
-    def _commit(self, batch: list[_Pending[_I, _R]]) -> None:
+    def _first(self) -> _Pending[_I, _R]:
+        with self.cv:
+            return self.queue[0]  # the leader's own write is queued until it is done
+
+    def _take(self) -> list[_Pending[_I, _R]]:
+        with self.cv:
+            return [self.queue.popleft() for _ in range(min(GROUP_MAX, len(self.queue)))]
+
+    def _commit(self, given: list[_Pending[_I, _R]] | None) -> None:
+        """Commit ``given`` in one transaction, or (None) what is queued once the write lock is
+        held: the writes that queued while this leader waited for it (another process's or
+        replica's transaction, or another group's in this process) join this batch instead of
+        the next one, so under contention the lock is taken once for all of them."""
         results: list[tuple[_Pending[_I, _R], _R | None, BaseException | None]] = []
+        batch = given or []
         try:
-            with self.store.write(batch[0].actor) as tx:
+            with self.store.write(batch[0].actor if batch else self._first().actor) as tx:
+                if given is None:
+                    tx.session.connection()  # begins the transaction: the lock is held now
+                    batch = self._take()
                 began = tx.now  # the group's time: what a write without ``now`` takes
                 for p in batch:
                     tx.actor, tx.now = p.actor, p.now or began
@@ -341,10 +354,11 @@ class _Group(Generic[_I, _R]):
                         # refused before it changed anything (a check): the others go on
                         results.append((p, None, exc))
         except Unavailable as exc:  # the lock or the database: the same for every write
-            for p in batch:
+            for p in batch or self._take():
                 p.error, p.done = copy.copy(exc), True
             return
         except Exception as exc:
+            batch = batch or self._take()  # failed before the lock: each alone, as below
             if len(batch) == 1:
                 batch[0].error, batch[0].done = exc, True
                 return
