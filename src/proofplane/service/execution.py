@@ -35,8 +35,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import bindparam, func, select
 from sqlalchemy import event as sa_event
-from sqlalchemy import func, select
 
 from proofplane.access import Actor, Permission, authorize
 from proofplane.backends.base import (
@@ -220,10 +220,13 @@ def _cancel_on_rollback(tx: Tx, backend: Backend, job_id: str) -> None:
 
 @functools.cache
 def _to_dispatch(postgres: bool) -> Any:
-    """Placed workloads with a command and no live job, highest priority first (built once per
-    dialect, its cache key too: building it cost more than running it). Only workloads with a
-    command run anywhere: placements without one (the engine is somebody else's, or nothing
-    runs) are never read here, however many a fleet holds."""
+    """The ids of placed workloads with a command and no live job, highest priority first
+    (built once per dialect, its cache key too: building it cost more than running it). Only
+    workloads with a command run anywhere: placements without one (the engine is somebody
+    else's, or nothing runs) are never read here, however many a fleet holds. A Core read of
+    ids: the rows, as ORM objects with what dispatching needs, are loaded only when there is
+    something to dispatch (issue 20: every submit and cancel with an engine runs this, and the
+    ORM query's own cost was most of a replica's dispatch time when it found nothing)."""
     has_job = (
         select(ExecutionJobRow.id)
         .where(
@@ -234,15 +237,21 @@ def _to_dispatch(postgres: bool) -> Any:
     )
     length = func.jsonb_array_length if postgres else func.json_array_length
     return (
-        select(WorkloadRow)
+        select(WorkloadRow.id)
         .where(
             WorkloadRow.status == WorkloadStatus.PLACED.value,
             length(WorkloadRow.command) > 0,
             ~has_job,
         )
-        .options(*WORKLOAD_LOAD)
         .order_by(WorkloadRow.priority.desc(), WorkloadRow.created_at, WorkloadRow.id)
     )
+
+
+_DISPATCH_ROWS = (
+    select(WorkloadRow)
+    .where(WorkloadRow.id.in_(bindparam("ids", expanding=True)))
+    .options(*WORKLOAD_LOAD)
+)
 
 
 def dispatch_new(tx: Tx, view: ClusterView | None = None) -> list[str]:
@@ -255,10 +264,14 @@ def dispatch_new(tx: Tx, view: ClusterView | None = None) -> list[str]:
     query = _to_dispatch(tx.session.get_bind().dialect.name == "postgresql")
     out: list[str] = []
     seen: set[int] = set()
+    session = tx.session
     while True:  # a rejected job frees capacity that pending work may take: dispatch that too
-        rows = [r for r in tx.session.scalars(query) if r.id not in seen]
-        if not rows:
+        session.flush()  # what this transaction placed is what the read below sees
+        ids = [i for i in session.connection().execute(query).scalars() if i not in seen]
+        if not ids:
             return out
+        loaded = {r.id: r for r in session.scalars(_DISPATCH_ROWS, {"ids": ids})}
+        rows = [loaded[i] for i in ids if i in loaded]  # in the order of the read above
         for row in rows:
             seen.add(row.id)
             if row.command and dispatch_placed(tx, backend, row, view) is not None:
