@@ -27,6 +27,8 @@ Timed:
 3. **overload** — the same mix at 5× the rate for ``--overload-seconds``: how many 429s and how
    fast they come back (p50/p99 of a 429's latency; none: the server queues instead of shedding).
 
+``generator_loop_lag_ms``: how late the generator's own loop ran a timer due every 5 ms
+(its p99 against a latency's p99 says how much of that latency is the generator's).
 For the mixed and overload phases, ``event_loop_lag``: how late the workers' event loops ran
 a timer due every 50 ms (``proofplane_event_loop_lag_seconds`` in ``/metrics``): probes, the
 share more than 10 ms late, p50/p99 as histogram bucket bounds. A request, a refusal included,
@@ -106,6 +108,8 @@ READS = (  # class, path, weight within the 70 % of reads
 )
 WRITE_SHARE = 0.30
 CANCEL_SHARE = 0.40  # of the writes, when this client has a workload to cancel
+# How often the generator's own loop probe is due (``generator_loop_lag_ms``)
+LOOP_PROBE_S = 0.005
 DROP_LATE_S = 10.0  # a request that could not be sent within this of its due time is not sent
 
 
@@ -151,11 +155,16 @@ def _head(method: str, path: str, host: str, body: bytes | None = None) -> bytes
     return http_head(method, path, host, TOKEN, body)
 
 
+Records = list[tuple[str, int, float, float]]
+
+
 async def _client(
     base: str, rate: float, seconds: float, k: int, clients: int, tag: str, pool: int
-) -> list[tuple[str, int, float, float]]:
+) -> tuple[Records, list[float]]:
     """Requests k, k+K, k+2K… of the schedule: (class, status or -1 timeout / -2 error,
-    latency ms, late ms)."""
+    latency ms, late ms); and how late this generator's own loop ran a timer due every
+    ``LOOP_PROBE_S`` meanwhile (ms): an answer that arrives while the loop is late waits
+    that long to be timed, so this is the share of a latency that is the generator's."""
     n = int(rate * seconds)
     plan = _plan(n, seed=hash(tag) & 0xFFFF)
     url = urlsplit(base)
@@ -227,6 +236,16 @@ async def _client(
         done = clock()
         out.append((cls, code, (done - sent) * 1000, max(0.0, sent - due) * 1000))
 
+    lags: list[float] = []
+    probing = [True]
+
+    async def probe() -> None:
+        while probing[0]:
+            t = clock()
+            await asyncio.sleep(LOOP_PROBE_S)
+            lags.append(max(0.0, clock() - t - LOOP_PROBE_S) * 1000)
+
+    prober = asyncio.create_task(probe())
     for i in range(k, n, clients):
         due = t0 + i / rate
         wait = due - clock()
@@ -234,12 +253,14 @@ async def _client(
             await asyncio.sleep(wait)
         tasks.append(asyncio.create_task(one(i, plan[i], due)))
     await asyncio.gather(*tasks)
+    probing[0] = False
+    await prober
     while not idle.empty():
         idle.get_nowait().close()
-    return out
+    return out, lags
 
 
-def _client_proc(args: tuple[str, float, float, int, int, str, int]) -> list[Any]:
+def _client_proc(args: tuple[str, float, float, int, int, str, int]) -> tuple[Records, list[float]]:
     # uvloop, the loop the server's workers run on: the generator shares the two cores and
     # times every answer on its own loop, so the less that loop costs, the less its own lag
     # counts in the latencies (and the less CPU it takes from the server)
@@ -252,10 +273,12 @@ def open_loop(
     jobs = [(base, rate, seconds, k, clients, tag, pool) for k in range(clients)]
     t = time.perf_counter()
     if clients == 1:
-        records = _client_proc(jobs[0])
+        records, lags = _client_proc(jobs[0])
     else:
         with multiprocessing.get_context("spawn").Pool(clients) as p:
-            records = [r for part in p.map(_client_proc, jobs) for r in part]
+            parts = p.map(_client_proc, jobs)
+        records = [r for part, _lags in parts for r in part]
+        lags = [lag for _part, part_lags in parts for lag in part_lags]
     wall = time.perf_counter() - t - 0.2
     classes: dict[str, dict[str, Any]] = {}
     for cls in sorted({r[0] for r in records}):
@@ -300,6 +323,12 @@ def open_loop(
             "p50": round(pct(late, 0.5), 2),
             "p99": round(pct(late, 0.99), 2),
             "max": round(max(late, default=0.0), 2),
+        },
+        "generator_loop_lag_ms": {
+            "probes": len(lags),
+            "p50": round(pct(lags, 0.5), 2),
+            "p99": round(pct(lags, 0.99), 2),
+            "max": round(max(lags, default=0.0), 2),
         },
         "classes": classes,
     }

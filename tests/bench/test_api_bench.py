@@ -47,6 +47,9 @@ def test_bench_api_quick(tmp_path: Path) -> None:
         assert m["status_5xx"] == 0 and m["errors"] == 0, m
         late = m["generator_late_ms"]
         assert 0 <= late["p50"] <= late["p99"] <= late["max"], late
+        own_lag = m["generator_loop_lag_ms"]  # the generator's loop, probed every 5 ms
+        assert own_lag["probes"] > 0, own_lag
+        assert 0 <= own_lag["p50"] <= own_lag["p99"] <= own_lag["max"], own_lag
         assert m["cpu_s"]["server"] > 0 and m["cpu_s"]["generator"] > 0, m["cpu_s"]
         assert {"read_node", "read_nodes", "submit"} <= set(m["classes"]), m["classes"]
         slot = m["write_lock"]  # the server's own write-slot counters over the phase
