@@ -222,3 +222,29 @@ def test_inside_a_joined_transaction_a_grouped_write_joins_it(store: Store) -> N
         assert writes.transactions[0][0] is tx
         raise RuntimeError("roll back")
     assert _written(store) == []  # it rolled back with the transaction it joined
+
+
+@pytest.mark.parametrize("error", [Unavailable("no write lock"), RuntimeError("begin failed")])
+def test_a_failure_before_the_batch_is_taken_answers_the_queued_writes(
+    store: Store, monkeypatch: pytest.MonkeyPatch, error: Exception
+) -> None:
+    """The leader takes its batch once it holds the lock: when beginning the transaction
+    fails, the writes queued are answered with that failure (none waits for ever, none is
+    left behind) and the next write commits."""
+    writes = Writes(store, lambda _item: None)
+    real = Store._write
+    failed = []
+
+    def failing(self: Store, actor: Actor, now: datetime | None) -> Any:
+        if not failed:
+            failed.append(actor)
+            raise error
+        return real(self, actor, now)
+
+    monkeypatch.setattr(Store, "_write", failing)
+    with pytest.raises(type(error), match=str(error)):
+        store.write_grouped(SYSTEM, T0, writes, "doomed")
+    assert failed == [SYSTEM] and writes.batches() == []  # nothing was applied
+    assert not store._groups[writes].queue and not store._groups[writes].leading
+    assert store.write_grouped(SYSTEM, T0, writes, "next") == f"next@{SYSTEM.name}"
+    assert [t for _s, _a, t in _written(store)] == ["next"]
