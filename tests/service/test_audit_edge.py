@@ -5,6 +5,7 @@ rollback, the edge is read (or kept) so that the stored tree still verifies."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -92,3 +93,47 @@ def test_a_rolled_back_write_leaves_the_committed_edge(store: Store) -> None:
     _write(store, "after")  # the edge of "kept", not of the rolled-back leaf
     assert reads() == 0
     _verifies(store, 2)
+
+
+def test_the_newest_seq_is_read_once_the_write_lock_is_granted(db_url: str) -> None:
+    """A write that waited for the lock numbers its events after those the holder committed
+    meanwhile (on PostgreSQL the lock and the newest seq are one round trip: the seq must be
+    read with a snapshot taken after the lock was granted, not before), and the log verifies."""
+    first, second = Store(db_url), Store(db_url)  # two processes' or replicas' stores
+    try:
+        held, release = threading.Event(), threading.Event()
+        seqs: dict[str, int] = {}
+
+        def holder() -> None:
+            with first.write(SYSTEM) as tx:
+                tx.record("test.hold", "item", "a")
+                held.set()
+                assert release.wait(10)
+                tx.record("test.hold", "item", "b")
+                seqs["holder"] = tx.last_seq or 0
+
+        thread = threading.Thread(target=holder)
+        thread.start()
+        assert held.wait(10)
+        waited: dict[str, Any] = {}
+
+        def waiter() -> None:
+            with second.write(SYSTEM) as tx:
+                waited["newest"] = tx.newest_seq()  # blocks on the lock until the holder commits
+                tx.record("test.wait", "item", "c")
+                waited["seq"] = tx.last_seq
+
+        other = threading.Thread(target=waiter)
+        other.start()
+        other.join(0.3)
+        assert other.is_alive()  # it waits for the lock the holder has
+        release.set()
+        thread.join(10)
+        other.join(10)
+        assert waited == {"newest": seqs["holder"], "seq": seqs["holder"] + 1}
+        report = audit_svc.verify_log(second, [])
+        assert report.ok and report.first_bad_index is None, report.problems
+        assert report.events == report.tree_size == seqs["holder"] + 1
+    finally:
+        first.dispose()
+        second.dispose()

@@ -32,6 +32,7 @@ from proofplane.model import Outcome
 from proofplane.service import instruments
 from proofplane.store.audit_log import Appender, sqlite_connection
 from proofplane.store.db import (
+    LOCKED_NEWEST_SEQ,
     make_engine,
     read_session,
     write_session,
@@ -158,10 +159,9 @@ class Tx:
             # did (its autoflush): a Core read later in the transaction sees them. The read
             # itself is Core (or the DB-API connection): nothing for the ORM to compile.
             session.flush()
-            # read under this transaction's write lock already, or now
-            last = self._newest if self._newest is not None else _read_last_seq(session, raw)
-            self._next_seq = (last or 0) + 1
-            self.base_seq = last or 0
+            last = self.newest_seq()  # read under this transaction's write lock
+            self._next_seq = last + 1
+            self.base_seq = last
         if self._audit is None:
             size, hint = self._next_seq - 1, self.edge_hint
             if hint is not None and hint[0] == size:
@@ -206,7 +206,15 @@ class Tx:
         if self._next_seq is not None:
             return self._next_seq - 1
         if self._newest is None:
-            self._newest = _read_last_seq(self.session, sqlite_connection(self.session)) or 0
+            session = self.session
+            raw = sqlite_connection(session)
+            if raw is None:
+                session.connection()  # begun: the write lock taken, the newest seq with it
+                locked = session.info.get(LOCKED_NEWEST_SEQ)
+                if locked is not None:
+                    self._newest = int(locked)
+                    return self._newest
+            self._newest = _read_last_seq(session, raw) or 0
         return self._newest
 
     def audit_edge(self) -> tuple[int, list[bytes]] | None:

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import platformdirs
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session
@@ -168,15 +168,37 @@ def erase_freed_pages(engine: Engine) -> None:
         raw.close()
 
 
+# The lock and, once it is held, the newest event's seq: two statements sent as one simple
+# query (no parameters, so the driver allows several), each with its own snapshot, so the
+# second sees every transaction committed before the lock was granted. One round trip instead
+# of two in every write transaction on PostgreSQL (issue 20).
+_LOCK_THEN_NEWEST_SEQ = (
+    f"SELECT pg_advisory_xact_lock({WRITE_LOCK_KEY}); SELECT max(seq) FROM events"
+)
+#: ``Session.info`` key of a PostgreSQL write session: the newest event's seq read right after
+#: its transaction took the write lock (``Tx.newest_seq`` uses it instead of reading again).
+LOCKED_NEWEST_SEQ = "proofplane.locked_newest_seq"
+
+
 def write_session(engine: Engine) -> Session:
-    """A session whose transaction holds the single-writer lock from its first statement."""
+    """A session whose transaction holds the single-writer lock from its first statement. On
+    PostgreSQL the newest event's seq under that lock is in ``info[LOCKED_NEWEST_SEQ]`` once
+    the transaction has begun."""
     if engine.dialect.name == "sqlite":
         return Session(_writing(engine), expire_on_commit=False)
     session = Session(engine, expire_on_commit=False)
 
     @event.listens_for(session, "after_begin")
     def _lock(_session, _tx, connection) -> None:  # noqa: ANN001
-        connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": WRITE_LOCK_KEY})
+        result = connection.exec_driver_sql(_LOCK_THEN_NEWEST_SEQ)
+        try:
+            cursor = result.context.cursor
+            if not cursor.nextset():
+                raise RuntimeError("no result for the newest seq after the write lock")
+            row = cursor.fetchone()
+        finally:
+            result.close()
+        session.info[LOCKED_NEWEST_SEQ] = int(row[0] or 0)
 
     return session
 
