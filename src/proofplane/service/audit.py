@@ -417,7 +417,7 @@ def iter_leaf_hashes(store: Store, batch: int = 20_000) -> Iterator[tuple[int, b
     if store.engine.dialect.name == "sqlite":
         yield from _sqlite_leaf_hashes(store, batch)
         return
-    with store.read() as s:
+    with store.read(streaming=True) as s:
         result = s.execute(
             select(EventRow).order_by(EventRow.seq).execution_options(yield_per=batch)
         )

@@ -505,9 +505,11 @@ class Store:
             session.close()
 
     @contextmanager
-    def read(self) -> Iterator[Session]:
+    def read(self, *, streaming: bool = False) -> Iterator[Session]:
+        """A read session (``store.db.read_session``: autocommit on PostgreSQL unless
+        ``streaming``, which a ``yield_per`` query needs for its server-side cursor)."""
         yield_to_writer(self.engine)  # this database's write slot, held in this process, first
-        session = read_session(self.engine)
+        session = read_session(self.engine, streaming=streaming)
         try:
             with session.begin():
                 yield session

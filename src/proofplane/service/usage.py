@@ -400,7 +400,7 @@ def meter_log(
     """Run the meter over the log for [start, end) (see the module docstring). A large
     SQLite log is read by ``workers`` processes (default: one per CPU from
     ``PARALLEL_FROM`` events), each metering the workloads whose names fall to it."""
-    with store.read() as session:
+    with store.read(streaming=True) as session:  # the events stream (``_stream``)
         models = gpu_models(session, end)
         raw = sqlite_connection(session)
         if raw is not None:

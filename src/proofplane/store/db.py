@@ -332,5 +332,17 @@ def _gate_for(engine: Engine, *, create: bool) -> _Gate | None:
     return gate
 
 
-def read_session(engine: Engine) -> Session:
-    return Session(engine, expire_on_commit=False)
+def read_session(engine: Engine, *, streaming: bool = False) -> Session:
+    """A session for reads. On PostgreSQL it runs in autocommit unless ``streaming``: under
+    READ COMMITTED every statement takes its own snapshot whether or not a transaction wraps
+    it, so a read transaction's BEGIN and COMMIT bought nothing but two round trips per read
+    request (issue 20). ``streaming``: a server-side cursor (``yield_per``) is declared, which
+    needs a transaction."""
+    if streaming or engine.dialect.name != "postgresql":
+        return Session(engine, expire_on_commit=False)
+    autocommit: Engine | None = engine.__dict__.get("_proofplane_autocommit")
+    if autocommit is None:
+        autocommit = engine.__dict__["_proofplane_autocommit"] = engine.execution_options(
+            isolation_level="AUTOCOMMIT"
+        )
+    return Session(autocommit, expire_on_commit=False)

@@ -212,7 +212,7 @@ def _stream(store: Store, where: Any, details: Any = None) -> Iterator[Any]:
     column = (EventRow.details if details is None else type_coerce(details, JsonType)).label(
         "details"
     )
-    with store.read() as s:
+    with store.read(streaming=True) as s:
         q = (
             select(EventRow.seq, EventRow.ts, EventRow.actor, EventRow.action,
                    EventRow.target_type, EventRow.target_id, EventRow.outcome, column)
@@ -377,7 +377,7 @@ def _placement_inputs(store: Store, p: Period) -> Iterator[tuple[Any, ...]]:
         .order_by(EventRow.seq)
         .execution_options(yield_per=20_000)
     )  # fmt: skip
-    with store.read() as s:
+    with store.read(streaming=True) as s:
         yield from s.execute(q)
 
 
