@@ -210,11 +210,8 @@ class Tx:
             raw = sqlite_connection(session)
             if raw is None:
                 session.connection()  # begun: the write lock taken, the newest seq with it
-                locked = session.info.get(LOCKED_NEWEST_SEQ)
-                if locked is not None:
-                    self._newest = int(locked)
-                    return self._newest
-            self._newest = _read_last_seq(session, raw) or 0
+            locked = session.info.get(LOCKED_NEWEST_SEQ)  # PostgreSQL's, read with the lock
+            self._newest = int(locked) if locked is not None else _read_last_seq(session, raw) or 0
         return self._newest
 
     def audit_edge(self) -> tuple[int, list[bytes]] | None:

@@ -270,10 +270,9 @@ def dispatch_new(tx: Tx, view: ClusterView | None = None) -> list[str]:
         ids = [i for i in session.connection().execute(query).scalars() if i not in seen]
         if not ids:
             return out
+        seen.update(ids)  # each looked at once, even one gone by the time it is loaded
         loaded = {r.id: r for r in session.scalars(_DISPATCH_ROWS, {"ids": ids})}
-        rows = [loaded[i] for i in ids if i in loaded]  # in the order of the read above
-        for row in rows:
-            seen.add(row.id)
+        for row in (loaded[i] for i in ids if i in loaded):  # in the order of the read above
             if row.command and dispatch_placed(tx, backend, row, view) is not None:
                 out.append(row.name)
 
