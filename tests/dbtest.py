@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 from importlib import resources
+from typing import Any
 
 import psycopg
 from alembic import command
 from alembic.config import Config
+from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from proofplane.store import migrate
@@ -47,3 +49,25 @@ def migrate_to(engine: Engine, revision: str) -> None:
     assert migrate.current_revision(engine) == revision
     command.upgrade(cfg, "head")
     assert migrate.is_current(engine)
+
+
+def traced_statements(store: Any) -> list[str]:
+    """Every SQL statement run on ``store``'s connections from here on, appended as it runs:
+    on SQLite the DB-API connection's own trace (which also sees what the hot paths run on it
+    directly; the pool is emptied so that its connections are traced from their start, and
+    with it the per-pool caches), on PostgreSQL each cursor execution."""
+    seen: list[str] = []
+    if store.engine.dialect.name == "sqlite":
+
+        @event.listens_for(store.engine, "connect")
+        def trace(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.set_trace_callback(seen.append)
+
+        store.engine.dispose()
+    else:
+
+        @event.listens_for(store.engine, "before_cursor_execute")
+        def counted(_c: Any, _cur: Any, statement: str, *_rest: Any) -> None:
+            seen.append(statement)
+
+    return seen

@@ -1,7 +1,9 @@
 """The Merkle log's right edge between write transactions (``Store`` / ``Tx.edge_hint``, issue
 20): a store's write starts from the edge its last commit left instead of reading it back,
-when the log still holds exactly as many leaves; after another writer appended, or after a
-rollback, the edge is read (or kept) so that the stored tree still verifies."""
+when the log still holds exactly as many leaves; after another writer appended, the edge is
+read (SQLite) or extended by the hashes that came with the write lock (PostgreSQL, each
+checked against its leaves), and after a rollback it is kept, so that the stored tree still
+verifies."""
 
 from __future__ import annotations
 
@@ -10,11 +12,15 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import func, select, update
 
+from dbtest import traced_statements
 from proofplane.access import SYSTEM
 from proofplane.service import audit as audit_svc
-from proofplane.service.context import Store
+from proofplane.service.context import Store, events_after
+from proofplane.store.audit_log import LogCorrupted, node_id
+from proofplane.store.db import LOCKED_HASHES_MAX
+from proofplane.store.tables import AuditHashRow, EventRow
 
 
 class _Boom(Exception):
@@ -22,23 +28,17 @@ class _Boom(Exception):
 
 
 def _edge_reads(store: Store) -> Callable[[], int]:
-    """How many statements on ``store``'s connections read the stored hashes from here on."""
-    seen: list[str] = []
-    if store.engine.dialect.name == "sqlite":  # the log's reads run on the DB-API connection
-
-        @event.listens_for(store.engine, "connect")
-        def trace(dbapi_connection: Any, _record: Any) -> None:
-            dbapi_connection.set_trace_callback(seen.append)
-
-        store.engine.dispose()  # the pool's connections are traced from their start
-    else:
-
-        @event.listens_for(store.engine, "before_cursor_execute")
-        def counted(_c: Any, _cur: Any, statement: str, *_rest: Any) -> None:
-            seen.append(statement)
+    """How many statements on ``store``'s connections read the stored hashes from here on (the
+    write lock's own round trip, which on PostgreSQL brings another writer's, left out)."""
+    seen = traced_statements(store)
 
     def reads() -> int:
-        n = sum(s.lstrip().upper().startswith("SELECT") and "audit_hashes" in s for s in seen)
+        n = sum(
+            s.lstrip().upper().startswith("SELECT")
+            and "audit_hashes" in s
+            and "pg_advisory_xact_lock" not in s
+            for s in seen
+        )
         seen.clear()
         return n
 
@@ -75,7 +75,10 @@ def test_another_writer_appending_makes_the_edge_read_again(db_url: str) -> None
         reads()
         _write(other, "c")  # the log grew past the edge ``mine`` holds
         _write(mine, "d")
-        assert reads() > 0
+        if mine.engine.dialect.name == "sqlite":
+            assert reads() > 0
+        else:  # the other writer's hashes came with the lock and extended the edge
+            assert reads() == 0
         _write(mine, "e")
         assert reads() == 0
         _verifies(mine, 5)
@@ -98,9 +101,11 @@ def test_a_rolled_back_write_leaves_the_committed_edge(store: Store) -> None:
 def test_the_newest_seq_is_read_once_the_write_lock_is_granted(db_url: str) -> None:
     """A write that waited for the lock numbers its events after those the holder committed
     meanwhile (on PostgreSQL the lock and the newest seq are one round trip: the seq must be
-    read with a snapshot taken after the lock was granted, not before), and the log verifies."""
+    read with a snapshot taken after the lock was granted, not before), knows the holder's
+    events (which come in the same round trip, with its Merkle hashes), and the log verifies."""
     first, second = Store(db_url), Store(db_url)  # two processes' or replicas' stores
     try:
+        _write(second, "before")  # its edge and version known: the lock brings what follows
         held, release = threading.Event(), threading.Event()
         seqs: dict[str, int] = {}
 
@@ -120,6 +125,7 @@ def test_the_newest_seq_is_read_once_the_write_lock_is_granted(db_url: str) -> N
         def waiter() -> None:
             with second.write(SYSTEM) as tx:
                 waited["newest"] = tx.newest_seq()  # blocks on the lock until the holder commits
+                waited["known"] = events_after(tx.session, 1, 10)
                 tx.record("test.wait", "item", "c")
                 waited["seq"] = tx.last_seq
 
@@ -130,10 +136,66 @@ def test_the_newest_seq_is_read_once_the_write_lock_is_granted(db_url: str) -> N
         release.set()
         thread.join(10)
         other.join(10)
-        assert waited == {"newest": seqs["holder"], "seq": seqs["holder"] + 1}
+        assert seqs["holder"] == 3
+        assert waited == {
+            "newest": 3,
+            "seq": 4,
+            "known": [(2, "item", "a", "test.hold"), (3, "item", "b", "test.hold")],
+        }
         report = audit_svc.verify_log(second, [])
         assert report.ok and report.first_bad_index is None, report.problems
         assert report.events == report.tree_size == seqs["holder"] + 1
     finally:
         first.dispose()
         second.dispose()
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)  # the lock's round trip
+def test_an_edge_extended_by_another_writers_hashes_checks_them(db_url: str) -> None:
+    """PostgreSQL: the hashes another writer appended, which come with the write lock, extend
+    this store's edge only when they are those of the leaves it stored and nothing more: a
+    damaged hash or one too many refuses the write (nothing of it stays), as reading the
+    edge refuses it."""
+    mine, other = Store(db_url), Store(db_url)
+    try:
+        _write(mine, "a")
+        for i in range(3):  # leaves 2..4 by the other writer: leaf and subtree hashes
+            _write(other, f"o{i}")
+        _write(mine, "b")  # extended by them
+        _verifies(mine, 5)
+        for i in range(2):
+            _write(other, f"p{i}")
+        # leaves 5 and 6 by the other writer; leaf 5 completed the subtree of leaves 4..5:
+        # its stored hash damaged
+        with mine.engine.begin() as conn:
+            conn.execute(
+                update(AuditHashRow)
+                .where(AuditHashRow.id == node_id(1, 2))
+                .values(hash=b"\x00" * 32)
+            )
+        with pytest.raises(LogCorrupted, match="not those of its leaves"):
+            _write(mine, "refused")
+        with mine.read() as session:
+            assert session.scalar(select(func.count()).select_from(EventRow)) == 7
+    finally:
+        mine.dispose()
+        other.dispose()
+
+
+def test_an_edge_behind_by_more_than_the_lock_brings_is_read(db_url: str) -> None:
+    """A store further behind than the lock query's hashes (``LOCKED_HASHES_MAX``) reads the
+    edge as before, and the log verifies."""
+    mine, other = Store(db_url), Store(db_url)
+    try:
+        _write(mine, "a")
+        with other.write(SYSTEM) as tx:
+            tx.record_many(
+                [("test.edge", "test", f"bulk-{i}", {}) for i in range(LOCKED_HASHES_MAX)]
+            )
+        reads = _edge_reads(mine)
+        _write(mine, "b")
+        assert reads() > 0
+        _verifies(mine, LOCKED_HASHES_MAX + 2)
+    finally:
+        mine.dispose()
+        other.dispose()

@@ -109,3 +109,61 @@ def test_a_damaged_edge_hash_is_log_corruption_not_a_bare_value_error(store: Sto
         )
     with store.read() as s, pytest.raises(audit_log.LogCorrupted, match="right edge"):
         audit_log.Appender.load(s, 3)
+
+
+def _leaves(n: int) -> list[bytes]:
+    return [merkle.leaf_hash(f"leaf-{i}".encode()) for i in range(n)]
+
+
+def _appended(leaves: list[bytes]) -> audit_log.Appender:
+    out = audit_log.Appender()
+    out.append_leaves(leaves)
+    return out
+
+
+def test_an_edge_extended_by_the_stored_hashes_is_the_edge_of_the_longer_log() -> None:
+    """``Appender.extended`` (issue 20: another writer's appends, come with the write lock)
+    gives the edge appending the same leaves gives, for every pair of sizes up to 40, and
+    leaves nothing to store."""
+    for size in range(0, 40):
+        for more in range(1, 41 - size):
+            leaves = _leaves(size + more)
+            stored = list(enumerate(_appended(leaves).pending))  # ids are storage order
+            edge = _appended(leaves[:size]).range.hashes
+            out = audit_log.Appender.extended(
+                size, edge, stored[audit_log.stored_before(size) :], size + more
+            )
+            whole = _appended(leaves)
+            assert (out.size, out.range.hashes, out.pending) == (
+                whole.size,
+                whole.range.hashes,
+                [],
+            )
+
+
+@pytest.mark.parametrize(
+    ("damage", "match"),
+    [
+        ("drop_last", "holds hashes"),  # fewer stored than the events say
+        ("extra", "holds hashes"),  # a hash past the log the events make
+        ("subtree", "not those of its leaves"),  # a subtree's hash not its leaves'
+        ("short", "damaged"),  # a leaf hash that is not 32 bytes
+    ],
+)
+def test_an_edge_is_not_extended_by_hashes_that_are_not_the_logs(damage: str, match: str) -> None:
+    size, to = 5, 12  # leaves 5..11 complete subtrees of 2, 4 and 8
+    leaves = _leaves(to + 1)
+    stored = list(enumerate(_appended(leaves[:to]).pending))[audit_log.stored_before(size) :]
+    if damage == "drop_last":
+        stored = stored[:-1]
+    elif damage == "extra":
+        stored.append((stored[-1][0] + 1, leaves[to]))
+    elif damage == "subtree":
+        last_id, _ = stored[-1]  # the last hash stored: the subtree leaf 11 completes
+        stored[-1] = (last_id, b"\x00" * 32)
+    else:
+        first_id, _ = stored[0]  # leaf 5
+        stored[0] = (first_id, b"\x01" * 31)
+    edge = _appended(leaves[:size]).range.hashes
+    with pytest.raises(audit_log.LogCorrupted, match=match):
+        audit_log.Appender.extended(size, edge, stored, to)

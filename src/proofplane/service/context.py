@@ -19,7 +19,7 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
-from sqlalchemy import Dialect, Engine, func, insert, select
+from sqlalchemy import Dialect, Engine, bindparam, func, insert, select
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -32,6 +32,10 @@ from proofplane.model import Outcome
 from proofplane.service import instruments
 from proofplane.store.audit_log import Appender, sqlite_connection
 from proofplane.store.db import (
+    LOCKED_EVENTS,
+    LOCKED_EVENTS_MAX,
+    LOCKED_HASHES,
+    LOCKED_HASHES_MAX,
     LOCKED_NEWEST_SEQ,
     make_engine,
     read_session,
@@ -61,6 +65,9 @@ _EVENT_COLUMNS = (
 # SQLite: values bound as prepared (ts as the column's text, details as canonical JSON text)
 _SQLITE_INSERT = f"INSERT INTO events ({', '.join(_EVENT_COLUMNS)}) VALUES ({', '.join('?' * 8)})"
 
+
+#: An event as the caches catch up from it: ``(seq, target_type, target_id, action)``.
+EventKey = tuple[int, str, str, str]
 
 _OUTCOMES = {o: o.value for o in Outcome}
 _LAST_SEQ = select(func.max(EventRow.__table__.c.seq))
@@ -94,6 +101,11 @@ class Tx:
         # transaction (the network's desired state, issue 14) writes it there, events and all.
         self.extras: dict[str, Any] = {}
         self._finishers: list[Callable[[Tx], None]] = []
+        # Every event after a seq, up to the newest (this transaction's own included), as
+        # ``(seq, target_type, target_id, action)``: what the per-store caches catch up from
+        # (``events_after``), read once for all of them (None: not known yet).
+        self._events: tuple[int, list[EventKey]] | None = None
+        self._events_taken = False  # whether the lock query's events were looked at
 
     def record(
         self,
@@ -164,11 +176,21 @@ class Tx:
             self.base_seq = last
         if self._audit is None:
             size, hint = self._next_seq - 1, self.edge_hint
+            locked = session.info.get(LOCKED_HASHES)
             if hint is not None and hint[0] == size:
                 # Under the write lock the log holds ``size`` leaves, as it did when this
                 # process committed that edge: nobody appended since (every append moves
                 # the newest seq), so the edge is the same and two reads are saved.
                 self._audit = Appender(size, hint[1])
+            elif (
+                hint is not None
+                and locked is not None
+                and locked[0] == hint[0] < size
+                and len(locked[1]) <= LOCKED_HASHES_MAX
+            ):
+                # Another writer appended since: its hashes came with the write lock, and
+                # they extend that edge (each checked against the leaves it stored).
+                self._audit = Appender.extended(hint[0], hint[1], locked[1], size)
             else:
                 self._audit = Appender.load(session, size)
         ts_db: Any = _sqlite_ts(self.now, session.get_bind().dialect) if sqlite else self.now
@@ -193,6 +215,9 @@ class Tx:
             raw.executemany(_SQLITE_INSERT, params)
         else:
             session.execute(insert(EventRow.__table__), rows)
+        known = self.known_events()
+        if known is not None:  # it stays every event after its start: these are the newest
+            known[1].extend((first + k, p[1], p[2], p[0]) for k, p in enumerate(prepared))
         self._next_seq = seq
         self._audit.append_leaves(leaves)
         return list(range(seq - len(leaves), seq))
@@ -213,6 +238,20 @@ class Tx:
             locked = session.info.get(LOCKED_NEWEST_SEQ)  # PostgreSQL's, read with the lock
             self._newest = int(locked) if locked is not None else _read_last_seq(session, raw) or 0
         return self._newest
+
+    def known_events(self) -> tuple[int, list[EventKey]] | None:
+        """``(after, events)``: every event after seq ``after`` up to the newest, in seq order,
+        as this transaction knows them without reading (None: it knows none). On PostgreSQL the
+        lock's round trip brings the events written since this process's last commit
+        (``store.db.write_session``); a complete read by ``events_after`` is kept too; the
+        transaction's own events are added as it writes them."""
+        if not self._events_taken and self._events is None:
+            self._events_taken = True
+            locked = self.session.info.get(LOCKED_EVENTS)
+            # the lock query's rows are all of them unless the limit cut them
+            if locked is not None and len(locked[1]) <= LOCKED_EVENTS_MAX:
+                self._events = (int(locked[0]), list(locked[1]))
+        return self._events
 
     def audit_edge(self) -> tuple[int, list[bytes]] | None:
         """The Merkle log's right edge after this transaction's events (None: none loaded)."""
@@ -257,6 +296,47 @@ def _sqlite_ts(now: datetime, dialect: Dialect) -> str:
 
 
 _TX_INFO = "proofplane.tx"  # a write session's ``Session.info`` key: its ``Tx``
+
+_EVENTS_AFTER = (
+    select(
+        EventRow.__table__.c.seq,
+        EventRow.__table__.c.target_type,
+        EventRow.__table__.c.target_id,
+        EventRow.__table__.c.action,
+    )
+    .where(
+        EventRow.__table__.c.seq > bindparam("after"),
+        EventRow.__table__.c.seq <= bindparam("upto"),
+    )
+    .order_by(EventRow.__table__.c.seq)
+    .limit(bindparam("cap"))
+)
+_NO_END = 2**62
+
+
+def events_after(session: Session, after: int, cap: int, upto: int | None = None) -> list[EventKey]:
+    """The events with ``after < seq <= upto`` (``upto`` None: up to the newest) as ``(seq,
+    target_type, target_id, action)`` in seq order, at most ``cap`` + 1 of them (more than
+    ``cap``: the caller has too many to follow). In a write transaction of ``Store.write``
+    they come from what it already knows when that covers them (``Tx.known_events``): the
+    scheduler cache and the network cache catch up from one read, or from none when the
+    write lock's round trip brought them; a complete read to the newest is kept for the next
+    caller. Elsewhere they are read."""
+    tx = session.info.get(_TX_INFO)
+    known = tx.known_events() if isinstance(tx, Tx) else None
+    if known is not None and known[0] <= after:
+        end = _NO_END if upto is None else upto
+        return [e for e in known[1] if after < e[0] <= end][: cap + 1]
+    rows: list[EventKey] = [
+        (int(seq), target_type, target_id, action)
+        for seq, target_type, target_id, action in session.execute(
+            _EVENTS_AFTER,
+            {"after": after, "upto": _NO_END if upto is None else upto, "cap": cap + 1},
+        )
+    ]
+    if isinstance(tx, Tx) and upto is None and len(rows) <= cap and known is None:
+        tx._events = (after, list(rows))  # every event after ``after``: kept
+    return rows
 
 
 def newest_seq(session: Session) -> int:
@@ -475,7 +555,9 @@ class Store:
                 instruments.observe_write(got - asked, time.perf_counter() - got)
 
     def _write(self, actor: Actor, now: datetime | None) -> Iterator[Tx]:
-        session = write_session(self.engine)
+        # the events since this store's last commit come with the write lock (PostgreSQL)
+        hint = self._audit_edge
+        session = write_session(self.engine, events_after=None if hint is None else hint[0])
         try:
             with session.begin():
                 tx = Tx(session, actor, now or datetime.now(UTC))

@@ -68,10 +68,9 @@ from proofplane.network.segments import (
     next_free,
 )
 from proofplane.service import render_support
-from proofplane.service.context import NewEvent, Store, Tx
+from proofplane.service.context import NewEvent, Store, Tx, events_after
 from proofplane.store.tables import (
     EndpointRow,
-    EventRow,
     NodeNetworkRow,
     NodeRow,
     PlacementRow,
@@ -616,11 +615,6 @@ _ENDPOINTS_NAMED = (
     .join(WorkloadRow, WorkloadRow.id == EndpointRow.workload_id)
     .where(WorkloadRow.name.in_(bindparam("names", expanding=True)))
 )  # fmt: skip
-_EVENTS_BETWEEN = (
-    select(EventRow.action, EventRow.target_type, EventRow.target_id)
-    .where(EventRow.seq > bindparam("after"), EventRow.seq <= bindparam("upto"))
-    .limit(bindparam("cap"))
-)
 
 
 def _relevant(action: str) -> bool:
@@ -649,13 +643,11 @@ class NetworkCache:
             return None
         if self.version == base:
             return self.index, frozenset()
-        events = session.execute(
-            _EVENTS_BETWEEN, {"after": self.version, "upto": base, "cap": CATCH_UP_MAX + 1}
-        ).all()
+        events = events_after(session, self.version, CATCH_UP_MAX, upto=base)
         if len(events) > CATCH_UP_MAX:
             return None
         names: set[str] = set()
-        for action, target_type, target_id in events:
+        for _seq, target_type, target_id, action in events:
             if not _relevant(action) or action in _FOLLOWED_NETWORK_ACTIONS:
                 continue
             if action.startswith("workload.") and target_type == "workload":

@@ -53,7 +53,7 @@ from proofplane.schedule.scoring import DEFAULT_SCORER, SCORERS
 from proofplane.schedule.values import Request
 from proofplane.service import defrag as defrag_store
 from proofplane.service import netstate
-from proofplane.service.context import Tx, newest_seq
+from proofplane.service.context import Tx, events_after, newest_seq
 from proofplane.service.instruments import observe_decision
 from proofplane.service.jobs import cancel_engine_job
 from proofplane.store.repo import (
@@ -271,12 +271,6 @@ UNPLACED_TENANT_ACTIONS = frozenset(
 )
 
 
-_EVENTS_AFTER = (
-    select(EventRow.target_type, EventRow.target_id, EventRow.action)
-    .where(EventRow.seq > bindparam("since"))
-    .order_by(EventRow.seq)
-    .limit(bindparam("cap"))
-)
 # The placed workloads of some names with their tenant, placement and node in one statement
 # (scalar relationships joined: no row repeats), built once; WORKLOAD_LOAD's "SELECT … IN"
 # loads, made for a whole cluster, cost three statements more for the few a catch-up reads.
@@ -444,11 +438,11 @@ class SchedulerCache:
     def _catch_up(self, session: Session, scheduler: Scheduler, since: int) -> bool:
         """Apply the events after ``since`` to ``scheduler`` by reading their targets again.
         False (and nothing trustworthy left) when they cannot be applied one by one."""
-        events = session.execute(_EVENTS_AFTER, {"since": since, "cap": CATCH_UP_MAX + 1}).all()
+        events = events_after(session, since, CATCH_UP_MAX)
         if len(events) > CATCH_UP_MAX:
             return False
         targets: dict[str, set[str]] = {"node": set(), "workload": set(), "tenant": set()}
-        for target_type, target_id, action in events:
+        for _seq, target_type, target_id, action in events:
             if target_type == "tenant" and action in UNPLACED_TENANT_ACTIONS:
                 continue
             if target_type in targets:

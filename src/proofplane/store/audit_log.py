@@ -92,6 +92,35 @@ class Appender:
         except ValueError as exc:  # a stored edge hash that is not 32 bytes
             raise LogCorrupted(f"the Merkle log's right edge is damaged: {exc}") from exc
 
+    @classmethod
+    def extended(
+        cls, size: int, edge: Iterable[bytes], stored: Sequence[tuple[int, bytes]], to: int
+    ) -> Appender:
+        """The appender for a log that must hold exactly ``to`` leaves, from its edge at
+        ``size`` leaves (``edge``) and every hash stored after those, ``stored`` (``(id,
+        hash)`` in id order, from id ``stored_before(size)`` on): the leaves appended since
+        extend the edge, and every hash that computes must be the stored one. No read: another
+        writer's appends, which came with the write lock, move this process's last edge."""
+        start, end = stored_before(size), stored_before(to)
+        if [i for i, _ in stored] != list(range(start, end)):
+            raise LogCorrupted(
+                f"the Merkle log holds hashes {stored[0][0] if stored else '-'}.."
+                f"{stored[-1][0] if stored else '-'} after its edge at {size} leaves, not "
+                f"{start}..{end - 1} for {to} events"
+            )
+        by_id = dict(stored)
+        out = cls(size, edge)
+        try:
+            out.append_leaves(by_id[node_id(0, i)] for i in range(size, to))
+        except ValueError as exc:  # a stored leaf hash that is not 32 bytes
+            raise LogCorrupted(f"the Merkle log's hashes are damaged: {exc}") from exc
+        if out.pending != [h for _, h in stored]:
+            raise LogCorrupted(
+                f"the Merkle log's hashes after {size} leaves are not those of its leaves"
+            )
+        out.pending = []  # stored already
+        return out
+
     def append_leaf(self, leaf: bytes) -> None:
         self.pending += self.range.extend((leaf,))
 

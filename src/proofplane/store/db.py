@@ -38,6 +38,7 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session
 
 from proofplane.errors import Unavailable, ValidationFailed
+from proofplane.store.audit_log import stored_before
 
 WRITE_LOCK_KEY = 84700001  # advisory-lock key for PostgreSQL write transactions
 BUSY_TIMEOUT_S = 30  # SQLite busy_timeout, and the longest wait for the writer gate
@@ -178,27 +179,65 @@ _LOCK_THEN_NEWEST_SEQ = (
 #: ``Session.info`` key of a PostgreSQL write session: the newest event's seq read right after
 #: its transaction took the write lock (``Tx.newest_seq`` uses it instead of reading again).
 LOCKED_NEWEST_SEQ = "proofplane.locked_newest_seq"
+#: ``Session.info`` key of a PostgreSQL write session opened with ``events_after``: ``(after,
+#: rows)``, the events after seq ``after`` as ``(seq, target_type, target_id, action)`` in seq
+#: order, read in the lock's round trip; at most ``LOCKED_EVENTS_MAX`` + 1 rows (more: the
+#: rows are not all of them).
+LOCKED_EVENTS = "proofplane.locked_events"
+#: The most events a write transaction's lock query brings along. A writer that is further
+#: behind (a replica that has only read for a while) reads what its caches need itself.
+LOCKED_EVENTS_MAX = 256
+#: ``Session.info`` key of the same session: ``(after, rows)``, the Merkle log's stored hashes
+#: from the first one a log of ``after`` leaves does not hold, as ``(id, hash)`` in id order
+#: (what extends this process's last edge by another writer's appends, ``Appender.extended``);
+#: at most ``LOCKED_HASHES_MAX`` + 1 rows.
+LOCKED_HASHES = "proofplane.locked_hashes"
+#: Enough for the hashes of ``LOCKED_EVENTS_MAX`` leaves (each leaf and the subtrees it
+#: completes: fewer than two a leaf, plus the edge's height).
+LOCKED_HASHES_MAX = 2 * LOCKED_EVENTS_MAX + 64
 
 
-def write_session(engine: Engine) -> Session:
+def write_session(engine: Engine, events_after: int | None = None) -> Session:
     """A session whose transaction holds the single-writer lock from its first statement. On
     PostgreSQL the newest event's seq under that lock is in ``info[LOCKED_NEWEST_SEQ]`` once
-    the transaction has begun."""
+    the transaction has begun, and with ``events_after`` (the newest seq this process knows
+    of) the events another process or replica wrote since are in ``info[LOCKED_EVENTS]``:
+    what the per-process caches catch up from, read in the same round trip (issue 20), with
+    the Merkle log's hashes they appended in ``info[LOCKED_HASHES]``."""
     if engine.dialect.name == "sqlite":
         return Session(_writing(engine), expire_on_commit=False)
     session = Session(engine, expire_on_commit=False)
+    after = None if events_after is None else int(events_after)  # an int: safe in the text
+    sql = _LOCK_THEN_NEWEST_SEQ
+    if after is not None:
+        sql += (
+            f"; SELECT seq, target_type, target_id, action FROM events WHERE seq > {after}"
+            f" ORDER BY seq LIMIT {LOCKED_EVENTS_MAX + 1}"
+            f"; SELECT id, hash FROM audit_hashes WHERE id >= {stored_before(after)}"
+            f" ORDER BY id LIMIT {LOCKED_HASHES_MAX + 1}"
+        )
 
     @event.listens_for(session, "after_begin")
     def _lock(_session, _tx, connection) -> None:  # noqa: ANN001
-        result = connection.exec_driver_sql(_LOCK_THEN_NEWEST_SEQ)
+        result = connection.exec_driver_sql(sql)
         try:
             cursor = result.context.cursor
             if not cursor.nextset():
                 raise RuntimeError("no result for the newest seq after the write lock")
             row = cursor.fetchone()
+            if after is not None:
+                if not cursor.nextset():
+                    raise RuntimeError("no result for the events after the write lock")
+                events = [tuple(r) for r in cursor.fetchall()]
+                if not cursor.nextset():
+                    raise RuntimeError("no result for the log's hashes after the write lock")
+                hashes = [(int(i), bytes(h)) for i, h in cursor.fetchall()]
         finally:
             result.close()
         session.info[LOCKED_NEWEST_SEQ] = int(row[0] or 0)
+        if after is not None:
+            session.info[LOCKED_EVENTS] = (after, events)
+            session.info[LOCKED_HASHES] = (after, hashes)
 
     return session
 
