@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import bindparam, func, select
 from sqlalchemy import event as sa_event
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session, contains_eager, joinedload
+from sqlalchemy.orm import Session
 from sqlalchemy.pool import Pool
 
 from proofplane.config import mig_auto_layout
@@ -59,6 +59,7 @@ from proofplane.service.jobs import cancel_engine_job
 from proofplane.store.repo import (
     NODE_LOAD,
     WORKLOAD_LOAD,
+    devices_from_json,
     devices_to_json,
     drained_gpus,
     members_to_json,
@@ -271,19 +272,40 @@ UNPLACED_TENANT_ACTIONS = frozenset(
 )
 
 
-# The placed workloads of some names with their tenant, placement and node in one statement
-# (scalar relationships joined: no row repeats), built once; WORKLOAD_LOAD's "SELECT … IN"
-# loads, made for a whole cluster, cost three statements more for the few a catch-up reads.
+# The placed workloads of some names: what the scheduler holds for each, with its tenant's
+# name, its placement and the placement's node joined, as columns (no ORM object: a catch-up
+# after another replica's write runs this in the transaction, under the write lock), built once.
+_W, _T, _P, _N = (t.__table__.c for t in (WorkloadRow, TenantRow, PlacementRow, NodeRow))
 _PLACED_NAMED = (
-    select(WorkloadRow)
-    .join(WorkloadRow.placement)
-    .where(WorkloadRow.name.in_(bindparam("names", expanding=True)))
-    .options(
-        joinedload(WorkloadRow.tenant),
-        contains_eager(WorkloadRow.placement).joinedload(PlacementRow.node),
+    select(
+        _W.id, _W.name, _T.name, _W.isolation, _W.priority, _W.tags, _W.co_residency,
+        _W.cpu_milli, _W.memory_mib, _N.name, _P.devices, _P.members,
     )
-    .order_by(PlacementRow.placed_at, PlacementRow.id)
-)
+    .join_from(WorkloadRow.__table__, TenantRow.__table__, _T.id == _W.tenant_id)
+    .join(PlacementRow.__table__, _P.workload_id == _W.id)
+    .join(NodeRow.__table__, _N.id == _P.node_id)
+    .where(_W.name.in_(bindparam("names", expanding=True)))
+    .order_by(_P.placed_at, _P.id)
+)  # fmt: skip
+
+
+def _held_of_columns(values: Any) -> Held:
+    """``held_of`` for a row of ``_PLACED_NAMED``."""
+    (wid, name, tenant, isolation, priority, tags, co_residency, cpu_milli, memory_mib,
+     node, devices, members) = values  # fmt: skip
+    parts = tuple(Placement(m["node"], devices_from_json(m["devices"])) for m in members or ())
+    return Held(
+        wid,
+        name,
+        tenant,
+        IsolationLevel(isolation),
+        priority,
+        pool_of(tags),
+        Placement(node, devices_from_json(devices), parts),
+        co_residency,
+        cpu_milli,
+        memory_mib,
+    )
 
 
 class SchedulerCache:
@@ -503,9 +525,9 @@ class SchedulerCache:
             return
         for key in [k for k, h in scheduler.held.items() if h.name in names]:
             scheduler.release(key)
-        placed = session.scalars(_PLACED_NAMED, {"names": sorted(names)}).unique()
-        for row in placed:  # joined to its placement: every row holds one
-            scheduler.hold(held_of(row))
+        session.flush()  # what this transaction changed through the ORM, as a query would
+        for values in session.connection().execute(_PLACED_NAMED, {"names": sorted(names)}):
+            scheduler.hold(_held_of_columns(values))  # joined to its placement: each holds one
 
     def _before_commit(self, session: Session, held: Scheduler) -> None:
         if self.scheduler is held:
