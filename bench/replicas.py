@@ -17,6 +17,11 @@ request kind; the server processes' CPU seconds. Meanwhile a sampler reads
 database's backends waiting on the write lock (``store.db``: every write transaction takes
 one transaction-scoped advisory lock, so writes of all replicas queue there) and
 ``write_lock_busy`` the share of samples with a backend holding or waiting on it.
+``write_transactions``: the replicas' write transactions meanwhile (their ``/metrics``
+``proofplane_db_write_lock_seconds`` count, the background loops' few included), and
+``writes_per_transaction`` the submits and cancels answered over it: how many writes a group
+commit (``Store.write_grouped``) carries at once, each transaction paying the lock, the log's
+edge, the network's desired state and the commit once for all of them.
 
 After each phase: every placement from ``GET /api/v1/workloads`` is checked against the
 others (no GPU or MIG slot holds more than 1000 thousandths: ``double_allocations``); the
@@ -66,9 +71,11 @@ from _server import (
     cpu_delta,
     engine_url,
     load_demo,
+    metrics_text,
     pct,
     process_cpu_seconds,
     throwaway_postgres,
+    write_lock,
 )
 from proofplane.machine import machine
 
@@ -175,6 +182,7 @@ def phase(admin_url: str, replicas: int, clients: int, duration: float) -> dict[
                 return done
 
             before = {s.port: s.cpu_seconds() for s in servers}
+            tx0 = sum(write_lock(metrics_text(s.base, TOKEN))["held_count"] for s in servers)
             pg0, gen0 = process_cpu_seconds("postgres"), time.process_time()
             with LockSampler(url) as sampler, ThreadPoolExecutor(clients) as pool:
                 t0 = time.perf_counter()
@@ -186,6 +194,7 @@ def phase(admin_url: str, replicas: int, clients: int, duration: float) -> dict[
                 f"replica_{k}": cpu_delta(before[s.port], s.cpu_seconds())["total"]
                 for k, s in enumerate(servers)
             }
+            tx1 = sum(write_lock(metrics_text(s.base, TOKEN))["held_count"] for s in servers)
             placed, twice = no_device_twice(servers[0].base)
         finally:
             for s in servers:
@@ -209,6 +218,8 @@ def phase(admin_url: str, replicas: int, clients: int, duration: float) -> dict[
                 "load_generator": round(gen_cpu * 1000 / max(submits, 1), 2),
             },
             "wall_s": round(wall, 2),
+            "write_transactions": int(tx1 - tx0),
+            "writes_per_transaction": round((submits + len(lat["cancel"])) / max(tx1 - tx0, 1), 2),
             **sampler.summary(),
             "placements_checked": placed,
             "double_allocations": twice,
