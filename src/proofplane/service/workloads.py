@@ -751,8 +751,8 @@ def _cancel_in_group(tx: Tx, item: tuple[str, str | None, str | None, Any]) -> W
     view = _kept_view(tx, _CANCEL_VIEW) or ClusterView.cached_if_current(tx)
     session = tx.session
     session.flush()  # what this transaction changed is what the read below sees
-    query = _named(workload_target_select(), name, tenant, visible)
-    found = load_workload_targets(session, query)
+    query, params = _named(True, name, tenant, visible)
+    found = load_workload_targets(session, query, params)
     wid, pid, workload = only_named(found, name, lambda f: f[2].tenant)
     status = workload.status
     if status.is_terminal:
@@ -851,23 +851,39 @@ def get_workload(store: Store, actor: Actor, name: str, *, tenant: str | None = 
     given); a name several visible tenants use needs ``tenant`` (409 ``ambiguous_name``)."""
     authorize(actor, Permission.WORKLOADS_READ)
     visible = actor.visible_tenants(Permission.WORKLOADS_READ)
-    query = _named(workload_select(), name, tenant, visible)
+    query, params = _named(False, name, tenant, visible)
     with store.read() as session:
-        found = load_workloads(session, query)
+        found = load_workloads(session, query, params)
     return only_named(found, name, lambda w: w.tenant)
 
 
 def _named(
-    query: Select[Any], name: str, tenant: str | None, visible: frozenset[str] | None
-) -> Select[Any]:
-    """``query`` (a ``workload_select()``) narrowed to the workloads called ``name`` among the
-    ``visible`` tenants (None: all), in ``tenant`` when given, ordered by tenant."""
-    query = query.where(WL.name == name).order_by(WL.tenant)
+    targets: bool, name: str, tenant: str | None, visible: frozenset[str] | None
+) -> tuple[Select[Any], dict[str, Any]]:
+    """A ``workload_select()`` (``targets``: ``workload_target_select()``) of the workloads
+    called ``name`` among the ``visible`` tenants (None: all), in ``tenant`` when given,
+    ordered by tenant, and its parameters. Each of its eight shapes is built once (issue 20:
+    building the statement and its cache key cost more than running it, in every cancel)."""
+    shape = (targets, tenant is not None, visible is not None)
+    query = _NAMED.get(shape)
+    if query is None:
+        query = (workload_target_select() if targets else workload_select()).where(
+            WL.name == bindparam("name")
+        )
+        if tenant is not None:
+            query = query.where(WL.tenant == bindparam("tenant"))
+        if visible is not None:
+            query = query.where(WL.tenant.in_(bindparam("visible", expanding=True)))
+        query = _NAMED.setdefault(shape, query.order_by(WL.tenant))
+    params: dict[str, Any] = {"name": name}
     if tenant is not None:
-        query = query.where(WL.tenant == tenant)
+        params["tenant"] = tenant
     if visible is not None:
-        query = query.where(WL.tenant.in_(visible))
-    return query
+        params["visible"] = sorted(visible)
+    return query, params
+
+
+_NAMED: dict[tuple[bool, bool, bool], Select[Any]] = {}
 
 
 # A workload's key in a list: its name, then its tenant's (names are unique per tenant only).

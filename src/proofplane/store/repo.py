@@ -317,9 +317,12 @@ def workload_on_node(node: str) -> Any:
     )
 
 
-def load_workloads(session: Session, query: Select[Any]) -> list[Workload]:
-    """The workloads ``query`` (a ``workload_select()``) selects, in its order."""
-    return [_workload(values) for values in session.connection().execute(query)]
+def load_workloads(
+    session: Session, query: Select[Any], params: dict[str, Any] | None = None
+) -> list[Workload]:
+    """The workloads ``query`` (a ``workload_select()``, its bound ``params``) selects, in its
+    order."""
+    return [_workload(values) for values in session.connection().execute(query, params)]
 
 
 def workload_target_select() -> Select[Any]:
@@ -330,12 +333,13 @@ def workload_target_select() -> Select[Any]:
 
 
 def load_workload_targets(
-    session: Session, query: Select[Any]
+    session: Session, query: Select[Any], params: dict[str, Any] | None = None
 ) -> list[tuple[int, int | None, Workload]]:
-    """Each workload a ``workload_target_select()`` selects, with its row id and its
-    placement's id, in its order."""
+    """Each workload a ``workload_target_select()`` (its bound ``params``) selects, with its
+    row id and its placement's id, in its order."""
     return [
-        (*values[-2:], _workload(values[:-2])) for values in session.connection().execute(query)
+        (*values[-2:], _workload(values[:-2]))
+        for values in session.connection().execute(query, params)
     ]
 
 
