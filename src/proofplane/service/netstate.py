@@ -963,23 +963,37 @@ class Readiness:
         return self.blocked_all | blocked
 
 
-_REPORTING = (
-    select(NodeNetworkRow, NodeRow.name)
-    .join(NodeRow, NodeRow.id == NodeNetworkRow.node_id)
-    .where(NodeNetworkRow.reported_at.is_not(None))
-)
+# The reporting nodes that may block anything, as columns (no ORM row). Only a drifted node
+# can: a segment brought at a generation the node has not applied is a generation lag, and a
+# ruleset mismatch or a failed self-check is drift too, while a node in line with its desired
+# state blocks nothing. The ``drift`` column is kept equal to ``note_drift`` by every write of
+# what it derives from (a report, a new desired generation), so a placement reads the few
+# nodes behind their desired state, not every node under network management (issue 20).
+_NN = NodeNetworkRow.__table__.c
+_DRIFTED = (
+    select(
+        NodeRow.__table__.c.name, _NN.reported_at, _NN.applied_generation,
+        _NN.desired_generation, _NN.applied_sha256, _NN.desired_sha256,
+        _NN.expected_ruleset_sha256, _NN.ruleset_sha256, _NN.self_check, _NN.segment_since,
+    )
+    .join_from(NodeNetworkRow.__table__, NodeRow.__table__,
+               NodeRow.__table__.c.id == _NN.node_id)
+    .where(_NN.reported_at.is_not(None), _NN.drift.is_(True))
+)  # fmt: skip
 
 
 def load_readiness(session: Session) -> Readiness | None:
-    """The readiness of the nodes under network management; None when no node reports (the
-    common case: then placement filters nothing)."""
-    rows = session.execute(_REPORTING).all()
+    """The readiness of the nodes under network management; None when none may block anything
+    (the common case: then placement filters nothing)."""
+    session.flush()  # this transaction's reports and generations, as a query would see them
+    rows = session.connection().execute(_DRIFTED).all()
     if not rows:
         return None
     blocked_all: set[str] = set()
     by_vni: dict[int, set[str]] = {}
-    for row, name in rows:
-        if BLOCKS_ALL & set(drift_reasons(row)):
+    for row in rows:  # a Row has the columns drift_reasons reads, by name
+        name = row.name
+        if BLOCKS_ALL & set(drift_reasons(row)):  # type: ignore[arg-type]
             blocked_all.add(name)
         applied = row.applied_generation or 0
         for text, since in (row.segment_since or {}).items():
