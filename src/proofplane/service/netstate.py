@@ -42,6 +42,7 @@ from sqlalchemy import event as sa_event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.orm.util import identity_key
 from sqlalchemy.pool import Pool
 
 from proofplane.access import Actor
@@ -826,11 +827,19 @@ def _listen(tx: Tx, cache: NetworkCache, st: _NetTx) -> None:
     sa_event.listen(session, "after_rollback", after_rollback)
 
 
+_NN = NodeNetworkRow.__table__.c
+# What a new generation is computed from, per node, as columns (no ORM row: issue 20); the
+# columns ``note_drift`` reads are among them.
 _NODE_NETWORK_OF = (
-    select(NodeNetworkRow, NodeRow.name)
-    .join(NodeRow, NodeRow.id == NodeNetworkRow.node_id)
-    .where(NodeRow.name.in_(bindparam("names", expanding=True)))
-)
+    select(
+        _NN.node_id, NodeRow.__table__.c.name, _NN.desired_generation, _NN.desired_sha256,
+        _NN.segment_since, _NN.reported_at, _NN.applied_generation, _NN.applied_sha256,
+        _NN.ruleset_sha256, _NN.self_check,
+    )
+    .join_from(NodeNetworkRow.__table__, NodeRow.__table__,
+               NodeRow.__table__.c.id == _NN.node_id)
+    .where(NodeRow.__table__.c.name.in_(bindparam("names", expanding=True)))
+)  # fmt: skip
 _NETWORK_TABLE = NodeNetworkRow.__table__
 # A new generation's columns, for every bumped node in one executemany UPDATE: Core, not the
 # ORM's flush (whose unit of work cost more than the statement), the loaded rows told the
@@ -851,12 +860,13 @@ def _bump(tx: Tx, st: _NetTx, index: NetworkIndex, affected: Iterable[str]) -> N
     which segments each generation brought); one ``network.desired`` event for them all.
     Everything is computed before the first row changes: a refusal leaves no node half-done."""
     names = sorted(n for n in affected if n in index.nodes)
-    tx.session.flush()  # nothing of these rows pending: the values set below are the stored ones
-    updates: list[tuple[NodeNetworkRow, NodeDesired, str | None]] = []
+    session = tx.session
+    session.flush()  # nothing of these rows pending: the values read below are the stored ones
+    updates: list[tuple[Any, NodeDesired, str | None]] = []
     for at in range(0, len(names), _IN_CHUNK):
-        rows = tx.session.execute(_NODE_NETWORK_OF, {"names": names[at : at + _IN_CHUNK]}).all()
-        for row, name in rows:
-            d = index.desired(name)
+        rows = session.connection().execute(_NODE_NETWORK_OF, {"names": names[at : at + _IN_CHUNK]})
+        for row in rows:
+            d = index.desired(row.name)
             if d.sha256 != row.desired_sha256:
                 updates.append((row, d, expected_ruleset_sha256(d)))
     changed: dict[str, dict[str, Any]] = {}
@@ -872,10 +882,12 @@ def _bump(tx: Tx, st: _NetTx, index: NetworkIndex, affected: Iterable[str]) -> N
             "expected_ruleset_sha256": ruleset,
             "updated_at": tx.now,
         }  # fmt: skip
-        for column, value in values.items():
-            set_committed_value(row, column, value)
-        values["drift"] = note_drift(row)  # from the new desired state
-        set_committed_value(row, "drift", values["drift"])
+        # the drift from the new desired state and the node's last report
+        values["drift"] = note_drift(_Reported(row, values))  # type: ignore[arg-type]
+        loaded = session.identity_map.get(identity_key(NodeNetworkRow, row.node_id))
+        if loaded is not None:  # a row this transaction holds as an object: told, not stale
+            for column, value in values.items():
+                set_committed_value(loaded, column, value)
         params.append({"b_node_id": row.node_id, **{f"b_{c}": v for c, v in values.items()}})
         changed[d.node] = {
             "generation": generation,
@@ -883,8 +895,22 @@ def _bump(tx: Tx, st: _NetTx, index: NetworkIndex, affected: Iterable[str]) -> N
             "segments": [s.vni for s in d.segments],
         }
     if changed:
-        tx.session.connection().execute(_BUMP_ROWS, params)
+        session.connection().execute(_BUMP_ROWS, params)
         st.events.append(NewEvent("network.desired", "network", "desired", {"nodes": changed}))
+
+
+class _Reported:
+    """A node's stored report with a new desired state: what ``drift_reasons`` reads."""
+
+    def __init__(self, row: Any, desired: Mapping[str, Any]) -> None:
+        self.reported_at = row.reported_at
+        self.applied_generation = row.applied_generation
+        self.applied_sha256 = row.applied_sha256
+        self.ruleset_sha256 = row.ruleset_sha256
+        self.self_check = row.self_check
+        self.desired_generation = desired["desired_generation"]
+        self.desired_sha256 = desired["desired_sha256"]
+        self.expected_ruleset_sha256 = desired["expected_ruleset_sha256"]
 
 
 def _finish(tx: Tx) -> None:
@@ -969,7 +995,6 @@ class Readiness:
 # state blocks nothing. The ``drift`` column is kept equal to ``note_drift`` by every write of
 # what it derives from (a report, a new desired generation), so a placement reads the few
 # nodes behind their desired state, not every node under network management (issue 20).
-_NN = NodeNetworkRow.__table__.c
 _DRIFTED = (
     select(
         NodeRow.__table__.c.name, _NN.reported_at, _NN.applied_generation,
