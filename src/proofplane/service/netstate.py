@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, or_, select, update
+from sqlalchemy import bindparam, delete, insert, or_, select, update
 from sqlalchemy import event as sa_event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
@@ -410,9 +410,16 @@ _TOUCHED = (
     .where(WorkloadRow.id.in_(bindparam("ids", expanding=True)))
     .order_by(WorkloadRow.id)
 )
-_ENDPOINTS_OF = select(EndpointRow).where(
-    EndpointRow.workload_id.in_(bindparam("ids", expanding=True))
-)
+# The endpoints are read and written as columns by Core statements (issue 20: the ORM's unit
+# of work for them was the largest part of a placing transaction's network sync).
+_EPT = EndpointRow.__table__
+_ENDPOINTS_OF = select(
+    _EPT.c.id, _EPT.c.workload_id, _EPT.c.member, _EPT.c.key, _EPT.c.tenant, _EPT.c.vni,
+    _EPT.c.ip, _EPT.c.mac, _EPT.c.node,
+).where(_EPT.c.workload_id.in_(bindparam("ids", expanding=True)))  # fmt: skip
+_DELETE_ENDPOINTS = delete(_EPT).where(_EPT.c.id.in_(bindparam("ids", expanding=True)))
+_MOVE_ENDPOINT = update(_EPT).where(_EPT.c.id == bindparam("m_id")).values(node=bindparam("m_node"))
+_INSERT_ENDPOINT = insert(_EPT)
 _OWN_SEGMENTS_OF = select(SegmentRow).where(
     SegmentRow.workload_id.in_(bindparam("ids", expanding=True)), SegmentRow.state == ACTIVE
 )
@@ -430,7 +437,7 @@ def _sync_endpoints(tx: Tx, st: _NetTx) -> tuple[dict[str, _Ep | None], bool]:
         return out, False
     session.flush()
     rows: list[Any] = []
-    existing: dict[int, dict[int, EndpointRow]] = {}
+    existing: dict[int, dict[int, Any]] = {}
     own_segments: dict[int | None, SegmentRow] = {}
     for at in range(0, len(ids), _IN_CHUNK):
         chunk = ids[at : at + _IN_CHUNK]
@@ -438,7 +445,7 @@ def _sync_endpoints(tx: Tx, st: _NetTx) -> tuple[dict[str, _Ep | None], bool]:
         stored = [i for i in chunk if i not in st.created]  # the others have none stored
         if not stored:
             continue
-        for ep in session.scalars(_ENDPOINTS_OF, {"ids": stored}):
+        for ep in session.connection().execute(_ENDPOINTS_OF, {"ids": stored}):
             existing.setdefault(ep.workload_id, {})[ep.member] = ep
         for seg in session.scalars(_OWN_SEGMENTS_OF, {"ids": stored}):
             own_segments[seg.workload_id] = seg
@@ -453,8 +460,11 @@ def _sync_endpoints(tx: Tx, st: _NetTx) -> tuple[dict[str, _Ep | None], bool]:
     tenant_vni: dict[str, int | None] = {}
     policies: dict[str, NetworkPolicy] = {}
     wrote = False
-    # First what ended: its addresses are free (and deleted, flushed) before any is handed out
-    # again in this transaction (a flush inserts before it deletes).
+    # First what ended: its addresses are free (and deleted) before any is handed out again in
+    # this transaction.
+    gone: list[int] = []
+    moved: list[dict[str, Any]] = []
+    new: list[dict[str, Any]] = []
     ended = [r for r in rows if WorkloadStatus(r[2]).is_terminal]
     for wid, name, status, tenant, _profile, _node, _members in ended:
         for ep in existing.get(wid, {}).values():
@@ -464,11 +474,13 @@ def _sync_endpoints(tx: Tx, st: _NetTx) -> tuple[dict[str, _Ep | None], bool]:
                  "mac": ep.mac}
             )  # fmt: skip
             st.used_ips.get(ep.vni, set()).discard(ep.ip)
-            session.delete(ep)
+            gone.append(ep.id)
             wrote = True
         own = own_segments.get(wid)
         if own is not None:
             release_segment(tx, own, f"workload {name} {status}")
+    if gone:  # deleted before any address is handed out again in this transaction
+        session.connection().execute(_DELETE_ENDPOINTS, {"ids": gone})
     session.flush()
     for wid, name, status, tenant, profile, node, members in rows:
         if WorkloadStatus(status).is_terminal:
@@ -478,7 +490,7 @@ def _sync_endpoints(tx: Tx, st: _NetTx) -> tuple[dict[str, _Ep | None], bool]:
         for member, ep in eps.items():
             where = nodes[member] if member < len(nodes) else None
             if ep.node != where:
-                ep.node = where
+                moved.append({"m_id": ep.id, "m_node": where})
                 wrote = True
             out[ep.key] = _Ep(ep.key, ep.tenant, ep.vni, ep.ip, ep.mac, where)
         for member, where in enumerate(nodes):
@@ -511,18 +523,19 @@ def _sync_endpoints(tx: Tx, st: _NetTx) -> tuple[dict[str, _Ep | None], bool]:
                 continue
             used.add(ip)
             mac = endpoint_mac(tenant, key)
-            session.add(
-                EndpointRow(
-                    workload_id=wid, member=member, key=key, tenant=tenant, vni=vni, ip=ip,
-                    mac=mac, node=where, created_at=tx.now,
-                )
-            )  # fmt: skip
+            new.append({"workload_id": wid, "member": member, "key": key, "tenant": tenant,
+                        "vni": vni, "ip": ip, "mac": mac, "node": where,
+                        "created_at": tx.now})  # fmt: skip
             wrote = True
             out[key] = _Ep(key, tenant, vni, ip, mac, where)
             allocated.setdefault(tenant, []).append(
                 {"workload": name, "member": member, "vni": vni, "ip": ip, "mac": mac}
             )
-    session.flush()
+    connection = session.connection()
+    if moved:
+        connection.execute(_MOVE_ENDPOINT, moved)
+    if new:
+        connection.execute(_INSERT_ENDPOINT, new)
     for tenant in sorted(set(allocated) | set(released)):
         details: dict[str, Any] = {"tenant": tenant}
         if tenant in allocated:
