@@ -34,6 +34,14 @@ def test_bench_replicas_quick(tmp_path: Path) -> None:
         assert run["double_allocations"] == 0 and run["placements_checked"] > 0
         assert run["gap_free"] and run["audit_verify_ok"] and run["verified_against_checkpoint"]
         assert run["samples"] > 0 and 0 <= run["write_lock_busy"] <= 1
+        # every submit and its cancel was a write in some transaction (the background loops'
+        # few transactions counted too); a group carries at most as many as there are clients
+        assert run["write_transactions"] > 0
+        writes = run["submits"] + run["status_codes"].get("200", 0)
+        assert run["writes_per_transaction"] == pytest.approx(
+            writes / run["write_transactions"], abs=0.01
+        )
+        assert 0 < run["writes_per_transaction"] <= run["clients"]
         # PostgreSQL's backends and the load generator did work, and it is counted per submit
         assert run["postgres_cpu_s"] > 0 and run["load_generator_cpu_s"] > 0
         per = run["cpu_ms_per_submit"]
