@@ -17,7 +17,7 @@ from proofplane.model import GpuRequest
 from proofplane.service import workloads as workloads_svc
 from proofplane.service.context import Store, events_after
 from proofplane.service.scheduling import scheduler_cache
-from proofplane.store.db import LOCKED_EVENTS_MAX
+from proofplane.store.db import LOCKED_EVENTS, LOCKED_EVENTS_MAX
 from proofplane.store.tables import EventRow
 
 
@@ -63,7 +63,7 @@ def test_a_write_serves_the_events_a_read_gives_its_own_included(db_url: str) ->
                 tx.record_many(
                     [("test.other", "node", f"n{i}", {}), ("test.other", "user", "u", {})]
                 )
-        with mine.write(SYSTEM) as tx:
+        with mine.write(SYSTEM, catch_up=True) as tx:
             session = tx.session
             assert events_after(session, 1, 100) == _rows(other, 1)
             assert events_after(session, 4, 100) == _rows(other, 4)  # later than it knows
@@ -127,3 +127,24 @@ def test_a_writer_further_behind_than_the_lock_brings_reads_them(demo: Store, db
         assert reads() == 1
     finally:
         other.dispose()
+
+
+def test_only_a_write_that_asks_brings_the_events_with_the_lock(db_url: str) -> None:
+    """A write that places through the caches asks for the other writers' events with the
+    lock (``catch_up``: submits and cancels); another (an attestation round) does not pay for
+    them. SQLite has no lock round trip: neither brings them."""
+    store = Store(db_url)
+    try:
+        with store.write(SYSTEM) as tx:  # its commit leaves the edge the next writes start from
+            tx.record("test.first", "test", "t")
+        with store.write(SYSTEM) as tx:
+            tx.session.connection()  # begun: the lock taken
+            assert LOCKED_EVENTS not in tx.session.info
+        with store.write(SYSTEM, catch_up=True) as tx:
+            tx.session.connection()
+            postgres = store.engine.dialect.name == "postgresql"
+            assert (LOCKED_EVENTS in tx.session.info) is postgres
+            if postgres:
+                assert tx.session.info[LOCKED_EVENTS] == (1, [])  # nothing since its commit
+    finally:
+        store.dispose()

@@ -235,11 +235,11 @@ def test_a_failure_before_the_batch_is_taken_answers_the_queued_writes(
     real = Store._write
     failed = []
 
-    def failing(self: Store, actor: Actor, now: datetime | None) -> Any:
+    def failing(self: Store, actor: Actor, now: datetime | None, catch_up: bool) -> Any:
         if not failed:
             failed.append(actor)
             raise error
-        return real(self, actor, now)
+        return real(self, actor, now, catch_up)
 
     monkeypatch.setattr(Store, "_write", failing)
     with pytest.raises(type(error), match=str(error)):

@@ -379,8 +379,10 @@ class _Group(Generic[_I, _R]):
     the log's right edge, the Merkle hashes and the commit are paid once per batch instead of
     once per write; alone, a write is a batch of one and waits for nobody."""
 
-    def __init__(self, store: Store, apply: Callable[[Tx, _I], _R]) -> None:
-        self.store, self.apply = store, apply
+    def __init__(
+        self, store: Store, apply: Callable[[Tx, _I], _R], *, catch_up: bool = False
+    ) -> None:
+        self.store, self.apply, self.catch_up = store, apply, catch_up
         self.cv = threading.Condition()
         self.queue: deque[_Pending[_I, _R]] = deque()
         self.leading = False
@@ -422,7 +424,8 @@ class _Group(Generic[_I, _R]):
         results: list[tuple[_Pending[_I, _R], _R | None, BaseException | None]] = []
         batch = given or []
         try:
-            with self.store.write(batch[0].actor if batch else self._first().actor) as tx:
+            actor = batch[0].actor if batch else self._first().actor
+            with self.store.write(actor, catch_up=self.catch_up) as tx:
                 if given is None:
                     tx.session.connection()  # begins the transaction: the lock is held now
                     batch = self._take()
@@ -520,7 +523,13 @@ class Store:
         return joined[1] if joined is not None and joined[0] is self else None
 
     def write_grouped(
-        self, actor: Actor, now: datetime | None, apply: Callable[[Tx, _I], _R], item: _I
+        self,
+        actor: Actor,
+        now: datetime | None,
+        apply: Callable[[Tx, _I], _R],
+        item: _I,
+        *,
+        catch_up: bool = False,
     ) -> _R:
         """``apply(tx, item)`` in a write transaction, committed together with the other
         callers' writes of the same ``apply`` waiting at the time (group commit, ``_Group``):
@@ -530,18 +539,26 @@ class Store:
         refused before it changed anything (a check's ``ProofplaneError``) fails alone and the
         group commits the rest; one that fails after changing something rolls the group back,
         and each write is then committed alone, so it fails alone. Inside ``joined`` it joins
-        that transaction instead."""
+        that transaction instead. ``catch_up``: as for ``write`` (fixed by the first call for
+        ``apply``)."""
         if self.joined_tx() is not None:
             with self.write(actor, now) as tx:
                 return apply(tx, item)
         with self._groups_lock:
             group = self._groups.get(apply)
             if group is None:
-                group = self._groups[apply] = _Group(self, apply)
+                group = self._groups[apply] = _Group(self, apply, catch_up=catch_up)
         return group.run(_Pending(actor, now, item))
 
     @contextmanager
-    def write(self, actor: Actor, now: datetime | None = None) -> Iterator[Tx]:
+    def write(
+        self, actor: Actor, now: datetime | None = None, *, catch_up: bool = False
+    ) -> Iterator[Tx]:
+        """A write transaction. ``catch_up``: it places work through this store's scheduler
+        and network caches, which follow what other processes or replicas wrote since this
+        store's last commit: on PostgreSQL those events and the Merkle log's hashes come with
+        the write lock's round trip (``store.db.write_session``) instead of being read. Other
+        writes (an attestation round) leave it off and read only what they need."""
         joined = self.joined_tx()
         if joined is not None:
             yield joined  # the outer transaction commits (or rolls back) it all
@@ -550,14 +567,15 @@ class Store:
         with writer_gate(self.engine):
             got = time.perf_counter()
             try:
-                yield from self._write(actor, now)
+                yield from self._write(actor, now, catch_up)
             finally:
                 instruments.observe_write(got - asked, time.perf_counter() - got)
 
-    def _write(self, actor: Actor, now: datetime | None) -> Iterator[Tx]:
+    def _write(self, actor: Actor, now: datetime | None, catch_up: bool) -> Iterator[Tx]:
         # the events since this store's last commit come with the write lock (PostgreSQL)
         hint = self._audit_edge
-        session = write_session(self.engine, events_after=None if hint is None else hint[0])
+        after = hint[0] if catch_up and hint is not None else None
+        session = write_session(self.engine, events_after=after)
         try:
             with session.begin():
                 tx = Tx(session, actor, now or datetime.now(UTC))

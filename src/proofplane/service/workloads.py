@@ -290,7 +290,7 @@ def submit_workload(store: Store, actor: Actor, spec: WorkloadSpec) -> Workload:
     authorize(actor, Permission.WORKLOADS_WRITE, tenant=spec.tenant)
     gpus = _check_spec(spec)
     with netstate.exhaustion_recorded(store, actor, spec.tenant, spec.name):
-        return store.write_grouped(actor, None, _submit_in_group, (spec, gpus))
+        return store.write_grouped(actor, None, _submit_in_group, (spec, gpus), catch_up=True)
 
 
 _SUBMIT_VIEW = "workloads.submit_view"  # Tx.extras: (view, the newest seq it has seen)
@@ -731,7 +731,8 @@ def cancel_workload(
     issue 20)."""
     authorize(actor, Permission.WORKLOADS_WRITE)
     visible = actor.visible_tenants(Permission.WORKLOADS_WRITE)
-    return store.write_grouped(actor, None, _cancel_in_group, (name, reason, tenant, visible))
+    item = (name, reason, tenant, visible)
+    return store.write_grouped(actor, None, _cancel_in_group, item, catch_up=True)
 
 
 def _cancel_in_group(tx: Tx, item: tuple[str, str | None, str | None, Any]) -> Workload:
