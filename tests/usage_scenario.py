@@ -67,8 +67,10 @@ class ClockStore(Store):
     clock: datetime = T0
 
     @contextmanager
-    def write(self, actor: Actor, now: datetime | None = None) -> Iterator[Tx]:
-        with super().write(actor, now or self.clock) as tx:
+    def write(
+        self, actor: Actor, now: datetime | None = None, *, catch_up: bool = False
+    ) -> Iterator[Tx]:
+        with super().write(actor, now or self.clock, catch_up=catch_up) as tx:
             yield tx
 
 
