@@ -309,6 +309,17 @@ def _grouped(
         return inner(tx, item)
 
     monkeypatch.setattr(workloads_svc, apply, held)
+    if apply == "_submit_in_group":  # a run of one actor's submits is applied at once
+        inner_many = workloads_svc._submit_many
+
+        def held_many(tx: Any, run: list[Any]) -> Any:
+            out = inner_many(tx, run)  # refused: each is applied alone, and noted then
+            if not groups or groups[-1][0] is not tx:
+                groups.append([tx])
+            groups[-1].extend(name(item) for item in run)
+            return out
+
+        monkeypatch.setattr(workloads_svc, "_submit_many", held_many)
 
     def answer(item: Any) -> Any:
         try:

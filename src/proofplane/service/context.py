@@ -380,9 +380,15 @@ class _Group(Generic[_I, _R]):
     once per write; alone, a write is a batch of one and waits for nobody."""
 
     def __init__(
-        self, store: Store, apply: Callable[[Tx, _I], _R], *, catch_up: bool = False
+        self,
+        store: Store,
+        apply: Callable[[Tx, _I], _R],
+        *,
+        catch_up: bool = False,
+        apply_many: Callable[[Tx, list[_I]], list[_R]] | None = None,
     ) -> None:
         self.store, self.apply, self.catch_up = store, apply, catch_up
+        self.apply_many = apply_many
         self.cv = threading.Condition()
         self.queue: deque[_Pending[_I, _R]] = deque()
         self.leading = False
@@ -416,6 +422,24 @@ class _Group(Generic[_I, _R]):
         with self.cv:
             return [self.queue.popleft() for _ in range(min(GROUP_MAX, len(self.queue)))]
 
+    def _runs(self, batch: list[_Pending[_I, _R]]) -> list[list[_Pending[_I, _R]]]:
+        """``batch`` in runs that ``apply_many`` may apply at once: consecutive writes of one
+        actor at one time (a transaction's events carry its actor and time); each write alone
+        without ``apply_many``."""
+        runs: list[list[_Pending[_I, _R]]] = []
+        for p in batch:
+            last = runs[-1][-1] if runs else None
+            if (
+                self.apply_many is not None
+                and last is not None
+                and last.actor == p.actor
+                and last.now == p.now
+            ):
+                runs[-1].append(p)
+            else:
+                runs.append([p])
+        return runs
+
     def _commit(self, given: list[_Pending[_I, _R]] | None) -> None:
         """Commit ``given`` in one transaction, or (None) what is queued once the write lock is
         held: the writes that queued while this leader waited for it (another process's or
@@ -430,17 +454,33 @@ class _Group(Generic[_I, _R]):
                     tx.session.connection()  # begins the transaction: the lock is held now
                     batch = self._take()
                 began = tx.now  # the group's time: what a write without ``now`` takes
-                for p in batch:
-                    tx.actor, tx.now = p.actor, p.now or began
+                for run in self._runs(batch):
+                    tx.actor, tx.now = run[0].actor, run[0].now or began
                     tx.session.flush()  # the writes before it, so its own are told apart
                     seq = tx.last_seq
-                    try:
-                        results.append((p, self.apply(tx, p.item), None))
-                    except ProofplaneError as exc:
-                        if not _refused_untouched(tx, seq, exc):
-                            raise
-                        # refused before it changed anything (a check): the others go on
-                        results.append((p, None, exc))
+                    if len(run) > 1:
+                        assert self.apply_many is not None
+                        try:
+                            outs = self.apply_many(tx, [p.item for p in run])
+                        except ProofplaneError as exc:
+                            if not _refused_untouched(tx, seq, exc):
+                                raise
+                            # one of them is refused by a check before anything was written:
+                            # each alone, as below, so only that one fails
+                        else:
+                            results.extend((p, out, None) for p, out in zip(run, outs, strict=True))
+                            continue
+                    for p in run:
+                        tx.actor, tx.now = p.actor, p.now or began
+                        tx.session.flush()
+                        seq = tx.last_seq
+                        try:
+                            results.append((p, self.apply(tx, p.item), None))
+                        except ProofplaneError as exc:
+                            if not _refused_untouched(tx, seq, exc):
+                                raise
+                            # refused before it changed anything (a check): the others go on
+                            results.append((p, None, exc))
         except Unavailable as exc:  # the lock or the database: the same for every write
             for p in batch or self._take():
                 p.error, p.done = copy.copy(exc), True
@@ -530,6 +570,7 @@ class Store:
         item: _I,
         *,
         catch_up: bool = False,
+        apply_many: Callable[[Tx, list[_I]], list[_R]] | None = None,
     ) -> _R:
         """``apply(tx, item)`` in a write transaction, committed together with the other
         callers' writes of the same ``apply`` waiting at the time (group commit, ``_Group``):
@@ -539,15 +580,20 @@ class Store:
         refused before it changed anything (a check's ``ProofplaneError``) fails alone and the
         group commits the rest; one that fails after changing something rolls the group back,
         and each write is then committed alone, so it fails alone. Inside ``joined`` it joins
-        that transaction instead. ``catch_up``: as for ``write`` (fixed by the first call for
-        ``apply``)."""
+        that transaction instead. ``catch_up``: as for ``write``. ``apply_many(tx, items)``:
+        ``apply`` for several items at once, their results in order, the same rows and events
+        as one ``apply`` after the other; the group applies each run of writes of one actor
+        at one time through it, and each write alone when it refuses one of them before
+        writing anything (both fixed by the first call for ``apply``)."""
         if self.joined_tx() is not None:
             with self.write(actor, now) as tx:
                 return apply(tx, item)
         with self._groups_lock:
             group = self._groups.get(apply)
             if group is None:
-                group = self._groups[apply] = _Group(self, apply, catch_up=catch_up)
+                group = self._groups[apply] = _Group(
+                    self, apply, catch_up=catch_up, apply_many=apply_many
+                )
         return group.run(_Pending(actor, now, item))
 
     @contextmanager

@@ -290,7 +290,9 @@ def submit_workload(store: Store, actor: Actor, spec: WorkloadSpec) -> Workload:
     authorize(actor, Permission.WORKLOADS_WRITE, tenant=spec.tenant)
     gpus = _check_spec(spec)
     with netstate.exhaustion_recorded(store, actor, spec.tenant, spec.name):
-        return store.write_grouped(actor, None, _submit_in_group, (spec, gpus), catch_up=True)
+        return store.write_grouped(
+            actor, None, _submit_in_group, (spec, gpus), catch_up=True, apply_many=_submit_many
+        )
 
 
 _SUBMIT_VIEW = "workloads.submit_view"  # Tx.extras: (view, the newest seq it has seen)
@@ -319,6 +321,27 @@ def _submit_in_group(tx: Tx, item: tuple[WorkloadSpec, GpuRequest]) -> Workload:
     (workload,) = insert_workloads(tx, [(spec, gpus)], view=view, indexed=False)
     _keep_view(tx, _SUBMIT_VIEW, view)
     return workload
+
+
+def _submit_many(tx: Tx, items: list[tuple[WorkloadSpec, GpuRequest]]) -> list[Workload]:
+    """Several submits of a group at once (one actor's): ``insert_workloads`` for all of them,
+    one tenant read, one name check, one insert, the events in one insert, the same rows and
+    events as ``_submit_in_group`` once for each. A name twice among them, or any item a check
+    refuses, refuses them all before anything is written (the group then submits each alone,
+    and only that one fails)."""
+    seen: set[tuple[str, str]] = set()
+    for spec, _gpus in items:
+        key = (spec.tenant, spec.name)
+        if key in seen:
+            raise Conflict(
+                f"workload {spec.name!r} is submitted twice at once in tenant {spec.tenant!r}",
+                details={"workload": spec.name, "tenant": spec.tenant},
+            )
+        seen.add(key)
+    view = _kept_view(tx, _SUBMIT_VIEW) or ClusterView.cached(tx)
+    out = insert_workloads(tx, items, view=view)
+    _keep_view(tx, _SUBMIT_VIEW, view)
+    return out
 
 
 def _check_spec(spec: WorkloadSpec) -> GpuRequest:

@@ -1,0 +1,104 @@
+"""Submits queued in one group commit (``Store.write_grouped`` with ``apply_many``, issue 20):
+each run of one actor's submits is inserted at once (one tenant read, one name check, one
+insert, the events in one insert), with the rows, events and outcomes one submit after the
+other gives; a name twice in a run, or a refused item, sends the run back to one at a time,
+so only that one fails; another actor's submits keep their own actor in the log."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from dbtest import traced_statements
+from proofplane.access import SYSTEM, Actor, Role
+from proofplane.errors import Conflict
+from proofplane.model import GpuRequest, WorkloadStatus
+from proofplane.service.context import Store
+from proofplane.service.workloads import WorkloadSpec, submit_workload
+from proofplane.store.tables import EventRow
+
+OPS = Actor("user:ops", frozenset({Role.ADMIN}))
+
+
+def _queued(store: Store, sends: list[tuple[Actor, str]]) -> list[Any]:
+    """Each (actor, name) submitted from its own thread while another write holds the lock,
+    so that they queue and commit in one group; their outcomes (a Workload or the error)."""
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with store.write(SYSTEM) as tx:
+            tx.record("test.hold", "item", "hold")
+            held.set()
+            assert release.wait(10)
+
+    def send(actor: Actor, name: str) -> Any:
+        spec = WorkloadSpec(name=name, tenant="research-lab", gpus=GpuRequest(count=1))
+        try:
+            return submit_workload(store, actor, spec)
+        except Conflict as exc:
+            return exc
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert held.wait(10)
+    with ThreadPoolExecutor(len(sends)) as pool:
+        futures = []
+        for actor, name in sends:  # in this order into the group's queue
+            futures.append(pool.submit(send, actor, name))
+            threading.Event().wait(0.05)
+        release.set()
+        out = [f.result(timeout=30) for f in futures]
+    thread.join(10)
+    return out
+
+
+def _log(store: Store, names: set[str]) -> list[tuple[str, str, str]]:
+    with store.read() as session:
+        return [
+            (e.actor, e.action, e.target_id)
+            for e in session.scalars(
+                select(EventRow).where(EventRow.target_id.in_(names)).order_by(EventRow.seq)
+            )
+        ]
+
+
+def test_one_actors_queued_submits_are_inserted_together(demo: Store) -> None:
+    seen = traced_statements(demo)
+    names = ["run-a", "run-b", "run-c", "run-d"]
+    seen.clear()
+    out = _queued(demo, [(SYSTEM, n) for n in names])
+    assert [w.name for w in out] == names
+    assert all(w.status is WorkloadStatus.PLACED for w in out)
+    inserts = [s for s in seen if "FROM tenants" in s and "tenants.name IN" in s]  # per run
+    # one tenant read for the run (two if a submit arrived after the group began), not four
+    assert 1 <= len(inserts) <= 2, inserts
+    log = _log(demo, set(names))
+    assert sorted(log) == sorted(
+        [("system", a, n) for n in names for a in ("workload.submit", "workload.place")]
+    )
+    for n in names:  # each workload's submission before its placement, as one by one
+        mine = [a for _actor, a, t in log if t == n]
+        assert mine == ["workload.submit", "workload.place"]
+
+
+def test_a_name_twice_fails_only_the_second_and_actors_stay_their_own(demo: Store) -> None:
+    sends = [(SYSTEM, "twice"), (SYSTEM, "other"), (SYSTEM, "twice"), (OPS, "by-ops")]
+    out = _queued(demo, sends)
+    assert out[0].name == "twice" and out[0].status is WorkloadStatus.PLACED
+    assert out[1].name == "other"
+    assert isinstance(out[2], Conflict) and "already exists" in out[2].message
+    assert out[3].name == "by-ops"
+    log = _log(demo, {"twice", "other", "by-ops"})
+    assert ("user:ops", "workload.submit", "by-ops") in log
+    assert {actor for actor, _a, t in log if t != "by-ops"} == {"system"}
+    assert [a for _actor, a, t in log if t == "twice"] == ["workload.submit", "workload.place"]
+
+
+@pytest.mark.parametrize("names", [["solo"]])
+def test_a_lone_submit_takes_the_one_write_path(demo: Store, names: list[str]) -> None:
+    (workload,) = _queued(demo, [(SYSTEM, n) for n in names])
+    assert workload.status is WorkloadStatus.PLACED
