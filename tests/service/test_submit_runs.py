@@ -7,6 +7,7 @@ so only that one fails; another actor's submits keep their own actor in the log.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -17,6 +18,7 @@ from dbtest import traced_statements
 from proofplane.access import SYSTEM, Actor, Role
 from proofplane.errors import Conflict
 from proofplane.model import GpuRequest, WorkloadStatus
+from proofplane.service import workloads as workloads_svc
 from proofplane.service.context import Store
 from proofplane.service.workloads import WorkloadSpec, submit_workload
 from proofplane.store.tables import EventRow
@@ -47,13 +49,26 @@ def _queued(store: Store, sends: list[tuple[Actor, str]]) -> list[Any]:
     assert held.wait(10)
     with ThreadPoolExecutor(len(sends)) as pool:
         futures = []
-        for actor, name in sends:  # in this order into the group's queue
+        for k, (actor, name) in enumerate(sends, 1):  # in this order into the group's queue
             futures.append(pool.submit(send, actor, name))
-            threading.Event().wait(0.05)
+            _wait_until(lambda k=k: _queued_submits(store) == k)
         release.set()
         out = [f.result(timeout=30) for f in futures]
     thread.join(10)
     return out
+
+
+def _queued_submits(store: Store) -> int:
+    group = store._groups.get(workloads_svc._submit_in_group)
+    return 0 if group is None else len(group.queue)
+
+
+def _wait_until(ready: Callable[[], bool]) -> None:
+    for _ in range(2000):
+        if ready():
+            return
+        threading.Event().wait(0.005)
+    raise AssertionError("the submits did not queue")
 
 
 def _log(store: Store, names: set[str]) -> list[tuple[str, str, str]]:
@@ -74,8 +89,7 @@ def test_one_actors_queued_submits_are_inserted_together(demo: Store) -> None:
     assert [w.name for w in out] == names
     assert all(w.status is WorkloadStatus.PLACED for w in out)
     inserts = [s for s in seen if "FROM tenants" in s and "tenants.name IN" in s]  # per run
-    # one tenant read for the run (two if a submit arrived after the group began), not four
-    assert 1 <= len(inserts) <= 2, inserts
+    assert len(inserts) == 1, inserts  # one tenant read for the run, not four
     log = _log(demo, set(names))
     assert sorted(log) == sorted(
         [("system", a, n) for n in names for a in ("workload.submit", "workload.place")]
@@ -98,7 +112,16 @@ def test_a_name_twice_fails_only_the_second_and_actors_stay_their_own(demo: Stor
     assert [a for _actor, a, t in log if t == "twice"] == ["workload.submit", "workload.place"]
 
 
-@pytest.mark.parametrize("names", [["solo"]])
-def test_a_lone_submit_takes_the_one_write_path(demo: Store, names: list[str]) -> None:
-    (workload,) = _queued(demo, [(SYSTEM, n) for n in names])
+def test_a_lone_submit_takes_the_one_write_path(
+    demo: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def never(*_a: Any) -> Any:
+        raise AssertionError("a lone submit went through the run path")
+
+    monkeypatch.setattr(workloads_svc, "_submit_many", never)  # before the group is made
+    (workload,) = _queued(demo, [(SYSTEM, "solo")])
     assert workload.status is WorkloadStatus.PLACED
+    assert _log(demo, {"solo"}) == [
+        ("system", "workload.submit", "solo"),
+        ("system", "workload.place", "solo"),
+    ]

@@ -8,10 +8,8 @@ A write that starts reading or writing more fails here first."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from sqlalchemy import event
-
+from dbtest import traced_statements
 from proofplane.access import SYSTEM
 from proofplane.model import GpuRequest
 from proofplane.service.context import Store
@@ -48,22 +46,8 @@ BUDGET = {"postgresql": 31, "sqlite": 43}
 
 
 def _counter(store: Store) -> tuple[list[str], Callable[[], int]]:
-    """Every statement run on ``store``'s connections from here on (the pool is emptied so
-    that SQLite's are traced from their start) and how many count."""
-    seen: list[str] = []
-    if store.engine.dialect.name == "sqlite":
-
-        @event.listens_for(store.engine, "connect")
-        def trace(dbapi_connection: Any, _record: Any) -> None:
-            dbapi_connection.set_trace_callback(seen.append)
-
-    else:
-
-        @event.listens_for(store.engine, "before_cursor_execute")
-        def counted(_c: Any, _cur: Any, statement: str, *_rest: Any) -> None:
-            seen.append(statement)
-
-    store.engine.dispose()
+    """Every statement run on ``store``'s connections from here on and how many count."""
+    seen = traced_statements(store)
     return seen, lambda: sum(not s.startswith("INSERT INTO audit_hashes") for s in seen)
 
 

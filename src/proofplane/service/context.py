@@ -440,6 +440,28 @@ class _Group(Generic[_I, _R]):
                 runs.append([p])
         return runs
 
+    def _apply_run(
+        self,
+        tx: Tx,
+        run: list[_Pending[_I, _R]],
+        began: datetime,
+        results: list[tuple[_Pending[_I, _R], _R | None, BaseException | None]],
+    ) -> bool:
+        """``apply_many`` for a run of one actor's writes at one time; False when a check
+        refused one of them before anything was written (then each is applied alone)."""
+        assert self.apply_many is not None
+        tx.actor, tx.now = run[0].actor, run[0].now or began
+        tx.session.flush()
+        seq = tx.last_seq
+        try:
+            outs = self.apply_many(tx, [p.item for p in run])
+        except ProofplaneError as exc:
+            if not _refused_untouched(tx, seq, exc):
+                raise
+            return False
+        results.extend((p, out, None) for p, out in zip(run, outs, strict=True))
+        return True
+
     def _commit(self, given: list[_Pending[_I, _R]] | None) -> None:
         """Commit ``given`` in one transaction, or (None) what is queued once the write lock is
         held: the writes that queued while this leader waited for it (another process's or
@@ -455,24 +477,11 @@ class _Group(Generic[_I, _R]):
                     batch = self._take()
                 began = tx.now  # the group's time: what a write without ``now`` takes
                 for run in self._runs(batch):
-                    tx.actor, tx.now = run[0].actor, run[0].now or began
-                    tx.session.flush()  # the writes before it, so its own are told apart
-                    seq = tx.last_seq
-                    if len(run) > 1:
-                        assert self.apply_many is not None
-                        try:
-                            outs = self.apply_many(tx, [p.item for p in run])
-                        except ProofplaneError as exc:
-                            if not _refused_untouched(tx, seq, exc):
-                                raise
-                            # one of them is refused by a check before anything was written:
-                            # each alone, as below, so only that one fails
-                        else:
-                            results.extend((p, out, None) for p, out in zip(run, outs, strict=True))
-                            continue
-                    for p in run:
+                    if len(run) > 1 and self._apply_run(tx, run, began, results):
+                        continue
+                    for p in run:  # alone (or one of a run a check refused: each alone)
                         tx.actor, tx.now = p.actor, p.now or began
-                        tx.session.flush()
+                        tx.session.flush()  # the writes before it, so its own are told apart
                         seq = tx.last_seq
                         try:
                             results.append((p, self.apply(tx, p.item), None))

@@ -35,6 +35,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import bindparam, delete, insert, or_, select, update
@@ -896,7 +897,7 @@ def _bump(tx: Tx, st: _NetTx, index: NetworkIndex, affected: Iterable[str]) -> N
             "updated_at": tx.now,
         }  # fmt: skip
         # the drift from the new desired state and the node's last report
-        values["drift"] = note_drift(_Reported(row, values))  # type: ignore[arg-type]
+        values["drift"] = note_drift(SimpleNamespace(**{**row._asdict(), **values}))
         loaded = session.identity_map.get(identity_key(NodeNetworkRow, row.node_id))
         if loaded is not None:  # a row this transaction holds as an object: told, not stale
             for column, value in values.items():
@@ -910,20 +911,6 @@ def _bump(tx: Tx, st: _NetTx, index: NetworkIndex, affected: Iterable[str]) -> N
     if changed:
         session.connection().execute(_BUMP_ROWS, params)
         st.events.append(NewEvent("network.desired", "network", "desired", {"nodes": changed}))
-
-
-class _Reported:
-    """A node's stored report with a new desired state: what ``drift_reasons`` reads."""
-
-    def __init__(self, row: Any, desired: Mapping[str, Any]) -> None:
-        self.reported_at = row.reported_at
-        self.applied_generation = row.applied_generation
-        self.applied_sha256 = row.applied_sha256
-        self.ruleset_sha256 = row.ruleset_sha256
-        self.self_check = row.self_check
-        self.desired_generation = desired["desired_generation"]
-        self.desired_sha256 = desired["desired_sha256"]
-        self.expected_ruleset_sha256 = desired["expected_ruleset_sha256"]
 
 
 def _finish(tx: Tx) -> None:
@@ -952,7 +939,7 @@ def _finish(tx: Tx) -> None:
 # --- readiness for placement ---------------------------------------------------------------------
 
 
-def drift_reasons(row: NodeNetworkRow) -> list[str]:
+def drift_reasons(row: Any) -> list[str]:
     """Why a node's network is not as desired ([] for one in line, or not yet reporting):
     ``generation_lag`` (it applied an older generation), ``sha256_mismatch`` (what it applied is
     not the desired state), ``ruleset_mismatch`` (at the current state, its ruleset is not the
@@ -974,8 +961,10 @@ def drift_reasons(row: NodeNetworkRow) -> list[str]:
     return out
 
 
-def note_drift(row: NodeNetworkRow) -> bool | None:
-    """The ``drift`` column's value for the row as it stands (None: never reported)."""
+def note_drift(row: Any) -> bool | None:
+    """The ``drift`` column's value for the row as it stands (None: never reported). ``row``
+    here and in ``drift_reasons``: a ``NodeNetworkRow``, or anything with its columns by name
+    (a Core row, a namespace)."""
     return None if row.reported_at is None else bool(drift_reasons(row))
 
 
@@ -1031,7 +1020,7 @@ def load_readiness(session: Session) -> Readiness | None:
     by_vni: dict[int, set[str]] = {}
     for row in rows:  # a Row has the columns drift_reasons reads, by name
         name = row.name
-        if BLOCKS_ALL & set(drift_reasons(row)):  # type: ignore[arg-type]
+        if BLOCKS_ALL & set(drift_reasons(row)):
             blocked_all.add(name)
         applied = row.applied_generation or 0
         for text, since in (row.segment_since or {}).items():

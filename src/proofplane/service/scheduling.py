@@ -59,12 +59,12 @@ from proofplane.service.jobs import cancel_engine_job
 from proofplane.store.repo import (
     NODE_LOAD,
     WORKLOAD_LOAD,
-    devices_from_json,
     devices_to_json,
     drained_gpus,
     members_to_json,
     node_from_row,
     placement_from_row,
+    placement_of,
     schedulable,
     tenant_from_row,
     workload_from_row,
@@ -293,7 +293,6 @@ def _held_of_columns(values: Any) -> Held:
     """``held_of`` for a row of ``_PLACED_NAMED``."""
     (wid, name, tenant, isolation, priority, tags, co_residency, cpu_milli, memory_mib,
      node, devices, members) = values  # fmt: skip
-    parts = tuple(Placement(m["node"], devices_from_json(m["devices"])) for m in members or ())
     return Held(
         wid,
         name,
@@ -301,7 +300,7 @@ def _held_of_columns(values: Any) -> Held:
         IsolationLevel(isolation),
         priority,
         pool_of(tags),
-        Placement(node, devices_from_json(devices), parts),
+        placement_of(node, devices, members),
         co_residency,
         cpu_milli,
         memory_mib,

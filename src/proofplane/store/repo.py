@@ -244,10 +244,15 @@ def members_to_json(placement: Placement) -> list[dict[str, Any]] | None:
 
 
 def placement_from_row(row: PlacementRow) -> Placement:
-    members = tuple(
-        Placement(m["node"], devices_from_json(m["devices"])) for m in row.members or ()
-    )
-    return Placement(row.node.name, devices_from_json(row.devices), members)
+    return placement_of(row.node.name, row.devices, row.members)
+
+
+def placement_of(
+    node: str, devices: list[dict[str, Any]], members: list[dict[str, Any]] | None
+) -> Placement:
+    """A placement from its stored columns: its (first) node, devices and gang members."""
+    parts = tuple(Placement(m["node"], devices_from_json(m["devices"])) for m in members or ())
+    return Placement(node, devices_from_json(devices), parts)
 
 
 def workload_from_row(row: WorkloadRow) -> Workload:
@@ -349,10 +354,7 @@ def _workload(values: Sequence[Any]) -> Workload:
         command, status, reason, details, created, updated, co_residency,
         cpu_milli, memory_mib, restartable, topology, node, devices, members,
     ) = values  # fmt: skip
-    placement = None
-    if node is not None:
-        parts = tuple(Placement(m["node"], devices_from_json(m["devices"])) for m in members or ())
-        placement = Placement(node, devices_from_json(devices), parts)
+    placement = None if node is None else placement_of(node, devices, members)
     return Workload(
         name=name,
         tenant=tenant,
