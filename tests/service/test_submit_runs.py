@@ -6,15 +6,13 @@ so only that one fails; another actor's submits keep their own actor in the log.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 
 from dbtest import traced_statements
+from grouped import queued
 from proofplane.access import SYSTEM, Actor, Role
 from proofplane.errors import Conflict
 from proofplane.model import GpuRequest, WorkloadStatus
@@ -27,48 +25,14 @@ OPS = Actor("user:ops", frozenset({Role.ADMIN}))
 
 
 def _queued(store: Store, sends: list[tuple[Actor, str]]) -> list[Any]:
-    """Each (actor, name) submitted from its own thread while another write holds the lock,
-    so that they queue and commit in one group; their outcomes (a Workload or the error)."""
-    held, release = threading.Event(), threading.Event()
+    """Each (actor, name) submitted in this order into one group; their outcomes."""
 
-    def holder() -> None:
-        with store.write(SYSTEM) as tx:
-            tx.record("test.hold", "item", "hold")
-            held.set()
-            assert release.wait(10)
-
-    def send(actor: Actor, name: str) -> Any:
+    def submit(actor: Actor, name: str) -> Any:
         spec = WorkloadSpec(name=name, tenant="research-lab", gpus=GpuRequest(count=1))
-        try:
-            return submit_workload(store, actor, spec)
-        except Conflict as exc:
-            return exc
+        return submit_workload(store, actor, spec)
 
-    thread = threading.Thread(target=holder)
-    thread.start()
-    assert held.wait(10)
-    with ThreadPoolExecutor(len(sends)) as pool:
-        futures = []
-        for k, (actor, name) in enumerate(sends, 1):  # in this order into the group's queue
-            futures.append(pool.submit(send, actor, name))
-            _wait_until(lambda k=k: _queued_submits(store) == k)
-        release.set()
-        out = [f.result(timeout=30) for f in futures]
-    thread.join(10)
-    return out
-
-
-def _queued_submits(store: Store) -> int:
-    group = store._groups.get(workloads_svc._submit_in_group)
-    return 0 if group is None else len(group.queue)
-
-
-def _wait_until(ready: Callable[[], bool]) -> None:
-    for _ in range(2000):
-        if ready():
-            return
-        threading.Event().wait(0.005)
-    raise AssertionError("the submits did not queue")
+    calls = [lambda a=actor, n=name: submit(a, n) for actor, name in sends]
+    return queued(store, workloads_svc._submit_in_group, calls)
 
 
 def _log(store: Store, names: set[str]) -> list[tuple[str, str, str]]:

@@ -12,7 +12,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
@@ -964,26 +964,54 @@ _ANY_PENDING = (
 )
 
 
-def reschedule_pending(tx: Tx, view: ClusterView | None = None) -> None:
+def any_pending(session: Session) -> bool:
+    """Whether some workload waits to be placed (one indexed row read)."""
+    return session.connection().execute(_ANY_PENDING).first() is not None
+
+
+def pending_jobs(session: Session) -> list[Any]:
+    """The pending workloads' columns as ``reschedule_pending`` decides from them, in its
+    order (highest priority first, oldest first); one read."""
+    return list(session.connection().execute(_PENDING_JOBS).all())
+
+
+def reschedule_pending(
+    tx: Tx,
+    view: ClusterView | None = None,
+    *,
+    jobs: list[Any] | None = None,
+    before_change: Callable[[], None] | None = None,
+) -> bool:
     """Offer capacity to every pending workload, highest priority first, oldest first.
+    Returns whether any of them changed (placed, or waiting for another reason).
 
     Each is decided from its columns (``_PENDING_JOBS``); its ORM row is loaded only to
     persist a change: a placement, or a reason to wait that differs from the one stored. A
     pending workload this transaction already holds as an ORM object goes through
-    ``schedule`` as it is (its status checked: a preemption chain may have placed it)."""
+    ``schedule`` as it is (its status checked: a preemption chain may have placed it).
+
+    ``jobs``: ``pending_jobs`` read by the caller since the last change (nothing read here);
+    ``before_change``: called once before the first change is written (a caller's buffered
+    events go first)."""
     session = tx.session
-    session.flush()  # work added in this transaction and not yet flushed counts too
-    if session.connection().execute(_ANY_PENDING).first() is None:
-        return
+    if jobs is None:
+        session.flush()  # work added in this transaction and not yet flushed counts too
+        if not any_pending(session):
+            return False
+        jobs = pending_jobs(session)
     view = view or ClusterView(session)
     mapper = WorkloadRow.__mapper__
+    changed = False
     for (
         wid, name, tenant, tags, isolation, count, model, mig_profile, share, nodes, priority,
         co_residency, cpu_milli, memory_mib, topology, reason, details,
-    ) in session.connection().execute(_PENDING_JOBS).all():  # fmt: skip
+    ) in jobs:  # fmt: skip
         held = session.identity_map.get(mapper.identity_key_from_primary_key((wid,)))
         if held is not None:
             if held.status == WorkloadStatus.PENDING.value:
+                if before_change is not None and not changed:
+                    before_change()
+                changed = True
                 schedule(tx, held, view)
             continue
         gpus = GpuRequest(
@@ -996,4 +1024,8 @@ def reschedule_pending(tx: Tx, view: ClusterView | None = None) -> None:
         outcome = decide(tx, view, Job(wid, request, priority), gpus)
         if outcome.placement is None and _waiting(outcome, reason, details) == (reason, details):
             continue  # waits as it did, for the reason it has: nothing to write
+        if before_change is not None and not changed:
+            before_change()
+        changed = True
         apply_outcome(tx, _load(session, [wid])[wid], view, outcome)
+    return changed

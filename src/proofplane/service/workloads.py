@@ -56,6 +56,7 @@ from proofplane.service.scheduling import (
     decision_details,
     decision_fields,
     job_of,
+    pending_jobs,
     placement_json,
     reschedule_pending,
     schedule,
@@ -755,7 +756,9 @@ def cancel_workload(
     authorize(actor, Permission.WORKLOADS_WRITE)
     visible = actor.visible_tenants(Permission.WORKLOADS_WRITE)
     item = (name, reason, tenant, visible)
-    return store.write_grouped(actor, None, _cancel_in_group, item, catch_up=True)
+    return store.write_grouped(
+        actor, None, _cancel_in_group, item, catch_up=True, apply_many=_cancel_many
+    )
 
 
 def _cancel_in_group(tx: Tx, item: tuple[str, str | None, str | None, Any]) -> Workload:
@@ -830,8 +833,124 @@ def _cancel_in_group(tx: Tx, item: tuple[str, str | None, str | None, Any]) -> W
     return cancelled
 
 
+def _cancel_many(tx: Tx, items: list[tuple[str, str | None, str | None, Any]]) -> list[Workload]:
+    """Several cancels of a group at once (one actor's, issue 20): the workloads read in one
+    query, their placements deleted in one statement, their rows changed in one executemany,
+    their events in one insert; the same rows, events and answers as ``_cancel_in_group``
+    once for each. Every check runs first: a workload not found, ambiguous or already ended,
+    or one named twice, refuses them all before anything is written (the group then cancels
+    each alone, and only that one fails).
+
+    The capacity each frees is offered to pending work in its turn, as one cancel after the
+    other does: the pending work is read once, and after each release decided again in the
+    view (no statement); only when one of them is placed or waits for another reason are the
+    cancel events so far written, that change after them, and the pending work read again.
+    Engine dispatch runs once the run is written (and after each such change). A workload
+    with an engine job to stop, or one the transaction holds as an ORM object, sends the
+    run to ``_cancel_in_group``, one at a time."""
+    session = tx.session
+    session.flush()  # what this transaction changed is what the read below sees
+    visible = items[0][3]  # one actor's: the same tenants for each
+    query, params = _named_many(sorted({name for name, *_ in items}), visible)
+    rows = load_workload_targets(session, query, params)
+    targets: list[tuple[int, int | None, Workload, str | None]] = []
+    for name, reason, tenant, _visible in items:
+        found = [f for f in rows if f[2].name == name and tenant in (None, f[2].tenant)]
+        wid, pid, workload = only_named(found, name, lambda f: f[2].tenant)
+        if workload.status.is_terminal:
+            raise InvalidState(
+                f"workload {name!r} is already {workload.status.value}",
+                details={"workload": name, "status": workload.status.value},
+            )
+        if any(t[0] == wid for t in targets):
+            raise Conflict(
+                f"workload {name!r} is cancelled twice at once",
+                details={"workload": name, "tenant": workload.tenant},
+            )
+        targets.append((wid, pid, workload, reason))
+    if any(tx.backend is not None and bool(t[2].command) for t in targets) or any(
+        _held_as_objects(session, t[0], t[1]) for t in targets
+    ):
+        return [_cancel_in_group(tx, item) for item in items]
+    frees = any(t[2].placement is not None for t in targets)
+    view = _kept_view(tx, _CANCEL_VIEW) or (
+        # caught up before this writes, each release told to it below
+        ClusterView.cached(tx) if frees else ClusterView.cached_if_current(tx)
+    )
+    netstate.touch(tx, [t[0] for t in targets])  # their endpoints (and own segments) end
+    connection = session.connection()
+    pids = [t[1] for t in targets if t[1] is not None]
+    if pids:  # their node links go with them (ON DELETE CASCADE)
+        connection.execute(_DELETE_PLACEMENTS, {"pids": pids})
+    values: list[dict[str, Any]] = [
+        {"wid": wid, "status": WorkloadStatus.CANCELLED.value, "reason": CANCELLED,
+         "details": {"message": reason or render(CANCELLED, actor=tx.actor.name)},
+         "now": tx.now}
+        for wid, _pid, _w, reason in targets
+    ]  # fmt: skip
+    connection.execute(_CANCEL_ROW, values)
+    buffered: list[NewEvent] = []
+
+    def write_events() -> None:
+        tx.record_many(buffered)
+        buffered.clear()
+
+    jobs = pending_jobs(session) if frees else []
+    for wid, _pid, w, reason in targets:
+        node = w.placement.node if w.placement is not None else None
+        details = {"tenant": w.tenant, "from_status": w.status.value, "node": node,
+                   "reason": reason}  # fmt: skip
+        buffered.append(NewEvent("workload.cancel", "workload", w.name, details))
+        if node is None or view is None:
+            continue
+        view.scheduler.release(wid)
+        if jobs and reschedule_pending(tx, view, jobs=jobs, before_change=write_events):
+            execution.dispatch_new(tx, view)
+            jobs = pending_jobs(session)
+    write_events()
+    if frees:
+        execution.dispatch_new(tx, view)
+    if view is not None:
+        _keep_view(tx, _CANCEL_VIEW, view)
+    return [
+        replace(
+            w,
+            status=WorkloadStatus.CANCELLED,
+            reason=CANCELLED,
+            reason_details=v["details"],
+            placement=None,
+            updated_at=tx.now,
+        )
+        for (_wid, _pid, w, _r), v in zip(targets, values, strict=True)
+    ]
+
+
+def _named_many(
+    names: list[str], visible: frozenset[str] | None
+) -> tuple[Select[Any], dict[str, Any]]:
+    """``_named`` for several names at once: a ``workload_target_select()`` of the workloads
+    called any of ``names`` among the ``visible`` tenants (None: all), ordered by tenant, and
+    its parameters; each of its two shapes built once."""
+    query = _NAMED_MANY.get(visible is not None)
+    if query is None:
+        query = workload_target_select().where(WL.name.in_(bindparam("names", expanding=True)))
+        if visible is not None:
+            query = query.where(WL.tenant.in_(bindparam("visible", expanding=True)))
+        query = _NAMED_MANY.setdefault(visible is not None, query.order_by(WL.tenant))
+    params: dict[str, Any] = {"names": names}
+    if visible is not None:
+        params["visible"] = sorted(visible)
+    return query, params
+
+
+_NAMED_MANY: dict[bool, Select[Any]] = {}
+
+
 _DELETE_PLACEMENT = delete(PlacementRow.__table__).where(
     PlacementRow.__table__.c.id == bindparam("pid")
+)
+_DELETE_PLACEMENTS = delete(PlacementRow.__table__).where(
+    PlacementRow.__table__.c.id.in_(bindparam("pids", expanding=True))
 )
 _CANCEL_ROW = (
     update(WorkloadRow.__table__)
