@@ -362,11 +362,13 @@ def exhaustion_recorded(
 
 # The statements a write's network sync runs, built once (statement and cache key: building
 # them cost about as much as running them, issue 20).
-_TENANT_SEGMENT = select(SegmentRow).where(
+_TENANT_SEGMENT_WHERE = (
     SegmentRow.tenant == bindparam("tenant"),
     SegmentRow.state == ACTIVE,
     SegmentRow.workload_id.is_(None),
 )
+_TENANT_SEGMENT = select(SegmentRow).where(*_TENANT_SEGMENT_WHERE)
+_TENANT_VNI = select(SegmentRow.vni).where(*_TENANT_SEGMENT_WHERE)
 
 
 def tenant_segment(session: Session, tenant: str) -> SegmentRow | None:
@@ -442,7 +444,7 @@ def _sync_endpoints(tx: Tx, st: _NetTx) -> tuple[dict[str, _Ep | None], bool]:
     own_segments: dict[int | None, SegmentRow] = {}
     for at in range(0, len(ids), _IN_CHUNK):
         chunk = ids[at : at + _IN_CHUNK]
-        rows.extend(session.execute(_TOUCHED, {"ids": chunk}).all())
+        rows.extend(session.connection().execute(_TOUCHED, {"ids": chunk}).all())
         stored = [i for i in chunk if i not in st.created]  # the others have none stored
         if not stored:
             continue
@@ -564,9 +566,9 @@ def _ensure_tenant_vni(tx: Tx, tenant: str) -> int | None:
     """The tenant's segment VNI; a tenant from before segments existed gets one now. None when
     the pools are exhausted (the placement stands; the workload has no endpoint, and the
     event says so)."""
-    seg = tenant_segment(tx.session, tenant)
-    if seg is not None:
-        return seg.vni
+    vni = tx.session.connection().execute(_TENANT_VNI, {"tenant": tenant}).scalar()
+    if vni is not None:  # read as a column (issue 20: every placing transaction reads it)
+        return int(vni)
     try:  # the pools are checked before anything is written: a refusal leaves nothing behind
         return allocate_segment(tx, tenant).vni
     except SegmentPoolExhausted as exc:
@@ -583,7 +585,8 @@ def _ensure_tenant_vni(tx: Tx, tenant: str) -> int | None:
 def _used_ips(tx: Tx, st: _NetTx, vni: int) -> set[str]:
     used = st.used_ips.get(vni)
     if used is None:
-        used = st.used_ips[vni] = set(tx.session.scalars(_IPS_OF, {"vni": vni}))
+        found = tx.session.connection().execute(_IPS_OF, {"vni": vni}).scalars()
+        used = st.used_ips[vni] = set(found)
     return used
 
 
