@@ -8,7 +8,10 @@ two of them on the same database (separate processes, as two hosts would; each i
 scheduler cache caught up from the event stream, the background loops on the leader).
 
 Timed: ``--clients`` closed-loop requesters for ``--duration`` s, requester i talking to
-replica i mod replicas on its own keep-alive connection, each repeating: submit a one-GPU
+replica i mod replicas with an API token of its own (``client_tokens``) on its own keep-alive
+connection (coroutines of this process sending prebuilt requests, ``_server.RawConn``: threads
+of httpx clients took as much CPU per submit as a replica did, on the cores the replicas share
+with it), each repeating: submit a one-GPU
 workload (``POST /api/v1/workloads``, placed or pending), then cancel it (``POST
 /api/v1/workloads/{name}/cancel``), so the cluster never fills and every submit is a
 placement decision. ``submits_per_s`` = answered submits / wall time; latency p50/p99 per
@@ -48,16 +51,15 @@ the target is out of reach with this critical section whatever the cores.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +69,11 @@ from sqlalchemy import create_engine, text
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _server import (
     LockSampler,
+    RawConn,
     Server,
     cpu_delta,
     engine_url,
+    http_head,
     load_demo,
     metrics_text,
     pct,
@@ -83,6 +87,21 @@ TOKEN = "ppt_bench-replicas-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 TENANT = "research-lab"  # a demo tenant with no compliance tags
 TARGET_SPEEDUP = 1.5
+
+
+def client_tokens(base: str, clients: int) -> list[str]:
+    """An API token of its own for each requester (``POST /api/v1/tokens``): the server gives
+    one client at most a share of a worker's write slots (``PROOFPLANE_MAX_INFLIGHT_CLIENT_SHARE``),
+    so requesters sharing one token would be one client refused past its share, not several
+    automation clients."""
+    with httpx.Client(base_url=base, headers=AUTH, timeout=60) as c:
+        out = []
+        for i in range(clients):
+            r = c.post("/api/v1/tokens", json={"expires_in": 3600, "name": f"bench-client-{i}"})
+            if r.status_code != 201:
+                raise SystemExit(f"POST /api/v1/tokens: {r.status_code} {r.text[:300]}")
+            out.append(r.json()["token"])
+        return out
 
 
 def no_device_twice(base: str) -> tuple[int, int]:
@@ -153,40 +172,51 @@ def phase(admin_url: str, replicas: int, clients: int, duration: float) -> dict[
                 s.wait_ready()
             lat: dict[str, list[float]] = {"submit": [], "cancel": []}
             codes: Counter[int] = Counter()
-            lock = threading.Lock()
             stop = time.monotonic() + duration
 
-            def requester(i: int) -> int:
-                base = servers[i % replicas].base
-                done = 0
-                with httpx.Client(base_url=base, headers=AUTH, timeout=60) as c:
-                    k = 0
+            tokens = client_tokens(servers[0].base, clients)
+
+            async def requester(i: int) -> int:
+                server, token = servers[i % replicas], tokens[i]
+                host = f"127.0.0.1:{server.port}"
+                conn = await RawConn.open("127.0.0.1", server.port)
+                done = k = 0
+                try:
                     while time.monotonic() < stop:
                         name = f"r{replicas}-c{i}-{k}"
                         k += 1
-                        body = {"name": name, "tenant": TENANT, "gpus": {"count": 1}}
+                        body = json.dumps(
+                            {"name": name, "tenant": TENANT, "gpus": {"count": 1}}
+                        ).encode()
+                        head = http_head("POST", "/api/v1/workloads", host, token, body)
                         t = time.perf_counter()
-                        r = c.post("/api/v1/workloads", json=body)
+                        status, _, _ = await conn.request(head, body)
                         ms = (time.perf_counter() - t) * 1000
-                        with lock:
-                            codes[r.status_code] += 1
-                        if r.status_code != 201:
+                        codes[status] += 1
+                        if status == 429:  # as a client should: wait as long as it says
+                            await asyncio.sleep(conn.retry_after or 0.05)
+                        if status != 201:
                             continue
                         done += 1
+                        path = f"/api/v1/workloads/{name}/cancel"
                         t2 = time.perf_counter()
-                        rc = c.post(f"/api/v1/workloads/{name}/cancel")
-                        with lock:
-                            lat["submit"].append(ms)
-                            lat["cancel"].append((time.perf_counter() - t2) * 1000)
-                            codes[rc.status_code] += 1
+                        status, _, _ = await conn.request(http_head("POST", path, host, token))
+                        lat["submit"].append(ms)
+                        lat["cancel"].append((time.perf_counter() - t2) * 1000)
+                        codes[status] += 1
+                finally:
+                    conn.close()
                 return done
+
+            async def requesters() -> int:
+                return sum(await asyncio.gather(*(requester(i) for i in range(clients))))
 
             before = {s.port: s.cpu_seconds() for s in servers}
             tx0 = sum(write_lock(metrics_text(s.base, TOKEN))["held_count"] for s in servers)
             pg0, gen0 = process_cpu_seconds("postgres"), time.process_time()
-            with LockSampler(url) as sampler, ThreadPoolExecutor(clients) as pool:
+            with LockSampler(url) as sampler:
                 t0 = time.perf_counter()
-                submits = sum(pool.map(requester, range(clients)))
+                submits = asyncio.run(requesters())
                 wall = time.perf_counter() - t0
             pg_cpu = process_cpu_seconds("postgres") - pg0
             gen_cpu = time.process_time() - gen0

@@ -179,3 +179,28 @@ def test_a_run_fails_without_its_many_path(demo: Store, monkeypatch: pytest.Monk
     out = _queued(demo, [(SYSTEM, "m-a", None), (SYSTEM, "m-b", None)])
     assert calls == [2]
     assert [w.status for w in out] == [WorkloadStatus.CANCELLED] * 2
+
+
+def test_one_users_credentials_share_a_run_each_with_its_own_tenants(demo: Store) -> None:
+    """Two tokens of one user are one actor in the log: their cancels are applied as one run
+    (one workload read), and each still sees only its own credential's tenants."""
+    admin = Actor("user:ops", frozenset({Role.ADMIN}), token_id="tok-a")
+    scoped = Actor(
+        "user:ops", frozenset({Role.DEVELOPER}), frozenset({"berlin-telco"}), token_id="tok-b"
+    )
+    for n in ("u-a", "u-b", "u-c"):
+        _submit(demo, n)  # in research-lab, which the scoped token does not cover
+    seen = traced_statements(demo)
+    seen.clear()
+    out = _queued(demo, [(admin, "u-a", None), (scoped, "u-b", None), (admin, "u-c", None)])
+    assert out[0].status is WorkloadStatus.CANCELLED
+    assert isinstance(out[1], ProofplaneError) and out[1].code == "not_found"
+    assert out[2].status is WorkloadStatus.CANCELLED
+    reads = [s for s in seen if "FROM workloads" in s and "workloads.name IN" in s]
+    assert len(reads) == 1, reads  # the run was tried at once, not one by one
+    assert workloads_svc.get_workload(demo, SYSTEM, "u-b").status is WorkloadStatus.PLACED
+    log = [(actor, a, t) for actor, a, t, _d in _log(demo, {"u-a", "u-b", "u-c"})]
+    assert [e for e in log if e[1] == "workload.cancel"] == [
+        ("user:ops", "workload.cancel", "u-a"),
+        ("user:ops", "workload.cancel", "u-c"),
+    ]

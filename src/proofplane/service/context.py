@@ -424,15 +424,17 @@ class _Group(Generic[_I, _R]):
 
     def _runs(self, batch: list[_Pending[_I, _R]]) -> list[list[_Pending[_I, _R]]]:
         """``batch`` in runs that ``apply_many`` may apply at once: consecutive writes of one
-        actor at one time (a transaction's events carry its actor and time); each write alone
-        without ``apply_many``."""
+        actor at one time (a transaction's events carry its actor's name and its time); each
+        write alone without ``apply_many``. One actor: one name, whichever of its credentials
+        (tokens, sessions) each write came with, so ``apply_many`` takes anything else of an
+        actor (its tenants, for one) from each item, not from ``tx.actor``."""
         runs: list[list[_Pending[_I, _R]]] = []
         for p in batch:
             last = runs[-1][-1] if runs else None
             if (
                 self.apply_many is not None
                 and last is not None
-                and last.actor == p.actor
+                and last.actor.name == p.actor.name
                 and last.now == p.now
             ):
                 runs[-1].append(p)

@@ -850,12 +850,22 @@ def _cancel_many(tx: Tx, items: list[tuple[str, str | None, str | None, Any]]) -
     run to ``_cancel_in_group``, one at a time."""
     session = tx.session
     session.flush()  # what this transaction changed is what the read below sees
-    visible = items[0][3]  # one actor's: the same tenants for each
-    query, params = _named_many(sorted({name for name, *_ in items}), visible)
+    # one actor's, each with the tenants of the credential it came with
+    scopes = {visible for *_, visible in items}
+    query, params = _named_many(
+        sorted({name for name, *_ in items}),
+        None if None in scopes else frozenset().union(*scopes),
+    )
     rows = load_workload_targets(session, query, params)
     targets: list[tuple[int, int | None, Workload, str | None]] = []
-    for name, reason, tenant, _visible in items:
-        found = [f for f in rows if f[2].name == name and tenant in (None, f[2].tenant)]
+    for name, reason, tenant, visible in items:
+        found = [
+            f
+            for f in rows
+            if f[2].name == name
+            and tenant in (None, f[2].tenant)
+            and (visible is None or f[2].tenant in visible)
+        ]
         wid, pid, workload = only_named(found, name, lambda f: f[2].tenant)
         if workload.status.is_terminal:
             raise InvalidState(
