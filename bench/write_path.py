@@ -9,7 +9,11 @@ the calls the API routes make, after ``--warmup`` untimed pairs, in two phases:
 * ``one``: one ``Store`` (one engine, one scheduler and network cache) does both;
 * ``two``: two ``Store`` objects on the same database take turns (pair i submits through store
   i mod 2 and cancels through the other), as two API replicas would: each transaction first
-  catches its caches up on the other's writes.
+  catches its caches up on the other's writes;
+* ``pairs_concurrent``: ``--pairs`` pairs from ``--concurrency`` threads at once on one store,
+  as an API worker's threads send them, so that writes queued behind the lock commit together
+  (``Store.write_grouped``, a run of one actor's applied at once): pairs/s, write transactions,
+  ``writes_per_transaction``, ``statements_per_transaction`` and the CPU a pair.
 
 Each write transaction holds the database's one write lock from its first statement to its
 commit, so ``ms_per_pair`` is lock time. ``statements_per_pair`` counts SQL statements;
@@ -262,6 +266,58 @@ def concurrent_rounds_phase(
     }
 
 
+def concurrent_pairs_phase(url: str, threads: int, pairs: int, warmup: int) -> dict[str, Any]:
+    """``pairs`` submit + cancel pairs from ``threads`` threads at once on one store, as an API
+    worker's threads send them: the writes that queue while one transaction holds the lock
+    commit together (``Store.write_grouped``), a run of one actor's applied at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = Store(url)
+    opened = [store]
+    count, backends = instrument(opened)
+    writes = [0]
+    observe = instruments.observe_write
+
+    def counted(wait: float, held: float) -> None:
+        writes[0] += 1
+        observe(wait, held)
+
+    def run(k: int, n: int, prefix: str) -> None:
+        for i in range(n):
+            name = f"{prefix}{k}-{i}"
+            spec = WorkloadSpec(name=name, tenant=TENANT, gpus=GpuRequest(count=1))
+            submit_workload(store, SYSTEM, spec)
+            cancel_workload(store, SYSTEM, name, tenant=TENANT)
+
+    each = max(1, pairs // threads)
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda k: run(k, max(1, warmup // threads), "cw"), range(threads)))
+            instruments.observe_write = counted
+            count[0] = 0
+            cpu0, pg0 = time.process_time(), backend_cpu_seconds(backends)
+            t0 = time.perf_counter()
+            list(pool.map(lambda k: run(k, each, "ct"), range(threads)))
+            seconds = time.perf_counter() - t0
+            cpu, pg = time.process_time() - cpu0, backend_cpu_seconds(backends) - pg0
+    finally:
+        instruments.observe_write = observe
+        store.dispose()
+    done = each * threads
+    return {
+        "threads": threads,
+        "pairs": done,
+        "pairs_per_s": round(done / seconds, 1),
+        "write_transactions": writes[0],
+        "writes_per_transaction": round(2 * done / max(writes[0], 1), 2),
+        "statements_per_transaction": round(count[0] / max(writes[0], 1), 1),
+        "cpu_ms_per_pair": {
+            "service": round(cpu * 1000 / done, 2),
+            "postgres": round(pg * 1000 / done, 2),
+        },
+    }
+
+
 def backend_cpu_seconds(pids: set[int]) -> float:
     """user+system CPU seconds of these (local) PostgreSQL backends, from /proc."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -292,6 +348,7 @@ def main() -> None:
         load_demo(url, TOKEN)
         one = phase(url, 1, args.pairs, args.warmup, "a")
         two = phase(url, 2, args.pairs, args.warmup, "b")
+        grouped = concurrent_pairs_phase(url, args.concurrency, args.pairs, args.warmup)
         agents = _agents(url, 20)
         rounds = rounds_phase(url, agents, args.rounds, args.warmup)
         together = concurrent_rounds_phase(url, agents, args.concurrency, args.rounds, args.warmup)
@@ -300,6 +357,7 @@ def main() -> None:
         "one": one,
         "two": two,
         "two_over_one": round(two["ms_per_pair_p50"] / one["ms_per_pair_p50"], 2),
+        "pairs_concurrent": grouped,
         "attestation": rounds,
         "attestation_concurrent": together,
         "machine": machine(),

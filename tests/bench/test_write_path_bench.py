@@ -34,6 +34,15 @@ def test_bench_write_path_prints_both_phases(tmp_path: Path) -> None:
     assert data["two_over_one"] == round(
         data["two"]["ms_per_pair_p50"] / data["one"]["ms_per_pair_p50"], 2
     )
+    # pairs from 3 threads at once on one store: 4 // 3 each; every submit and cancel a write
+    # of some group transaction, which carries at most one write per thread
+    grouped = data["pairs_concurrent"]
+    assert grouped["threads"] == 3 and grouped["pairs"] == 3 and grouped["pairs_per_s"] > 0
+    assert 0 < grouped["write_transactions"] <= 6
+    assert grouped["writes_per_transaction"] == round(6 / grouped["write_transactions"], 2)
+    assert 1 <= grouped["writes_per_transaction"] <= 3
+    assert grouped["statements_per_transaction"] > 5
+    assert grouped["cpu_ms_per_pair"]["service"] > 0
     # attestation rounds through the service: the nonce a read of 2 statements, the evidence
     # one write transaction of 12 (tests/service/test_attestation_rounds.py's budget; a 13th
     # when the new leaf completes a Merkle subtree)

@@ -309,17 +309,20 @@ def _grouped(
         return inner(tx, item)
 
     monkeypatch.setattr(workloads_svc, apply, held)
-    if apply == "_submit_in_group":  # a run of one actor's submits is applied at once
-        inner_many = workloads_svc._submit_many
+    # a run of one actor's writes is applied at once
+    many = {"_submit_in_group": "_submit_many", "_cancel_in_group": "_cancel_many"}[apply]
+    inner_many = getattr(workloads_svc, many)
 
-        def held_many(tx: Any, run: list[Any]) -> Any:
-            out = inner_many(tx, run)  # refused: each is applied alone, and noted then
+    def held_many(tx: Any, run: list[Any]) -> Any:
+        noted = sum(map(len, groups))
+        out = inner_many(tx, run)  # refused: each is applied alone, and noted then
+        if sum(map(len, groups)) == noted:  # applied at once (one at a time notes itself)
             if not groups or groups[-1][0] is not tx:
                 groups.append([tx])
             groups[-1].extend(name(item) for item in run)
-            return out
+        return out
 
-        monkeypatch.setattr(workloads_svc, "_submit_many", held_many)
+    monkeypatch.setattr(workloads_svc, many, held_many)
 
     def answer(item: Any) -> Any:
         try:
@@ -399,6 +402,16 @@ def test_submits_grouped_without_a_refusal_share_one_transaction(
         many.dispose()
 
 
+def _submitted_to_both(one: Store, many: Store, seed: int) -> tuple[list[Any], int, dict[str, Any]]:
+    """40 specs (more than the demo cluster holds: some wait) submitted to both stores one by
+    one: the specs, the events before what follows, and each workload as ``one`` has it."""
+    specs = _specs(seed, 40)
+    for store in (one, many):
+        for spec in specs:
+            workloads_svc.submit_workload(store, SYSTEM, spec)
+    return specs, len(_events(one)), {w.name: w for w in _final(one, specs)}
+
+
 def test_cancels_sent_together_commit_together_and_decide_as_one_by_one(
     db_url: str, twin_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -408,12 +421,7 @@ def test_cancels_sent_together_commit_together_and_decide_as_one_by_one(
     the others; the cache agrees with a fresh load afterwards."""
     one, many = _load(db_url), _load(twin_url)
     try:
-        specs = _specs(13, 40)  # more than the demo cluster holds: some wait
-        for store in (one, many):
-            for spec in specs:
-                workloads_svc.submit_workload(store, SYSTEM, spec)
-        start = len(_events(one))
-        final = {w.name: w for w in _final(one, specs)}
+        specs, start, final = _submitted_to_both(one, many, 13)
         placed = [s for s in specs if final[s.name].placement is not None]
         assert any(final[s.name].placement is None for s in specs)  # pending work to offer to
         targets = [(s.name, s.tenant) for s in placed[:8]]
@@ -439,6 +447,49 @@ def test_cancels_sent_together_commit_together_and_decide_as_one_by_one(
         _fresh_equals_cache(many)
         _endpoints_follow_placements(many)
         assert scheduler_cache(many.engine).loads - loads <= 1
+    finally:
+        one.dispose()
+        many.dispose()
+
+
+@pytest.mark.parametrize("with_pending", [False, True])
+def test_a_run_of_cancels_decides_as_the_run_one_at_a_time(
+    db_url: str, twin_url: str, monkeypatch: pytest.MonkeyPatch, with_pending: bool
+) -> None:
+    """A run of one actor's cancels applied at once (``_cancel_many``) gives the events,
+    decisions and final state that the same group gives cancelling one at a time
+    (``_cancel_in_group`` for each), pending work offered the capacity after each release;
+    with pending workloads' cancels among placed ones' (whose release may place them first,
+    one at a time), as well."""
+    one, many = _load(db_url), _load(twin_url)
+    try:
+        specs, start, final = _submitted_to_both(one, many, 17)
+        placed = [(s.name, s.tenant) for s in specs if final[s.name].placement is not None]
+        waiting = [(s.name, s.tenant) for s in specs if final[s.name].placement is None]
+        assert waiting  # pending work to offer to
+        targets = placed[:6]
+        if with_pending:
+            targets[2:2] = waiting[:3]
+
+        def cancel(store: Store, target: tuple[str, str]) -> Any:
+            return workloads_svc.cancel_workload(store, SYSTEM, target[0], tenant=target[1])
+
+        names = [t[0] for t in targets]
+        with monkeypatch.context() as alone:
+            alone.setattr(
+                workloads_svc,
+                "_cancel_many",
+                lambda tx, run: [workloads_svc._cancel_in_group(tx, item) for item in run],
+            )
+            _, groups = _grouped(one, targets, alone, "_cancel_in_group", cancel)
+        out, groups_many = _grouped(many, targets, monkeypatch, "_cancel_in_group", cancel)
+        assert not [w for w in out if isinstance(w, Exception)]
+        assert groups == groups_many == [names[:1], names[1:]]  # the rest in one transaction
+        assert _decisions(many, start) == _decisions(one, start)
+        assert {"workload.cancel", "workload.place"} <= {e[0] for e in _decisions(one, start)}
+        assert _final(many, specs) == _final(one, specs)
+        _fresh_equals_cache(many)
+        _endpoints_follow_placements(many)
     finally:
         one.dispose()
         many.dispose()

@@ -362,18 +362,12 @@ def exhaustion_recorded(
 
 # The statements a write's network sync runs, built once (statement and cache key: building
 # them cost about as much as running them, issue 20).
-_TENANT_SEGMENT_WHERE = (
+# The tenant's own (shared) active segment's VNI.
+_TENANT_VNI = select(SegmentRow.vni).where(
     SegmentRow.tenant == bindparam("tenant"),
     SegmentRow.state == ACTIVE,
     SegmentRow.workload_id.is_(None),
 )
-_TENANT_SEGMENT = select(SegmentRow).where(*_TENANT_SEGMENT_WHERE)
-_TENANT_VNI = select(SegmentRow.vni).where(*_TENANT_SEGMENT_WHERE)
-
-
-def tenant_segment(session: Session, tenant: str) -> SegmentRow | None:
-    """The tenant's own (shared) active segment."""
-    return session.scalar(_TENANT_SEGMENT, {"tenant": tenant})
 
 
 # --- endpoints -----------------------------------------------------------------------------------

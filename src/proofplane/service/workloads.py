@@ -781,12 +781,7 @@ def _cancel_in_group(tx: Tx, item: tuple[str, str | None, str | None, Any]) -> W
     query, params = _named(True, name, tenant, visible)
     found = load_workload_targets(session, query, params)
     wid, pid, workload = only_named(found, name, lambda f: f[2].tenant)
-    status = workload.status
-    if status.is_terminal:
-        raise InvalidState(
-            f"workload {name!r} is already {status.value}",
-            details={"workload": name, "status": status.value},
-        )
+    _refuse_ended(workload)
     node = workload.placement.node if workload.placement is not None else None
     message = reason or render(CANCELLED, actor=actor.name)
     # Only a workload with a command is ever dispatched: one without has no engine job to stop.
@@ -797,29 +792,11 @@ def _cancel_in_group(tx: Tx, item: tuple[str, str | None, str | None, Any]) -> W
         netstate.touch(tx, [wid])  # its endpoints (and its own segment) end with it
         connection = session.connection()
         if pid is not None:  # its node links go with it (ON DELETE CASCADE)
-            connection.execute(_DELETE_PLACEMENT, {"pid": pid})
-        values = {"wid": wid, "status": WorkloadStatus.CANCELLED.value, "reason": CANCELLED,
-                  "details": {"message": message}, "now": tx.now}  # fmt: skip
+            connection.execute(_DELETE_PLACEMENTS, {"pids": [pid]})
+        values = _cancel_values(tx, wid, message)
         connection.execute(_CANCEL_ROW, values)
-        cancelled = replace(
-            workload,
-            status=WorkloadStatus.CANCELLED,
-            reason=CANCELLED,
-            reason_details=values["details"],
-            placement=None,
-            updated_at=tx.now,
-        )
-    tx.record(
-        "workload.cancel",
-        "workload",
-        name,
-        details={
-            "tenant": workload.tenant,
-            "from_status": status.value,
-            "node": node,
-            "reason": reason,
-        },
-    )
+        cancelled = _cancelled(tx, workload, values)
+    tx.record_many([_cancel_event(workload, reason)])
     if node is not None:
         if view is not None:
             view.scheduler.release(wid)
@@ -846,8 +823,9 @@ def _cancel_many(tx: Tx, items: list[tuple[str, str | None, str | None, Any]]) -
     view (no statement); only when one of them is placed or waits for another reason are the
     cancel events so far written, that change after them, and the pending work read again.
     Engine dispatch runs once the run is written (and after each such change). A workload
-    with an engine job to stop, or one the transaction holds as an ORM object, sends the
-    run to ``_cancel_in_group``, one at a time."""
+    with an engine job to stop, one the transaction holds as an ORM object, or a pending one
+    cancelled with one that frees capacity (one at a time, the release may place it before
+    its own cancel) sends the run to ``_cancel_in_group``, one at a time."""
     session = tx.session
     session.flush()  # what this transaction changed is what the read below sees
     # one actor's, each with the tenants of the credential it came with
@@ -867,37 +845,34 @@ def _cancel_many(tx: Tx, items: list[tuple[str, str | None, str | None, Any]]) -
             and (visible is None or f[2].tenant in visible)
         ]
         wid, pid, workload = only_named(found, name, lambda f: f[2].tenant)
-        if workload.status.is_terminal:
-            raise InvalidState(
-                f"workload {name!r} is already {workload.status.value}",
-                details={"workload": name, "status": workload.status.value},
-            )
+        _refuse_ended(workload)
         if any(t[0] == wid for t in targets):
             raise Conflict(
                 f"workload {name!r} is cancelled twice at once",
                 details={"workload": name, "tenant": workload.tenant},
             )
         targets.append((wid, pid, workload, reason))
-    if any(tx.backend is not None and bool(t[2].command) for t in targets) or any(
-        _held_as_objects(session, t[0], t[1]) for t in targets
+    frees = any(t[2].placement is not None for t in targets)
+    if (
+        any(tx.backend is not None and bool(t[2].command) for t in targets)
+        or any(_held_as_objects(session, t[0], t[1]) for t in targets)
+        # a pending one among them might take what another frees before its own cancel
+        or (frees and any(t[2].status is WorkloadStatus.PENDING for t in targets))
     ):
         return [_cancel_in_group(tx, item) for item in items]
-    frees = any(t[2].placement is not None for t in targets)
     view = _kept_view(tx, _CANCEL_VIEW) or (
         # caught up before this writes, each release told to it below
         ClusterView.cached(tx) if frees else ClusterView.cached_if_current(tx)
     )
     netstate.touch(tx, [t[0] for t in targets])  # their endpoints (and own segments) end
     connection = session.connection()
+    values = [
+        _cancel_values(tx, wid, reason or render(CANCELLED, actor=tx.actor.name))
+        for wid, _pid, _w, reason in targets
+    ]
     pids = [t[1] for t in targets if t[1] is not None]
     if pids:  # their node links go with them (ON DELETE CASCADE)
         connection.execute(_DELETE_PLACEMENTS, {"pids": pids})
-    values: list[dict[str, Any]] = [
-        {"wid": wid, "status": WorkloadStatus.CANCELLED.value, "reason": CANCELLED,
-         "details": {"message": reason or render(CANCELLED, actor=tx.actor.name)},
-         "now": tx.now}
-        for wid, _pid, _w, reason in targets
-    ]  # fmt: skip
     connection.execute(_CANCEL_ROW, values)
     buffered: list[NewEvent] = []
 
@@ -907,11 +882,8 @@ def _cancel_many(tx: Tx, items: list[tuple[str, str | None, str | None, Any]]) -
 
     jobs = pending_jobs(session) if frees else []
     for wid, _pid, w, reason in targets:
-        node = w.placement.node if w.placement is not None else None
-        details = {"tenant": w.tenant, "from_status": w.status.value, "node": node,
-                   "reason": reason}  # fmt: skip
-        buffered.append(NewEvent("workload.cancel", "workload", w.name, details))
-        if node is None or view is None:
+        buffered.append(_cancel_event(w, reason))
+        if w.placement is None or view is None:
             continue
         view.scheduler.release(wid)
         if jobs and reschedule_pending(tx, view, jobs=jobs, before_change=write_events):
@@ -922,17 +894,43 @@ def _cancel_many(tx: Tx, items: list[tuple[str, str | None, str | None, Any]]) -
         execution.dispatch_new(tx, view)
     if view is not None:
         _keep_view(tx, _CANCEL_VIEW, view)
-    return [
-        replace(
-            w,
-            status=WorkloadStatus.CANCELLED,
-            reason=CANCELLED,
-            reason_details=v["details"],
-            placement=None,
-            updated_at=tx.now,
+    return [_cancelled(tx, t[2], v) for t, v in zip(targets, values, strict=True)]
+
+
+def _refuse_ended(workload: Workload) -> None:
+    """A cancel's check: a workload that already ended is not cancelled again (409)."""
+    status = workload.status
+    if status.is_terminal:
+        raise InvalidState(
+            f"workload {workload.name!r} is already {status.value}",
+            details={"workload": workload.name, "status": status.value},
         )
-        for (_wid, _pid, w, _r), v in zip(targets, values, strict=True)
-    ]
+
+
+def _cancel_values(tx: Tx, wid: int, message: str) -> dict[str, Any]:
+    """``_CANCEL_ROW``'s parameters for workload row ``wid``."""
+    return {"wid": wid, "status": WorkloadStatus.CANCELLED.value, "reason": CANCELLED,
+            "details": {"message": message}, "now": tx.now}  # fmt: skip
+
+
+def _cancelled(tx: Tx, workload: Workload, values: dict[str, Any]) -> Workload:
+    """The answer to a cancel written with ``values`` (what a read gives afterwards)."""
+    return replace(
+        workload,
+        status=WorkloadStatus.CANCELLED,
+        reason=CANCELLED,
+        reason_details=values["details"],
+        placement=None,
+        updated_at=tx.now,
+    )
+
+
+def _cancel_event(workload: Workload, reason: str | None) -> NewEvent:
+    """A cancel's ``workload.cancel`` event, from the workload as it was."""
+    node = workload.placement.node if workload.placement is not None else None
+    details = {"tenant": workload.tenant, "from_status": workload.status.value, "node": node,
+               "reason": reason}  # fmt: skip
+    return NewEvent("workload.cancel", "workload", workload.name, details)
 
 
 def _named_many(
@@ -956,9 +954,6 @@ def _named_many(
 _NAMED_MANY: dict[bool, Select[Any]] = {}
 
 
-_DELETE_PLACEMENT = delete(PlacementRow.__table__).where(
-    PlacementRow.__table__.c.id == bindparam("pid")
-)
 _DELETE_PLACEMENTS = delete(PlacementRow.__table__).where(
     PlacementRow.__table__.c.id.in_(bindparam("pids", expanding=True))
 )
